@@ -1,0 +1,16 @@
+"""localcluster: a cluster on one machine that tells you why a worker died."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import config
+from .client import Client, Future, as_completed, wait
+from .cluster import ClusterRestarted, LocalCluster, WorkerInfo, WorkerStartupError
+from .death import KilledWorker, LostDataError, TaskError, TaskTimeoutError, WorkerDeath
+from .diagnostics.progress import progress
+
+__all__ = [
+    "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
+    "LostDataError", "TaskError", "WorkerStartupError", "ClusterRestarted", "WorkerInfo",
+    "wait", "as_completed", "progress", "config", "__version__",
+]

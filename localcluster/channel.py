@@ -1,0 +1,282 @@
+"""A framed, duplex message channel over a Unix socket pair, with file-descriptor passing.
+
+Why not ``multiprocessing.Connection``: it cannot pass file descriptors, and large
+buffers would cross the socket byte by byte. Here a message is pickled with
+protocol 5; every out-of-band buffer of ``MEMFD_THRESHOLD`` bytes or more is
+written once into an anonymous ``memfd`` and its descriptor rides along with the
+frame (SCM_RIGHTS). The receiver maps it copy-on-write, so nothing is named in
+/dev/shm and nothing can leak: the memory is freed with the last mapping.
+
+Frame layout (little endian)::
+
+    u64 total | u32 n_buffers | u64 env_len | n_buffers x u64 (size, top bit = memfd) | envelope | inline buffers
+
+The parent's end is non-blocking: ``send`` never waits for a slow worker; what
+does not fit goes to an outbox that the scheduler thread flushes when the socket
+is writable. The worker's end blocks.
+"""
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections import deque
+from typing import Any, Iterator
+
+MEMFD_THRESHOLD = 1 << 20
+HAVE_MEMFD = hasattr(os, "memfd_create")
+_HEAD = struct.Struct("<QIQ")
+_SIZE = struct.Struct("<Q")
+_FD_FLAG = 1 << 63
+_MAX_FDS = 253  # SCM_MAX_FD
+_RECV = 1 << 18
+
+
+def _to_memfd(buf: memoryview) -> int:
+    fd = os.memfd_create("localcluster", os.MFD_CLOEXEC)
+    try:
+        done, n = 0, buf.nbytes
+        while done < n:
+            done += os.write(fd, buf[done:])
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _from_memfd(fd: int, size: int) -> memoryview:
+    try:
+        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                                    prot=mmap.PROT_READ | mmap.PROT_WRITE))
+    finally:
+        os.close(fd)
+
+
+def encode(msg: Any) -> tuple[list, list[int]]:
+    """Frame ``msg``: (byte chunks to send, memfd descriptors to pass along). The caller closes the fds."""
+    buffers: list[pickle.PickleBuffer] = []
+    env = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+    sizes, inline, fds = [], [], []
+    try:
+        for pb in buffers:
+            view = pb.raw()
+            if HAVE_MEMFD and view.nbytes >= MEMFD_THRESHOLD and len(fds) < _MAX_FDS:
+                fds.append(_to_memfd(view))
+                sizes.append(view.nbytes | _FD_FLAG)
+            else:
+                inline.append(view)
+                sizes.append(view.nbytes)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    size_bytes = b"".join(_SIZE.pack(s) for s in sizes)
+    total = _HEAD.size + len(size_bytes) + len(env) + sum(v.nbytes for v in inline)
+    head = _HEAD.pack(total, len(sizes), len(env)) + size_bytes
+    if not inline:
+        return [head + env], fds
+    return [head, env, *inline], fds
+
+
+class _Reader:
+    """Accumulates bytes and passed descriptors; yields whole decoded messages."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.pos = 0
+        self.fds: deque[int] = deque()
+
+    def feed(self, data: bytes, ancdata: list) -> None:
+        for level, kind, cdata in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
+                self.fds.extend(fds)
+        if self.pos and self.pos == len(self.buf):
+            self.buf.clear()
+            self.pos = 0
+        self.buf += data
+
+    def needed(self) -> int:
+        """Bytes still missing for the frame at the head (0 if it is whole or unknown)."""
+        avail = len(self.buf) - self.pos
+        if avail < 8:
+            return 0
+        (total,) = _SIZE.unpack_from(self.buf, self.pos)
+        return max(0, total - avail)
+
+    def messages(self) -> Iterator[Any]:
+        buf = self.buf
+        while True:
+            avail = len(buf) - self.pos
+            if avail < _HEAD.size:
+                break
+            total, nbuf, env_len = _HEAD.unpack_from(buf, self.pos)
+            if avail < total:
+                break
+            p = self.pos + _HEAD.size
+            sizes = [_SIZE.unpack_from(buf, p + 8 * i)[0] for i in range(nbuf)]
+            p += 8 * nbuf
+            env = bytes(buf[p:p + env_len])
+            p += env_len
+            bufs = []
+            for s in sizes:
+                if s & _FD_FLAG:
+                    bufs.append(_from_memfd(self.fds.popleft(), s & ~_FD_FLAG))
+                else:
+                    bufs.append(bytes(buf[p:p + s]))
+                    p += s
+            self.pos += total
+            yield pickle.loads(env, buffers=bufs)
+        if self.pos > (1 << 20) and self.pos * 2 > len(buf):
+            del buf[:self.pos]
+            self.pos = 0
+
+    def close(self) -> None:
+        while self.fds:
+            os.close(self.fds.popleft())
+
+
+def _recv_into(sock: socket.socket, reader: _Reader) -> None:
+    want = max(_RECV, reader.needed())
+    data, anc, _flags, _addr = sock.recvmsg(want, socket.CMSG_SPACE(_MAX_FDS * 4))
+    if not data:
+        for level, kind, cdata in anc:  # pragma: no cover - fds without data cannot happen
+            reader.feed(b"", anc)
+        raise EOFError("channel closed by peer")
+    reader.feed(data, anc)
+
+
+def _send_chunks(sock: socket.socket, chunks: list, fds: list[int]) -> int:
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    return sock.sendmsg(chunks, anc)
+
+
+def _skip(chunks: list, n: int) -> list:
+    out = []
+    for c in chunks:
+        c = memoryview(c).cast("B") if not isinstance(c, (bytes, bytearray)) else c
+        if n >= len(c):
+            n -= len(c)
+            continue
+        out.append(c[n:] if n else c)
+        n = 0
+    return out
+
+
+class BlockingChannel:
+    """The worker's end: blocking reads, thread-safe whole-frame sends."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._reader = _Reader()
+        self._pending: deque = deque()
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, msg: Any) -> None:
+        chunks, fds = encode(msg)
+        try:
+            with self._lock:
+                n = _send_chunks(self.sock, chunks, fds)
+                total = sum(memoryview(c).nbytes for c in chunks)
+                while n < total:
+                    rest = _skip(chunks, n)
+                    chunks, total, n = rest, total - n, self.sock.sendmsg(rest)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def recv(self) -> Any:
+        while not self._pending:
+            _recv_into(self.sock, self._reader)
+            self._pending.extend(self._reader.messages())
+        return self._pending.popleft()
+
+    def close(self) -> None:
+        self._reader.close()
+        self.sock.close()
+
+
+class Channel:
+    """The parent's end: non-blocking; ``send`` queues what the socket cannot take now."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self.sock = sock
+        self._reader = _Reader()
+        self._outbox: deque = deque()   # (chunks, fds) not yet (fully) sent
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, msg: Any) -> bool:
+        """Send or queue ``msg``. False: something is queued; call :meth:`flush` when writable."""
+        chunks, fds = encode(msg)
+        with self._lock:
+            if self.closed:
+                for fd in fds:
+                    os.close(fd)
+                return True
+            self._outbox.append((chunks, fds))
+            if len(self._outbox) == 1:
+                return self._flush_locked()
+            return False
+
+    def flush(self) -> bool:
+        with self._lock:
+            return self._flush_locked()
+
+    def _flush_locked(self) -> bool:
+        while self._outbox:
+            chunks, fds = self._outbox[0]
+            try:
+                n = _send_chunks(self.sock, chunks, fds)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                # The worker is gone; its sentinel will tell the scheduler. Drop the rest.
+                self._drop_locked()
+                return True
+            for fd in fds:
+                os.close(fd)
+            rest = _skip(chunks, n)
+            if rest:
+                self._outbox[0] = (rest, [])
+                return False
+            self._outbox.popleft()
+        return True
+
+    def wants_write(self) -> bool:
+        return bool(self._outbox)
+
+    def receive(self) -> list:
+        """Whatever whole messages one read brings (maybe none). Raises EOFError at the end."""
+        try:
+            _recv_into(self.sock, self._reader)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except ConnectionResetError:
+            raise EOFError("channel reset by peer") from None
+        return list(self._reader.messages())
+
+    def _drop_locked(self) -> None:
+        for _chunks, fds in self._outbox:
+            for fd in fds:
+                os.close(fd)
+        self._outbox.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._drop_locked()
+        self._reader.close()
+        self.sock.close()

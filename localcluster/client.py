@@ -1,0 +1,610 @@
+"""Client, Future, wait, as_completed: the user's side of the cluster.
+
+A :class:`Future` is a ``concurrent.futures.Future``: ``concurrent.futures.wait``,
+``as_completed`` and ``asyncio.wrap_future`` work on it. It becomes done when
+its task ends; a small result arrived with it and is unpickled on the first
+``result()``, a large one stays on its worker until ``result()`` fetches it.
+When the last Future of a key is garbage-collected, the key is released and
+its data freed on the workers.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import itertools
+import os
+import queue
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from . import serialize
+from .cluster import LocalCluster
+from .scheduler import INLINE_RESULT, Spec
+
+__all__ = ["Client", "Future", "wait", "as_completed"]
+
+_clients: "weakref.WeakValueDictionary[str, Client]" = weakref.WeakValueDictionary()
+_fn_ids = itertools.count(1)
+_unique = itertools.count()
+_PREFIX = os.urandom(4).hex()
+
+
+class _Stored:
+    """What a finished Future holds until ``result()``: the payload, or None (data on a worker)."""
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any):
+        self.payload = payload
+
+
+class Future(cf.Future):
+    """The result of a task, computed on the cluster."""
+
+    def __init__(self, key: str, client: "Client"):
+        super().__init__()
+        self.key = key
+        self.client = client
+        self._lost: Optional[BaseException] = None
+        client._track(self)
+
+    @property
+    def status(self) -> str:
+        if self._lost is not None:
+            return "lost"
+        if not self.done():
+            return "pending"
+        if self.cancelled():
+            return "cancelled"
+        return "error" if super().exception() is not None else "finished"
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        value = super().result(timeout)
+        if type(value) is _Stored:
+            value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return value
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        exc = super().exception(timeout)
+        if exc is None and self._lost is not None:
+            return self._lost
+        return exc
+
+    def _materialize(self, stored: _Stored, timeout: Optional[float]) -> Any:
+        with self._condition:
+            if self._result is not stored:   # another thread got there first
+                return self._result
+        payload = stored.payload
+        if payload is None:
+            try:
+                payload = self.client.cluster.fetch([self.key])[0].result(timeout)
+            except cf.TimeoutError:
+                raise
+            except BaseException as e:
+                from .death import LostDataError
+                if isinstance(e, LostDataError):
+                    self._lost = e
+                raise
+        value = serialize.loads(payload)
+        with self._condition:
+            if self._result is stored:
+                self._result = value
+            return self._result
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        self.client.cancel([self])
+        return self.cancelled()
+
+    def release(self) -> None:
+        pass
+
+    def __reduce__(self):
+        return serialize.future_reduce(self.key)
+
+    def __repr__(self) -> str:
+        return f"<Future: {self.status}, key: {self.key}>"
+
+    def __del__(self) -> None:
+        client = self.__dict__.get("client")
+        if client is not None:
+            client._untrack(self.key)
+
+    # called by the client on resolution
+    def _finish(self, payload: Any) -> None:
+        if not self.done():
+            try:
+                self.set_result(_Stored(payload))
+            except cf.InvalidStateError:  # pragma: no cover - racing resolutions
+                pass
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.done():
+            try:
+                self.set_exception(exc)
+            except cf.InvalidStateError:  # pragma: no cover
+                pass
+
+    def _cancelled(self) -> None:
+        if cf.Future.cancel(self):
+            self.set_running_or_notify_cancel()
+
+
+def _future_from_key(key: str) -> Future:
+    """A Future unpickled in the parent (a Future inside a result): attach it to a client."""
+    for client in list(_clients.values()):
+        if key in client._refs or client.status == "running":
+            fut = Future(key, client)
+            with client.cluster._lock:
+                client.cluster.scheduler.tasks.get(key) and setattr(client.cluster.scheduler.tasks[key], "wanted",
+                                                                    client.cluster.scheduler.tasks[key].wanted + 1)
+            return fut
+    raise ValueError(f"no running Client to attach future {key!r} to")
+
+
+class Client:
+    """Submit work to a LocalCluster. ``Client()`` alone starts its own ``LocalCluster(**kwargs)``."""
+
+    def __init__(self, cluster: Optional[LocalCluster] = None, **kwargs: Any):
+        if cluster is not None and not isinstance(cluster, LocalCluster):
+            raise TypeError(f"Client(cluster=...) takes a LocalCluster, got {type(cluster).__name__}")
+        if cluster is not None and kwargs:
+            raise TypeError("pass either a LocalCluster or LocalCluster keyword arguments, not both")
+        self._owns_cluster = cluster is None
+        self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
+        self.id = f"client-{_PREFIX}-{next(_unique)}"
+        self.status = "running"
+        self._futures: dict[str, list] = {}     # key -> weakrefs of Futures
+        self._refs: dict[str, int] = {}
+        self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (fn, fn_id, fn_bytes)
+        self.cluster._clients.add(self)
+        _clients[self.id] = self
+
+    # --- bookkeeping of futures -------------------------------------------------------
+
+    def _track(self, fut: Future) -> None:
+        key = fut.key
+        self._futures.setdefault(key, []).append(weakref.ref(fut))
+        self._refs[key] = self._refs.get(key, 0) + 1
+
+    def _untrack(self, key: str) -> None:
+        # May run inside the garbage collector, on any thread: no locks, just hand off.
+        n = self._refs.get(key, 0) - 1
+        if n > 0:
+            self._refs[key] = n
+            return
+        self._refs.pop(key, None)
+        self._futures.pop(key, None)
+        cluster = self.cluster
+        if cluster._status in ("running", "starting"):
+            cluster._released.append(key)
+            cluster._wake()
+
+    def _resolve(self, key: str, status: str, value: Any) -> None:
+        refs = self._futures.get(key)
+        if not refs:
+            return
+        exc = None
+        for ref in list(refs):
+            fut = ref()
+            if fut is None or fut.done():
+                continue
+            if status == "finished":
+                fut._finish(value)
+            elif status in ("error", "lost"):
+                if exc is None:
+                    from .cluster import _as_exception
+                    exc = _as_exception(value)
+                if status == "lost":
+                    fut._lost = exc
+                fut._fail(exc)
+            else:
+                fut._cancelled()
+
+    # --- submitting -------------------------------------------------------------------
+
+    def _function(self, fn: Callable) -> tuple[int, bytes]:
+        entry = self._fn_cache.get(id(fn))
+        if entry is not None and entry[0] is fn:
+            self._fn_cache.move_to_end(id(fn))
+            return entry[1], entry[2]
+        try:
+            data = serialize.pickle_function(fn)
+        except Exception as e:
+            raise TypeError(f"could not pickle the function {serialize.describe(fn)}: "
+                            f"{type(e).__name__}: {e}") from e
+        fn_id = next(_fn_ids)
+        self._fn_cache[id(fn)] = (fn, fn_id, data)
+        if len(self._fn_cache) > 512:
+            self._fn_cache.popitem(last=False)
+        return fn_id, data
+
+    def _pickle_args(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
+        try:
+            return serialize.dumps_collecting((args, kwargs))
+        except Exception as e:
+            where = "the arguments"
+            for i, a in enumerate(args):
+                try:
+                    serialize.dumps(a)
+                except Exception:
+                    where = f"argument {i} ({serialize.describe(a)})"
+                    break
+            else:
+                for k, a in kwargs.items():
+                    try:
+                        serialize.dumps(a)
+                    except Exception:
+                        where = f"keyword argument {k!r} ({serialize.describe(a)})"
+                        break
+            raise TypeError(f"could not pickle {where} of {_name(fn)}(): {type(e).__name__}: {e}. "
+                            f"Pass something picklable, or create it inside the task.") from e
+
+    def _spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], pure: bool,
+              retries: int, timeout: Optional[float], priority: int) -> Spec:
+        fn_id, fn_bytes = self._function(fn)
+        payload, deps = self._pickle_args(fn, args, kwargs)
+        if key is None:
+            if pure:
+                h = hashlib.blake2b(fn_bytes, digest_size=16)
+                meta = payload.meta
+                h.update(meta.raw() if not isinstance(meta, bytes) else meta)
+                for b in payload.buffers:
+                    h.update(b.raw())
+                key = f"{_name(fn)}-{h.hexdigest()}"
+            else:
+                key = f"{_name(fn)}-{_PREFIX}{next(_unique):x}"
+        return Spec(key, fn_id, fn_bytes, payload, deps, priority, retries, timeout)
+
+    def _check(self) -> None:
+        if self.status != "running":
+            raise RuntimeError("this Client is closed")
+        self.cluster._check_open()
+
+    def submit(self, fn: Callable, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
+               timeout: Optional[float] = None, priority: int = 0, **kwargs: Any) -> Future:
+        """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments are replaced by their values."""
+        if not callable(fn):
+            raise TypeError(f"submit() needs a callable first, got {serialize.describe(fn)}")
+        _check_submit_options(key, retries, timeout, priority)
+        self._check()
+        spec = self._spec(fn, args, kwargs, key, pure, retries, timeout, priority)
+        return self._submit([spec])[0]
+
+    def map(self, fn: Callable, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
+            timeout: Optional[float] = None, priority: int = 0, **kwargs: Any) -> list[Future]:
+        """``[submit(fn, *args, **kwargs) for args in zip(*iterables)]``, sent in batches."""
+        if not callable(fn):
+            raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
+        if not iterables:
+            raise TypeError("map() needs at least one iterable")
+        _check_submit_options(None, retries, timeout, priority)
+        self._check()
+        items = list(zip(*iterables))
+        if isinstance(key, (list, tuple)):
+            if len(key) != len(items):
+                raise ValueError(f"map(key=...) got {len(key)} keys for {len(items)} tasks")
+            keys = list(key)
+        elif key is None or isinstance(key, str):
+            keys = [None] * len(items)
+        else:
+            raise TypeError("map(key=...) takes a list of keys, or a string prefix")
+        specs = []
+        for args, k in zip(items, keys):
+            spec = self._spec(fn, args, kwargs, k, pure, retries, timeout, priority)
+            if isinstance(key, str):
+                spec = Spec(f"{key}-{spec.key.rsplit('-', 1)[-1]}", *_spec_tail(spec))
+            specs.append(spec)
+        return self._submit(specs)
+
+    def _submit(self, specs: list) -> list[Future]:
+        cluster = self.cluster
+        with cluster._lock:
+            futures = [Future(s.key, self) for s in specs]
+            post = cluster._apply(cluster.scheduler.submit(specs))
+        cluster._post(post)
+        return futures
+
+    def scatter(self, data: Any, broadcast: bool = False) -> Any:
+        """Put data on the workers; returns Futures (a list for a list, a dict for a dict)."""
+        self._check()
+        if isinstance(data, dict):
+            return dict(zip(data, self.scatter(list(data.values()), broadcast)))
+        if isinstance(data, (list, tuple, set, frozenset)):
+            items = list(data)
+            single = False
+        else:
+            items, single = [data], True
+        cluster = self.cluster
+        futures = []
+        with cluster._lock:
+            workers = sorted(cluster.scheduler.workers.values(),
+                             key=lambda w: (w.closing, len(w.has), w.name))
+            workers = [w.name for w in workers if not w.closing]
+            if not workers:
+                raise RuntimeError("no running worker to scatter to")
+            actions = []
+            for i, value in enumerate(items):
+                payload = serialize.dumps(value)
+                key = f"{type(value).__name__}-{_PREFIX}{next(_unique):x}"
+                targets = workers if broadcast else [workers[i % len(workers)]]
+                futures.append(Future(key, self))
+                actions += cluster.scheduler.scatter(key, payload, targets, payload.nbytes <= INLINE_RESULT)
+            post = cluster._apply(actions)
+        cluster._post(post)
+        return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
+
+    def gather(self, futures: Any, errors: str = "raise") -> Any:
+        """Results of (nested lists/dicts of) futures; ``errors="skip"`` leaves failed ones out."""
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
+        flat = [f for f in _walk(futures) if isinstance(f, Future)]
+        cf.wait(flat)
+        lazy = [f for f in flat if not f.cancelled() and f._exception is None
+                and type(f._result) is _Stored and f._result.payload is None]
+        if lazy:   # fetch all large results at once rather than one round trip each
+            fetched = self.cluster.fetch([f.key for f in lazy])
+            for f, ff in zip(lazy, fetched):
+                try:
+                    payload = ff.result()
+                except BaseException:
+                    continue
+                with f._condition:
+                    if type(f._result) is _Stored:
+                        f._result = _Stored(payload)
+        return _rebuild(futures, errors)
+
+    def replicate(self, futures: Any, n: Optional[int] = None, timeout: float = 60.0) -> None:
+        """Keep copies of these futures' data on ``n`` workers (all when None)."""
+        cluster = self.cluster
+        keys = [f.key for f in _walk(futures) if isinstance(f, Future)]
+        cf.wait([f for f in _walk(futures) if isinstance(f, Future)], timeout)
+        with cluster._lock:
+            sched = cluster.scheduler
+            workers = [w for w in sched.workers.values() if not w.closing]
+            want = len(workers) if n is None else min(n, len(workers))
+            actions = []
+            for key in keys:
+                ts = sched.tasks.get(key)
+                if ts is None or ts.state != "memory":
+                    continue
+                for ws in sorted(workers, key=lambda w: (len(w.has), w.name)):
+                    if len(ts.who_has) + sum(1 for (k, _t) in sched.relaying if k == key) >= want:
+                        break
+                    if ws.name not in ts.who_has:
+                        actions += sched._relay(ts, ws)
+            post = cluster._apply(actions)
+        cluster._post(post)
+        deadline = time.monotonic() + timeout
+        with cluster._changed:
+            while any(k in keys for (k, _t) in cluster.scheduler.relaying):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("replicate() did not finish in time")
+                cluster._changed.wait(0.05)
+
+    def cancel(self, futures: Any) -> None:
+        keys = [f.key for f in _walk(futures) if isinstance(f, Future)]
+        self.cluster._event(self.cluster.scheduler.cancel, keys)
+
+    def restart(self, timeout: float = 60.0) -> "Client":
+        """Stop every worker, forget every task (pending futures fail with ClusterRestarted),
+        and return when fresh workers are up."""
+        self._check()
+        self.cluster.restart(timeout)
+        return self
+
+    def get_versions(self, check: bool = False) -> dict:
+        from .worker import versions
+        mine = versions()
+        with self.cluster._lock:
+            theirs = {n.name: dict(n.versions) for n in self.cluster._nannies.values() if n.ready}
+        if check:
+            bad = []
+            for name, v in theirs.items():
+                for pkg in sorted(set(mine) | set(v)):
+                    if pkg == "numpy" and (pkg not in mine or pkg not in v):
+                        continue
+                    if mine.get(pkg) != v.get(pkg):
+                        bad.append(f"{pkg}: client {mine.get(pkg)} vs {name} {v.get(pkg)}")
+            if bad:
+                raise ValueError("Mismatched versions between the client and workers:\n  " + "\n  ".join(bad)
+                                 + "\nInstall the same versions everywhere (workers use the client's "
+                                 "interpreter; a package upgraded while the cluster runs needs client.restart()).")
+        return {"client": mine, "workers": theirs}
+
+    def get_worker_logs(self, n: Optional[int] = None) -> dict[str, list]:
+        return self.cluster.get_logs(n)
+
+    def dump_stacks(self, worker: Optional[str] = None) -> dict[str, str]:
+        """Live stacks of every thread of every worker (or one), without stopping them."""
+        return self.cluster.dump_stacks(worker)
+
+    def recreate_error_locally(self, future: Future) -> Any:
+        from .replay import recreate_error_locally
+        return recreate_error_locally(self, future)
+
+    def get_executor(self, **submit_kwargs: Any) -> "ClusterExecutor":
+        return ClusterExecutor(self, **submit_kwargs)
+
+    def close(self) -> None:
+        if self.status == "closed":
+            return
+        self.status = "closed"
+        _clients.pop(self.id, None)
+        if self._owns_cluster:
+            self.cluster.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client {self.status} cluster={self.cluster!r}>"
+
+
+class ClusterExecutor(cf.Executor):
+    """A ``concurrent.futures.Executor`` over the cluster: ``map`` yields results in order and
+    honours ``timeout``; ``shutdown`` does not close the cluster."""
+
+    def __init__(self, client: Client, **submit_kwargs: Any):
+        self._client = client
+        self._kwargs = {"pure": False, **submit_kwargs}
+        self._futures: "weakref.WeakSet[Future]" = weakref.WeakSet()
+        self._shutdown = False
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fut = self._client.submit(fn, *args, **self._kwargs, **kwargs)
+            self._futures.add(fut)
+            return fut
+
+    def map(self, fn: Callable, *iterables: Iterable, timeout: Optional[float] = None,
+            chunksize: int = 1, **_ignored: Any) -> Iterator:
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fs = self._client.map(fn, *iterables, **self._kwargs)
+            for f in fs:
+                self._futures.add(f)
+
+        def results() -> Iterator:
+            try:
+                fs.reverse()
+                while fs:
+                    f = fs.pop()
+                    yield f.result() if end is None else f.result(end - time.monotonic())
+            finally:
+                for f in fs:
+                    f.cancel()
+        return results()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shutdown = True
+            futures = list(self._futures)
+        if cancel_futures:
+            for f in futures:
+                f.cancel()
+        if wait:
+            cf.wait(futures)
+
+
+def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):
+    """``concurrent.futures.wait`` for our futures: (done, not_done)."""
+    if isinstance(fs, Future):
+        fs = [fs]
+    if return_when not in (cf.ALL_COMPLETED, cf.FIRST_COMPLETED, cf.FIRST_EXCEPTION):
+        raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
+                         f"or FIRST_EXCEPTION")
+    result = cf.wait(list(fs), timeout, return_when)
+    if return_when == cf.ALL_COMPLETED and timeout is not None and result.not_done:
+        raise TimeoutError(f"{len(result.not_done)} of {len(result.done) + len(result.not_done)} "
+                           f"futures were not done after {timeout:g} s")
+    return result
+
+
+class as_completed:
+    """Iterate over futures as they finish; ``add()`` more while iterating;
+    ``with_results=True`` yields ``(future, result)``."""
+
+    def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self.with_results = with_results
+        self.raise_errors = raise_errors
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._pending += 1
+        future.add_done_callback(self._queue.put)
+
+    def update(self, futures: Iterable) -> None:
+        for f in futures:
+            self.add(f)
+
+    def count(self) -> int:
+        return self._pending
+
+    def __iter__(self) -> "as_completed":
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._pending == 0:
+                raise StopIteration
+            self._pending -= 1
+        f = self._queue.get()
+        if not self.with_results:
+            return f
+        try:
+            return f, f.result()
+        except BaseException as e:
+            if self.raise_errors:
+                raise
+            return f, e
+
+
+def _check_submit_options(key: Any, retries: Any, timeout: Any, priority: Any) -> None:
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a string, got {type(key).__name__}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries={retries!r}: expected an integer >= 0")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"timeout={timeout!r}: expected a number of seconds > 0, or None")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority={priority!r}: expected an integer")
+
+
+def _spec_tail(spec: Spec) -> tuple:
+    return (spec.fn_id, spec.fn, spec.args, spec.deps, spec.priority, spec.retries, spec.timeout)
+
+
+def _name(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+def _walk(obj: Any) -> Iterator:
+    if isinstance(obj, Future):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(obj=v)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from _walk(v)
+
+
+_SKIP = object()
+
+
+def _rebuild(obj: Any, errors: str) -> Any:
+    if isinstance(obj, Future):
+        if errors == "skip" and (obj.cancelled() or obj.exception() is not None):
+            return _SKIP
+        try:
+            return obj.result()
+        except BaseException:
+            if errors == "skip":
+                return _SKIP
+            raise
+    if isinstance(obj, dict):
+        out = {k: _rebuild(v, errors) for k, v in obj.items()}
+        return {k: v for k, v in out.items() if v is not _SKIP}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [x for x in (_rebuild(v, errors) for v in obj) if x is not _SKIP]
+        return type(obj)(items) if not isinstance(obj, list) else items
+    return obj

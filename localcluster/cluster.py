@@ -1,0 +1,731 @@
+"""LocalCluster: configuration, lifecycle, and the scheduler thread.
+
+Data flow::
+
+    user threads ──submit/map/gather──► Cluster._lock ─► Scheduler (pure) ─► actions
+         ▲                                     │                              │
+         │ futures resolved outside the lock   │                   Send: Channel.send (non-blocking)
+         │                                     ▼                              ▼
+    scheduler thread: selector.select([channels, pidfds, log pipes, wake-up pipe], tick)
+         │   channel readable  -> worker messages -> Scheduler events
+         │   pidfd readable    -> Nanny.reap -> classify -> WorkerDeath -> Scheduler.worker_died
+         │   log pipe readable -> Nanny.read_logs (bounded buffer, forwarded to stderr)
+         │   wake-up pipe      -> commands (spawn, scale, restart, close), released keys
+         └── tick (memory_sample_interval): memory samples -> pause / terminate,
+             task timeouts and heartbeats read from each worker's status board
+
+User threads run the state machine themselves under one lock and write to the
+worker's socket directly, so a submit costs no thread hop; only what the socket
+cannot take at once is left for the scheduler thread to flush. Every process is
+spawned from the scheduler thread, because Linux's parent-death signal follows
+the thread that forked, and that thread lives exactly as long as the cluster.
+
+A persistent epoll selector is used instead of ``multiprocessing.connection.wait``
+(which builds a new poller on every call) and because it can also wait for a
+socket to become writable.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import selectors
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import CancelledError, Future as _CfFuture
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from . import config as _config
+from . import protocol as P
+from . import scheduler as S
+from .config import format_bytes
+from .death import WorkerDeath, classify, crash_stack, crashing_thread, death_message, signal_name
+from .nanny import Nanny, logger
+
+STARTUP_RETRIES = 3
+STOP_GRACE = 2.0
+_live_clusters: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+
+
+class WorkerStartupError(RuntimeError):
+    """Workers die while starting, again and again: the cluster stopped retrying."""
+
+    def __init__(self, deaths: tuple):
+        self.deaths = tuple(deaths)
+        super().__init__(deaths)
+
+    def __str__(self) -> str:
+        last = self.deaths[-1] if self.deaths else None
+        head = (f"{len(self.deaths)} worker(s) in a row died while starting, so localcluster stopped "
+                f"restarting them.")
+        if last is None:
+            return head
+        tail = "\n".join(last.log_tail[-15:])
+        return (f"{head} The last one, {last.worker!r} (pid {last.pid}), ended with "
+                f"{signal_name(-last.exitcode) if last.exitcode and last.exitcode < 0 else f'exit code {last.exitcode}'}"
+                f". Its last output:\n{tail}\nFix the start-up error above (an initializer that raises, a broken "
+                f"environment, an import that fails in a fresh interpreter) and create the cluster again.")
+
+
+class ClusterRestarted(CancelledError):
+    """A pending task was forgotten because the cluster restarted or closed."""
+
+
+@dataclass
+class WorkerInfo:
+    """A snapshot of one worker, as ``cluster.workers[name]``."""
+    name: str
+    pid: int
+    status: str                    # starting, running, paused, closing
+    memory: Optional[int]          # RSS of the worker and its children, bytes
+    peak_memory: Optional[int]
+    memory_limit: Optional[int]
+    managed: int                   # bytes of results held in memory
+    spilled: int                   # bytes of results spilled to disk
+    processing: tuple              # keys assigned to it
+    nthreads: int
+    memory_history: list = field(repr=False, default_factory=list)   # [(unix time, rss)]
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int:
+    """Total memory, or the limit of the memory cgroup this process runs in if lower."""
+    import psutil
+    total = psutil.virtual_memory().total
+    candidates = ["/sys/fs/cgroup/memory.max"]
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _id, ctrl, path = line.rstrip("\n").split(":", 2)
+                if "memory" in ctrl.split(","):
+                    candidates.append(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+                elif ctrl == "":
+                    candidates.append(f"/sys/fs/cgroup{path}/memory.max")
+    except OSError:
+        pass
+    for path in candidates:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit():
+                total = min(total, int(text))
+        except OSError:
+            pass
+    return total
+
+
+class LocalCluster:
+    """A pool of worker processes on this machine, each watched by a nanny.
+
+    >>> with LocalCluster(n_workers=2) as cluster, Client(cluster) as client:
+    ...     client.submit(sum, [1, 2]).result()
+    3
+    """
+
+    def __init__(self, n_workers: Any = ..., threads_per_worker: Any = ..., memory_limit: Any = ...,
+                 allowed_failures: Any = ..., local_directory: Any = ..., forward_logs: Any = ...,
+                 *, initializer: Optional[Callable] = None, initargs: tuple = (), **settings: Any):
+        cfg = _config.resolve(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                              memory_limit=memory_limit, allowed_failures=allowed_failures,
+                              local_directory=local_directory, forward_logs=forward_logs, **settings)
+        if initializer is not None and not callable(initializer):
+            raise TypeError(f"initializer must be callable, got {initializer!r}")
+        self.config = cfg
+        self.n_workers = usable_cpus() if cfg["n_workers"] is None else cfg["n_workers"]
+        self.threads_per_worker = cfg["threads_per_worker"]
+        limit = cfg["memory_limit"]
+        if limit == "auto":
+            limit = available_memory() // max(1, self.n_workers)
+        self.memory_limit: Optional[int] = limit
+        self._initializer = None
+        if initializer is not None:
+            import cloudpickle
+            self._initializer = cloudpickle.dumps((initializer, tuple(initargs))).hex()
+        if cfg["local_directory"]:
+            os.makedirs(cfg["local_directory"], exist_ok=True)
+        self.local_directory = tempfile.mkdtemp(prefix="localcluster-", dir=cfg["local_directory"])
+        os.chmod(self.local_directory, 0o700)
+
+        self.scheduler = S.Scheduler(cfg["allowed_failures"])
+        self.deaths: list[WorkerDeath] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._nannies: dict[str, Nanny] = {}
+        self._dead_logs: dict[str, list] = {}
+        self._names = itertools.count()
+        self._target = 0
+        self._startup_failures: list[WorkerDeath] = []
+        self._broken: Optional[WorkerStartupError] = None
+        self._respawn_at: list[float] = []
+        self._clients: "weakref.WeakSet" = weakref.WeakSet()
+        self._requests: dict[int, _CfFuture] = {}
+        self._released: deque = deque()
+        self._commands: deque = deque()
+        self._status = "starting"
+        self._close_started = False
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._thread = threading.Thread(target=self._loop, name="localcluster-scheduler", daemon=True)
+        self._thread.start()
+        _live_clusters.add(self)
+        try:
+            self.scale(self.n_workers)
+        except BaseException:
+            self.close()
+            raise
+        self._status = "running"
+
+    # --- public ---------------------------------------------------------------------
+
+    @property
+    def workers(self) -> dict[str, WorkerInfo]:
+        out = {}
+        with self._lock:
+            for name, n in self._nannies.items():
+                ws = self.scheduler.workers.get(name)
+                managed, spilled, _nkeys = n.board.store() if n.board is not None else (0, 0, 0)
+                status = ("closing" if n.reason or (ws and ws.closing) else "paused" if n.paused
+                          else "running" if n.ready else "starting")
+                out[name] = WorkerInfo(
+                    name, n.pid, status, n.memory, n.peak_memory, self.memory_limit, managed, spilled,
+                    tuple(ws.processing.values()) if ws else (), n.nthreads, list(n.history))
+        return out
+
+    def scale(self, n: int, timeout: float = 60.0) -> None:
+        """Grow or shrink to ``n`` workers; returns when they are up (or gone)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"scale(n={n!r}): n must be an integer >= 0")
+        self._check_open()
+        self._call(lambda: self._scale(n)).result()
+        self._wait_for_workers(n, timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._status == "closed":
+            return
+        self._status = "closing"
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            try:
+                self._call(self._begin_close).result(timeout)
+            except Exception:  # pragma: no cover - the loop is gone; clean up below
+                pass
+            self._thread.join(timeout)
+        self._status = "closed"
+        with self._lock:
+            post = self._apply(self.scheduler.clear(ClusterRestarted("the cluster was closed")))
+        self._post(post)
+        for fut in list(self._requests.values()):
+            if not fut.done():
+                fut.set_exception(ClusterRestarted("the cluster was closed"))
+        for n in list(self._nannies.values()):
+            self._force_reap(n)
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        shutil.rmtree(self.local_directory, ignore_errors=True)
+        _live_clusters.discard(self)
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<LocalCluster {self._status}: {len(self._nannies)} workers, {self.threads_per_worker} "
+                f"threads each, memory_limit={format_bytes(self.memory_limit) if self.memory_limit else None}>")
+
+    def get_logs(self, n: Optional[int] = None) -> dict[str, list]:
+        with self._lock:
+            logs = dict(self._dead_logs)
+            for name, nanny in self._nannies.items():
+                logs[name] = list(nanny.log)
+        return {name: (lines[-n:] if n else lines) for name, lines in logs.items()}
+
+    def dump_stacks(self, worker: Optional[str] = None, timeout: float = 2.0) -> dict[str, str]:
+        """The live stacks of every thread of each worker (faulthandler, via SIGUSR1)."""
+        with self._lock:
+            targets = [n for name, n in self._nannies.items() if worker in (None, name) and n.ready]
+            marks = {n.name: len(n.log) for n in targets}
+        for n in targets:
+            n.request_stacks()
+        deadline = time.monotonic() + timeout
+        out: dict[str, str] = {}
+        with self._changed:
+            while True:
+                for n in targets:
+                    lines = list(n.log)[marks[n.name]:] if len(n.log) >= marks[n.name] else list(n.log)
+                    if any(l.startswith("Current thread") or l.startswith("Thread 0x") for l in lines) and lines[-1] == "":
+                        out[n.name] = "\n".join(lines).strip()
+                if len(out) == len(targets) or time.monotonic() > deadline:
+                    return out
+                self._changed.wait(0.05)
+
+    # --- calls into the scheduler thread ------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._status in ("closing", "closed"):
+            raise RuntimeError("this LocalCluster is closed; create a new one")
+        if self._broken is not None:
+            raise self._broken
+
+    def _call(self, fn: Callable[[], Any]) -> _CfFuture:
+        fut: _CfFuture = _CfFuture()
+        if threading.current_thread() is self._thread:
+            fut.set_result(fn())
+            return fut
+        self._commands.append((fn, fut))
+        self._wake()
+        return fut
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _wait_for_workers(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                if self._broken is not None:
+                    raise self._broken
+                ready = sum(1 for x in self._nannies.values() if x.ready and not x.reason)
+                alive = len(self._nannies)
+                if ready >= n and alive == ready:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{ready} of {n} workers were up after {timeout:g} s")
+                self._changed.wait(left)
+
+    # --- actions --------------------------------------------------------------------
+
+    def _apply(self, actions: list) -> list:
+        """Carry out Send/Retire under the lock; return Resolve/Deliver for after it."""
+        if not actions:
+            return actions
+        post: list = []
+        sends: dict[str, list] = {}
+        for a in actions:
+            t = type(a)
+            if t is S.Send:
+                sends.setdefault(a.worker, []).append(a.msg)
+            elif t is S.Resolve or t is S.Deliver:
+                post.append(a)
+            elif t is S.Retire:
+                n = self._nannies.get(a.worker)
+                if n is not None and n.reason is None:
+                    n.stop()
+                    self._deadline_kill(n)
+        for worker, msgs in sends.items():
+            n = self._nannies.get(worker)
+            if n is None or n.chan is None:
+                continue
+            if not n.chan.send(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+                self._want_write(n)
+        return post
+
+    def _post(self, post: list) -> None:
+        for a in post:
+            if type(a) is S.Resolve:
+                for client in list(self._clients):
+                    client._resolve(a.key, a.status, a.value)
+            else:
+                fut = self._requests.pop(a.request, None)
+                if fut is not None and not fut.done():
+                    if a.error is not None:
+                        fut.set_exception(_as_exception(a.error))
+                    else:
+                        fut.set_result(a.data)
+
+    def _event(self, fn: Callable, *args: Any) -> Any:
+        with self._lock:
+            result = fn(*args)
+            post = self._apply(result)
+        self._post(post)
+
+    def _want_write(self, n: Nanny) -> None:
+        if threading.current_thread() is self._thread:
+            self._register(n)
+        else:
+            self._commands.append((lambda: self._register(n), None))
+            self._wake()
+
+    def _register(self, n: Nanny) -> None:
+        if n.chan is None or n.chan.closed:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if n.chan.wants_write() else 0)
+        try:
+            self._selector.modify(n.chan, events, ("chan", n))
+        except (KeyError, ValueError):
+            pass
+
+    def fetch(self, keys: list) -> list[_CfFuture]:
+        """Futures for the data (Payloads) of ``keys``, however far away it is."""
+        futs = []
+        with self._lock:
+            actions = []
+            for key in keys:
+                req, acts = self.scheduler.fetch(key)
+                fut: _CfFuture = _CfFuture()
+                self._requests[req] = fut
+                futs.append(fut)
+                actions += acts
+            post = self._apply(actions)
+        self._post(post)
+        return futs
+
+    # --- the scheduler thread ---------------------------------------------------------
+
+    def _loop(self) -> None:
+        interval = self.config["memory_sample_interval"]
+        next_tick = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._tick(now)
+                    next_tick = now + interval
+                if self._close_started and not self._nannies:
+                    return
+                for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
+                    kind, n = key.data
+                    if kind == "wake":
+                        self._on_wake()
+                    elif kind == "chan":
+                        if mask & selectors.EVENT_WRITE and n.chan.flush():
+                            self._register(n)
+                        if mask & selectors.EVENT_READ:
+                            self._on_readable(n)
+                    elif kind == "log":
+                        if not n.read_logs():
+                            self._unregister(n.log_fd)
+                        with self._changed:
+                            self._changed.notify_all()
+                    elif kind == "exit":
+                        self._on_exit(n)
+        except BaseException:  # pragma: no cover - a bug here must be loud, not a hang
+            logger.exception("localcluster scheduler thread failed")
+            self._broken = self._broken or WorkerStartupError(())
+            raise
+
+    def _on_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        released = []
+        while self._released:
+            released.append(self._released.popleft())
+        if released:
+            with self._lock:
+                actions = []
+                for key in released:
+                    actions += self.scheduler.release(key)
+                post = self._apply(actions)
+            self._post(post)
+        while self._commands:
+            fn, fut = self._commands.popleft()
+            try:
+                result = fn()
+            except BaseException as e:
+                if fut is not None:
+                    fut.set_exception(e)
+            else:
+                if fut is not None:
+                    fut.set_result(result)
+
+    def _on_readable(self, n: Nanny) -> None:
+        try:
+            msgs = n.chan.receive()
+        except (EOFError, OSError):
+            self._unregister(n.chan)
+            if n.sentinel is None:   # no pidfd: EOF is our death notice
+                self._on_exit(n)
+            return
+        if msgs:
+            self._on_messages(n, msgs)
+
+    def _on_messages(self, n: Nanny, msgs: list) -> None:
+        sched = self.scheduler
+        with self._lock:
+            actions: list = []
+            stack = list(msgs)
+            while stack:
+                m = stack.pop(0)
+                t = type(m)
+                if t is P.Finished:
+                    actions += sched.finished(n.name, m.seq, m.nbytes, m.type_name, m.data, m.duration)
+                elif t is P.Batch:
+                    stack[:0] = m.messages
+                elif t is P.Failed:
+                    actions += sched.failed(n.name, m.seq, m.error)
+                elif t is P.Data:
+                    actions += sched.data(n.name, m.request, m.key, m.data, m.error)
+                elif t is P.Ready:
+                    n.ready, n.versions = True, m.versions
+                    self._startup_failures.clear()
+                    if n.reason is None:
+                        actions += sched.add_worker(n.name, n.nthreads)
+                    self._changed.notify_all()
+                elif t is P.Fatal:
+                    n.fatal = m.traceback
+            post = self._apply(actions)
+        self._post(post)
+
+    def _unregister(self, fileobj: Any) -> None:
+        try:
+            self._selector.unregister(fileobj)
+        except (KeyError, ValueError):
+            pass
+
+    def _spawn(self) -> None:
+        name = f"worker-{next(self._names)}"
+        n = Nanny(name, self.threads_per_worker, self.memory_limit, self.config,
+                  os.path.join(self.local_directory, name), self._initializer,
+                  self.config["forward_logs"], self.config["log_lines"])
+        n.spawn()
+        with self._lock:
+            self._nannies[name] = n
+        self._selector.register(n.chan, selectors.EVENT_READ, ("chan", n))
+        self._selector.register(n.log_fd, selectors.EVENT_READ, ("log", n))
+        if n.sentinel is not None:
+            self._selector.register(n.sentinel, selectors.EVENT_READ, ("exit", n))
+
+    def _scale(self, target: int) -> None:
+        self._target = target
+        with self._lock:
+            alive = [n for n in self._nannies.values() if not n.reason and not
+                     (n.name in self.scheduler.workers and self.scheduler.workers[n.name].closing)]
+        for _ in range(target - len(alive)):
+            self._spawn()
+        if len(alive) > target:
+            def idleness(n: Nanny) -> tuple:
+                ws = self.scheduler.workers.get(n.name)
+                return (0 if not n.ready else 1, len(ws.processing) if ws else 0, len(ws.has) if ws else 0)
+            victims = sorted(alive, key=idleness)[: len(alive) - target]
+            with self._lock:
+                actions: list = []
+                for n in victims:
+                    if n.name in self.scheduler.workers:
+                        actions += self.scheduler.retire(n.name)
+                    else:
+                        n.stop()
+                        self._deadline_kill(n)
+                post = self._apply(actions)
+            self._post(post)
+
+    def _deadline_kill(self, n: Nanny) -> None:
+        n.kill_at = time.monotonic() + STOP_GRACE   # escalated in _tick
+
+    def _begin_close(self) -> None:
+        self._close_started = True
+        self._target = 0
+        with self._lock:
+            for n in self._nannies.values():
+                n.stop()
+                self._deadline_kill(n)
+
+    def restart(self, timeout: float = 60.0) -> None:
+        self._check_open()
+        def begin() -> None:
+            with self._lock:
+                post = self._apply(self.scheduler.clear(
+                    ClusterRestarted("the cluster was restarted (client.restart()); submit the task again")))
+                for n in self._nannies.values():
+                    n.stop()
+                    self._deadline_kill(n)
+            self._post(post)
+            for fut in list(self._requests.values()):
+                if not fut.done():
+                    fut.set_exception(ClusterRestarted("the cluster was restarted"))
+            self._requests.clear()
+            for _ in range(self._target):
+                self._spawn()
+        self._call(begin).result()
+        self._wait_for_workers(self._target, timeout)
+
+    def _tick(self, now: float) -> None:
+        limit = self.memory_limit
+        cfg = self.config
+        ttl = cfg["worker_ttl"]
+        for n in list(self._nannies.values()):
+            if n.exitcode is not None:
+                continue
+            if n.kill_at is not None and now > n.kill_at:
+                n.kill(None)
+                continue
+            if not n.ready or n.reason:
+                continue
+            rss = n.sample(now)
+            if limit and rss is not None:
+                if cfg["memory_terminate"] and rss > cfg["memory_terminate"] * limit:
+                    pct = int(cfg["memory_terminate"] * 100)
+                    msg = (f"Worker exceeded {pct}% memory budget. Restarting "
+                           f"({n.name}, pid {n.pid}: {format_bytes(rss)} of {format_bytes(limit)})")
+                    n.add_log(f"[nanny] {msg}")
+                    logger.warning(msg)
+                    n.kill("memory-limit")
+                    continue
+                if cfg["memory_pause"]:
+                    paused = rss > cfg["memory_pause"] * limit
+                    if paused != n.paused:
+                        n.paused = paused
+                        n.add_log(f"[nanny] {'paused' if paused else 'resumed'}: memory {format_bytes(rss)} "
+                                  f"{'above' if paused else 'below'} {int(cfg['memory_pause'] * 100)}% of "
+                                  f"{format_bytes(limit)}")
+                        self._event(self.scheduler.set_paused, n.name, paused)
+            for seq, (_ident, started) in n.board.running().items():
+                timeout = self.scheduler.timeout_of(seq)
+                if timeout is not None and now - started > timeout:
+                    n.timed_out = (seq, now - started)
+                    n.kill("timeout")
+                    break
+            if ttl and n.reason is None:
+                beat = n.board.heartbeat() / 1e9
+                if beat and now - beat > ttl:
+                    if n.stacks_requested is None:
+                        n.add_log(f"[nanny] no heartbeat for {now - beat:.1f} s (worker_ttl={ttl:g}); "
+                                  f"dumping all thread stacks, then stopping it")
+                        n.request_stacks()
+                        n.stacks_requested = now
+                    elif now - n.stacks_requested > 0.5:
+                        n.kill("unresponsive")
+        for t in list(self._respawn_at):
+            if now >= t:
+                self._respawn_at.remove(t)
+                if self._status not in ("closing", "closed") and self._broken is None:
+                    self._spawn()
+
+    # --- deaths -----------------------------------------------------------------------
+
+    def _on_exit(self, n: Nanny) -> None:
+        # Messages and output written before the death come first: a result that
+        # arrived is a result, and the crash stack is in the pipe.
+        if n.chan is not None and not n.chan.closed:
+            while True:
+                try:
+                    msgs = n.chan.receive()
+                except (EOFError, OSError):
+                    break
+                if not msgs:
+                    break
+                self._on_messages(n, msgs)
+        exitcode = n.reap()
+        for fileobj in (n.chan, n.log_fd, n.sentinel):
+            if fileobj is not None:
+                self._unregister(fileobj)
+        death = self._record_death(n, exitcode)
+        n.close()
+        with self._changed:
+            self._nannies.pop(n.name, None)
+            self._dead_logs[n.name] = list(n.log)
+            self._changed.notify_all()
+        if death.cause != "requested":
+            logger.warning(death.message)
+        self._maybe_respawn(n, death)
+
+    def _record_death(self, n: Nanny, exitcode: int) -> WorkerDeath:
+        running = n.board.running()
+        lines = list(n.log)
+        stack = crash_stack(lines) if exitcode is not None and exitcode < 0 else None
+        cause = classify(exitcode, n.reason, oom_evidence=n.oom_evidence() if exitcode == -signal.SIGKILL else False,
+                         machinery_error=bool(n.fatal) or not n.ready)
+        crashed_seq = None
+        if cause == "crash" and stack:
+            ident = crashing_thread(stack)
+            matches = [seq for seq, (tid, _t) in running.items() if tid == (ident or 0) & 0x7FFFFFFFFFFFFFFF]
+            crashed_seq = matches[0] if matches else 0   # 0: a thread that ran no task
+        with self._lock:
+            keys = tuple(k for k in (self.scheduler.key_of(s) for s in sorted(running)) if k)
+            if cause == "crash" and crashed_seq:
+                key = self.scheduler.key_of(crashed_seq)
+                blamed = (key,) if key else ()
+            elif cause in ("requested", "exception", "timeout") or (cause == "crash" and crashed_seq == 0):
+                blamed = ()
+            else:
+                blamed = keys
+            detail = None
+            if cause == "timeout" and n.timed_out:
+                tkey = self.scheduler.key_of(n.timed_out[0])
+                detail = (f"Task {tkey!r} ran {n.timed_out[1]:.2f} s, past its timeout of "
+                          f"{self.scheduler.timeout_of(n.timed_out[0]):g} s.")
+            elif cause == "exception" and n.fatal:
+                detail = "Last line of its traceback: " + n.fatal.strip().splitlines()[-1]
+            elif cause == "exception":
+                tail = [l for l in lines if l.strip()]
+                if tail:
+                    detail = "Last line of its output: " + tail[-1].strip()
+            death = WorkerDeath(
+                worker=n.name, pid=n.pid, cause=cause, exitcode=exitcode,
+                signal=signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None,
+                tasks=keys, memory=n.memory, peak_memory=n.peak_memory, memory_limit=self.memory_limit,
+                stack=stack, log_tail=tuple(lines[-50:]), time=time.time(),
+                message=death_message(n.name, n.pid, cause, exitcode, keys, n.memory, n.peak_memory,
+                                      self.memory_limit, stack, detail),
+                blamed=blamed, detail=detail)
+            self.deaths.append(death)
+            actions = self.scheduler.worker_died(death, running, crashed_seq, n.timed_out)
+            post = self._apply(actions)
+        self._post(post)
+        return death
+
+    def _maybe_respawn(self, n: Nanny, death: WorkerDeath) -> None:
+        if self._status in ("closing", "closed") or death.cause == "requested":
+            return
+        if not n.ready:
+            self._startup_failures.append(death)
+            if len(self._startup_failures) >= STARTUP_RETRIES:
+                self._broken = WorkerStartupError(tuple(self._startup_failures))
+                with self._changed:
+                    post = self._apply(self.scheduler.clear(self._broken))
+                    self._changed.notify_all()
+                self._post(post)
+                return
+            delay = 0.1 * 2 ** (len(self._startup_failures) - 1)
+            self._respawn_at.append(time.monotonic() + delay)
+            return
+        self._spawn()
+
+    def _force_reap(self, n: Nanny) -> None:
+        if n.exitcode is None and n.proc is not None:
+            n.kill(None)
+            try:
+                n.reap()
+            except Exception:  # pragma: no cover
+                pass
+        n.close()
+        self._nannies.pop(n.name, None)
+
+
+def _as_exception(error: Any) -> BaseException:
+    if isinstance(error, BaseException):
+        return error
+    from .serialize import loads_exception
+    return loads_exception(error)
+
+
+@atexit.register
+def _close_all() -> None:
+    for cluster in list(_live_clusters):
+        try:
+            cluster.close(timeout=5)
+        except Exception:  # pragma: no cover
+            pass

@@ -1,0 +1,261 @@
+"""Configuration: defaults < ``LOCALCLUSTER_<KEY>`` environment variables <
+``config.set(...)`` < keyword arguments to ``LocalCluster``.
+
+Every value goes through one validator per key, so a bad value is rejected with
+the same message whether it came from the environment, ``config.set`` or a
+keyword argument.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+__all__ = ["set", "get", "resolve", "parse_bytes", "format_bytes"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
+    "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_BYTES_HELP = "bytes as an int, a string such as '2GiB' or '500MB', 'auto', or None/0 for no limit"
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"`` -> 2147483648. Raises ValueError on anything else."""
+    m = _BYTES_RE.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(text)
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _bad(key: str, value: Any, accepted: str) -> ValueError:
+    return ValueError(f"{key}={value!r} is not valid: expected {accepted}")
+
+
+def _int(key: str, lo: int, allow_none: bool = False) -> Callable[[Any], Any]:
+    accepted = f"an integer >= {lo}" + (" or None" if allow_none else "")
+
+    def check(value: Any) -> Any:
+        if value is None and allow_none:
+            return None
+        if isinstance(value, str):
+            if allow_none and value.strip().lower() in ("none", ""):
+                return None
+            try:
+                value = int(value)
+            except ValueError:
+                raise _bad(key, value, accepted) from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise _bad(key, value, accepted)
+        return value
+    return check
+
+
+def _seconds(key: str, allow_none: bool) -> Callable[[Any], Any]:
+    accepted = "a number of seconds > 0" + (" or None to disable" if allow_none else "")
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str):
+            if allow_none and value.strip().lower() in ("none", ""):
+                return None
+            try:
+                value = float(value)
+            except ValueError:
+                raise _bad(key, value, accepted) from None
+        if value is None and allow_none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _bad(key, value, accepted)
+        return float(value)
+    return check
+
+
+def _fraction(key: str) -> Callable[[Any], Any]:
+    accepted = "a fraction between 0 and 1 (exclusive of 0), or False to disable"
+
+    def check(value: Any) -> Any:
+        if value is False or (isinstance(value, str) and value.strip().lower() in ("false", "none")):
+            return None
+        if value is None:
+            return None
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise _bad(key, value, accepted) from None
+        if isinstance(value, bool) or not 0 < f <= 1:
+            raise _bad(key, value, accepted)
+        return f
+    return check
+
+
+def _memory_limit(value: Any) -> Any:
+    if value is None or value == 0 or (isinstance(value, str) and value.strip().lower() in ("none", "0", "")):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str):
+        try:
+            value = parse_bytes(value)
+        except ValueError:
+            raise _bad("memory_limit", value, _BYTES_HELP) from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad("memory_limit", value, _BYTES_HELP)
+    return value or None
+
+
+def _bool(key: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+        if isinstance(value, bool):
+            return value
+        raise _bad(key, value, "True or False")
+    return check
+
+
+def _directory(value: Any) -> Any:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise _bad("local_directory", value, "a path (str or os.PathLike) or None")
+    return os.fspath(value)
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "n_workers": _int("n_workers", 0, allow_none=True),
+    "threads_per_worker": _int("threads_per_worker", 1),
+    "memory_limit": _memory_limit,
+    "allowed_failures": _int("allowed_failures", 0),
+    "local_directory": _directory,
+    "forward_logs": _bool("forward_logs"),
+    "worker_ttl": _seconds("worker_ttl", allow_none=True),
+    "memory_target": _fraction("memory_target"),
+    "memory_pause": _fraction("memory_pause"),
+    "memory_terminate": _fraction("memory_terminate"),
+    "memory_sample_interval": _seconds("memory_sample_interval", allow_none=False),
+    "log_lines": _int("log_lines", 1),
+}
+
+DEFAULTS: dict[str, Any] = {
+    "n_workers": None,            # None: the CPUs this process may use
+    "threads_per_worker": 1,
+    "memory_limit": "auto",
+    "allowed_failures": 3,
+    "local_directory": None,
+    "forward_logs": True,
+    "worker_ttl": 60.0,
+    "memory_target": 0.6,
+    "memory_pause": 0.8,
+    "memory_terminate": 0.95,
+    "memory_sample_interval": 0.02,
+    "log_lines": 1000,
+}
+
+_lock = threading.Lock()
+_overrides: dict[str, Any] = {}
+
+
+def _check(key: str, value: Any) -> Any:
+    if key not in _VALIDATORS:
+        raise ValueError(
+            f"unknown localcluster config key {key!r}; known keys: {', '.join(sorted(_VALIDATORS))}"
+        )
+    return _VALIDATORS[key](value)
+
+
+class _Setter:
+    """Returned by :func:`set`: already applied; undone when used as a context manager."""
+
+    def __init__(self, previous: dict[str, Any]):
+        self._previous = previous
+
+    def __enter__(self) -> "_Setter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            for key, old in self._previous.items():
+                if old is _MISSING:
+                    _overrides.pop(key, None)
+                else:
+                    _overrides[key] = old
+
+
+_MISSING = object()
+
+
+def set(**values: Any) -> _Setter:  # noqa: A001 - dask's name
+    """``config.set(allowed_failures=4)`` globally, or ``with config.set(...):`` for a block."""
+    checked = {key: _check(key, value) for key, value in values.items()}
+    with _lock:
+        previous = {key: _overrides.get(key, _MISSING) for key in checked}
+        _overrides.update(checked)
+    return _Setter(previous)
+
+
+def get(key: str) -> Any:
+    """The value in force for ``key``, before keyword arguments."""
+    if key not in _VALIDATORS:
+        _check(key, None)
+    with _lock:
+        if key in _overrides:
+            return _overrides[key]
+    env = os.environ.get("LOCALCLUSTER_" + key.upper())
+    if env is not None:
+        try:
+            return _check(key, env)
+        except ValueError as e:
+            raise ValueError(f"environment variable LOCALCLUSTER_{key.upper()}: {e}") from None
+    return DEFAULTS[key]
+
+
+def resolve(**kwargs: Any) -> dict[str, Any]:
+    """All keys: keyword arguments (when not ``...``) win over config and environment."""
+    for key in kwargs:
+        if key not in _VALIDATORS:
+            raise TypeError(f"LocalCluster() got an unexpected keyword argument {key!r}")
+    out = {}
+    for key in _VALIDATORS:
+        value = kwargs.get(key, ...)
+        out[key] = get(key) if value is ... else _check(key, value)
+    fractions = [out[k] for k in ("memory_target", "memory_pause", "memory_terminate") if out[k]]
+    if fractions != sorted(fractions):
+        raise ValueError(
+            "memory_target, memory_pause and memory_terminate must be increasing; got "
+            f"{out['memory_target']}, {out['memory_pause']}, {out['memory_terminate']}"
+        )
+    return out
+
+
+@contextmanager
+def _cleared() -> Iterator[None]:
+    """For tests: no overrides inside the block."""
+    with _lock:
+        saved = dict(_overrides)
+        _overrides.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.clear()
+            _overrides.update(saved)

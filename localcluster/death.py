@@ -1,0 +1,315 @@
+"""Why a worker died: the cause taxonomy, the ``WorkerDeath`` record, and the
+errors a task can end with because of a death.
+
+Everything here is pure: the nanny gathers the observations (exit status, which
+signal it sent itself and why, OOM-killer evidence, captured output) and these
+functions turn them into a cause, a blame and a sentence for the user.
+"""
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .config import format_bytes
+
+__all__ = [
+    "WorkerDeath", "KilledWorker", "TaskTimeoutError", "LostDataError", "TaskError",
+    "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread",
+]
+
+CAUSES = ("requested", "exit", "exception", "memory-limit", "oom-killer", "crash",
+          "signal", "timeout", "unresponsive")
+
+# Signals a process raises against itself when it breaks (as opposed to being killed).
+CRASH_SIGNALS = frozenset(
+    getattr(_signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS", "SIGTRAP")
+    if hasattr(_signal, name)
+)
+NANNY_REASONS = ("requested", "memory-limit", "timeout", "unresponsive")
+
+
+def signal_name(signum: Optional[int]) -> Optional[str]:
+    if not signum:
+        return None
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def describe_exit(exitcode: Optional[int]) -> str:
+    """loky's habit: ``SIGSEGV(-11)``, ``EXIT(3)``."""
+    if exitcode is None:
+        return "UNKNOWN"
+    if exitcode < 0:
+        return f"{signal_name(-exitcode)}({exitcode})"
+    return f"EXIT({exitcode})"
+
+
+def classify(exitcode: Optional[int], nanny_reason: Optional[str] = None,
+             oom_evidence: bool = False, machinery_error: bool = False) -> str:
+    """The cause of one death, from what the nanny observed.
+
+    exitcode: ``Popen.returncode`` (negative: killed by that signal).
+    nanny_reason: why the nanny itself stopped the process, if it did.
+    oom_evidence: the kernel's OOM-kill counters rose across the death.
+    machinery_error: the worker reported that its own code (not a task) failed.
+    """
+    if nanny_reason is not None:
+        if nanny_reason not in NANNY_REASONS:
+            raise ValueError(f"unknown nanny reason {nanny_reason!r}")
+        return nanny_reason
+    signum = -exitcode if exitcode is not None and exitcode < 0 else None
+    if signum is not None:
+        if signum in CRASH_SIGNALS:
+            return "crash"
+        if signum == _signal.SIGKILL and oom_evidence:
+            return "oom-killer"
+        return "signal"
+    if machinery_error:
+        return "exception"
+    return "exit"
+
+
+# faulthandler prints "Current thread 0x00007f... (most recent call first):" then
+# indented "  File ..." lines; other threads follow as "Thread 0x...".
+_CURRENT = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*?\])? \(most recent call first\):")
+
+
+def crash_stack(log_lines: list[str]) -> Optional[str]:
+    """The faulthandler block of the last fatal error in a worker's output."""
+    start = None
+    for i in range(len(log_lines) - 1, -1, -1):
+        if log_lines[i].startswith("Fatal Python error"):
+            start = i
+            break
+    if start is None:
+        return None
+    out = []
+    for line in log_lines[start:]:
+        if out and not line.strip() and len(out) > 2 and not out[-1].strip():
+            break
+        out.append(line)
+        if len(out) > 200:
+            break
+    return "\n".join(out).rstrip() or None
+
+
+def crashing_thread(stack: Optional[str]) -> Optional[int]:
+    """The ident of the thread faulthandler marked as current (the one that crashed)."""
+    if not stack:
+        return None
+    for line in stack.splitlines():
+        m = _CURRENT.match(line.strip())
+        if m and line.strip().startswith("Current thread"):
+            return int(m.group(1), 16)
+    return None
+
+
+def top_frames(stack: Optional[str], n: int = 3) -> list[str]:
+    """The innermost ``n`` frames of the crashing thread, for one-line summaries."""
+    if not stack:
+        return []
+    frames, inside = [], False
+    for line in stack.splitlines():
+        s = line.strip()
+        if s.startswith("Current thread"):
+            inside = True
+            continue
+        if inside:
+            if s.startswith("File "):
+                frames.append(s)
+            elif frames:
+                break
+    return frames[:n]
+
+
+_ADVICE = {
+    "requested": "Nothing to do: the cluster asked for this (close, scale down or restart).",
+    "exit": "A task or library called os._exit()/sys.exit() outside a task; look for it in the tasks listed.",
+    "exception": "localcluster's own worker code failed; the traceback is in the death's log_tail. "
+                 "Check that the worker can import what the tasks need (client.get_versions(check=True)).",
+    "memory-limit": "Give each worker more memory (LocalCluster(memory_limit=...)), use fewer workers, "
+                    "or make the task's pieces smaller.",
+    "oom-killer": "The machine ran out of memory. Set a memory_limit so localcluster stops the worker "
+                  "first, use fewer workers, or make the task's pieces smaller.",
+    "crash": "This is a bug in compiled code (a C extension, ctypes, or a library built for another "
+             "version); the stack shows where. Try client.recreate_error_locally(future) to replay it in "
+             "a throwaway process.",
+    "signal": "Something outside localcluster killed the worker (kill, a job scheduler, a container "
+              "limit). The task may not be at fault.",
+    "timeout": "The task ran past its timeout; raise submit(..., timeout=...) or make the task faster.",
+    "unresponsive": "A task held the interpreter (GIL) or blocked the worker for too long; the stacks of "
+                    "all threads were written to the worker's log just before. Raise worker_ttl if the "
+                    "task is simply slow.",
+}
+
+
+@dataclass(frozen=True)
+class WorkerDeath:
+    """One worker death, expected or not. See DESIGN.md's taxonomy."""
+    worker: str
+    pid: int
+    cause: str
+    exitcode: Optional[int]
+    signal: Optional[str]
+    tasks: tuple = ()
+    memory: Optional[int] = None
+    peak_memory: Optional[int] = None
+    memory_limit: Optional[int] = None
+    stack: Optional[str] = None
+    log_tail: tuple = ()
+    time: float = 0.0
+    message: str = ""
+    blamed: tuple = ()
+    detail: Optional[str] = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def summary(self) -> str:
+        """One line for ``KilledWorker``'s message."""
+        parts = [f"{self.worker} (pid {self.pid}): {self.cause}"]
+        if self.signal:
+            parts.append(self.signal)
+        elif self.exitcode is not None:
+            parts.append(f"exit code {self.exitcode}")
+        if self.memory is not None:
+            mem = f"memory {format_bytes(self.memory)}"
+            if self.peak_memory:
+                mem += f" (peak {format_bytes(self.peak_memory)})"
+            if self.memory_limit:
+                mem += f" of {format_bytes(self.memory_limit)} limit"
+            parts.append(mem)
+        line = ", ".join(parts)
+        frames = top_frames(self.stack, 2)
+        if frames:
+            line += "\n      crashed in: " + "\n                  ".join(frames)
+        return line
+
+
+def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], tasks: tuple,
+                  memory: Optional[int], peak: Optional[int], limit: Optional[int],
+                  stack: Optional[str], detail: Optional[str] = None) -> str:
+    """The one-paragraph explanation stored in ``WorkerDeath.message``."""
+    who = f"Worker {worker!r} (pid {pid})"
+    sig = signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
+    running = f" while running {', '.join(map(repr, tasks))}" if tasks else ""
+    mem = ""
+    if memory is not None:
+        mem = f" Its memory was {format_bytes(memory)}"
+        if peak and peak > memory:
+            mem += f" (peak {format_bytes(peak)})"
+        mem += f" against a limit of {format_bytes(limit)}." if limit else " (no memory limit set)."
+    if cause == "requested":
+        head = f"{who} was stopped by the cluster as requested."
+    elif cause == "exit":
+        head = f"{who} exited by itself with exit code {exitcode}{running}."
+    elif cause == "exception":
+        head = f"{who} failed in localcluster's own code (exit code {exitcode}){running}."
+    elif cause == "memory-limit":
+        head = f"{who} was killed by its nanny for exceeding the memory budget{running}."
+    elif cause == "oom-killer":
+        head = f"{who} was killed by the operating system's out-of-memory killer (SIGKILL){running}."
+    elif cause == "crash":
+        head = f"{who} crashed with {sig}{running}."
+        frames = top_frames(stack, 1)
+        if frames:
+            head += f" It crashed in {frames[0]}."
+    elif cause == "signal":
+        head = f"{who} was killed from outside by {sig}{running}; localcluster did not send it."
+    elif cause == "timeout":
+        head = f"{who} was killed by its nanny because a task ran past its timeout{running}."
+    elif cause == "unresponsive":
+        head = f"{who} stopped answering heartbeats and was killed{running}."
+    else:  # pragma: no cover - classify() only returns CAUSES
+        head = f"{who} died ({describe_exit(exitcode)}){running}."
+    if detail:
+        head += " " + detail
+    return head + mem + " " + _ADVICE[cause]
+
+
+# --- errors a task (or its future) can end with --------------------------------------
+
+class KilledWorker(Exception):
+    """A task was running on too many workers that died; it is blamed and given up."""
+
+    def __init__(self, task: str, last_worker: Optional[str], deaths: tuple = (), allowed_failures: int = 0):
+        self.task = task
+        self.last_worker = last_worker
+        self.deaths = tuple(deaths)
+        self.allowed_failures = allowed_failures
+        super().__init__(task, last_worker, self.deaths, allowed_failures)
+
+    def __str__(self) -> str:
+        n = len(self.deaths)
+        lines = [f"Task {self.task!r} was running on {n} worker{'s' if n != 1 else ''} that died "
+                 f"(allowed_failures={self.allowed_failures}), so it is given up:"]
+        for i, d in enumerate(self.deaths, 1):
+            lines.append(f"  {i}. {d.summary()}")
+        causes = {d.cause for d in self.deaths}
+        advice = " ".join(_ADVICE[c] for c in CAUSES if c in causes and c != "requested")
+        if advice:
+            lines.append(advice)
+        lines.append("Each death is in cluster.deaths and KilledWorker.deaths, with the log tail.")
+        return "\n".join(lines)
+
+    def __reduce__(self):
+        return (KilledWorker, (self.task, self.last_worker, self.deaths, self.allowed_failures))
+
+
+class TaskTimeoutError(TimeoutError):
+    """A task ran past its ``timeout``; its worker was stopped to interrupt it."""
+
+    def __init__(self, task: str, timeout: float, elapsed: float, worker: Optional[str] = None):
+        self.task, self.timeout, self.elapsed, self.worker = task, timeout, elapsed, worker
+        super().__init__(task, timeout, elapsed, worker)
+
+    def __str__(self) -> str:
+        where = f" on worker {self.worker!r}" if self.worker else ""
+        return (f"Task {self.task!r} ran for {self.elapsed:.2f} s{where}, past its timeout of "
+                f"{self.timeout:g} s, so its worker was stopped to interrupt it. Raise "
+                f"submit(..., timeout=...) or split the work into smaller tasks.")
+
+    def __reduce__(self):
+        return (TaskTimeoutError, (self.task, self.timeout, self.elapsed, self.worker))
+
+
+class LostDataError(Exception):
+    """Data that existed only on a dead worker, and cannot be recomputed (it was scattered)."""
+
+    def __init__(self, key: str, worker: Optional[str] = None, cause: Optional[str] = None):
+        self.key, self.worker, self.cause = key, worker, cause
+        super().__init__(key, worker, cause)
+
+    def __str__(self) -> str:
+        how = f" (cause: {self.cause})" if self.cause else ""
+        return (f"Data {self.key!r} was scattered to worker {self.worker!r}, which died{how}; it was "
+                f"the only copy and cannot be recomputed. Scatter it again, and use "
+                f"client.replicate(futures, n=2) or scatter(..., broadcast=True) to keep copies "
+                f"on several workers.")
+
+    def __reduce__(self):
+        return (LostDataError, (self.key, self.worker, self.cause))
+
+
+class TaskError(Exception):
+    """Stands in for an exception that could not be pickled; keeps its type name,
+    message and the formatted remote traceback."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "", step: str = ""):
+        self.type_name, self.message, self.traceback_text, self.step = type_name, message, traceback_text, step
+        super().__init__(type_name, message, traceback_text, step)
+
+    def __str__(self) -> str:
+        s = f"{self.type_name}: {self.message}"
+        if self.step:
+            s = f"{s}\n({self.step})"
+        if self.traceback_text:
+            s += "\n\nRemote traceback:\n" + self.traceback_text.rstrip()
+        return s
+
+    def __reduce__(self):
+        return (TaskError, (self.type_name, self.message, self.traceback_text, self.step))

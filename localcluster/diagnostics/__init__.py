@@ -1,0 +1,1 @@
+"""Progress bars, and later HTML reprs and a dashboard."""

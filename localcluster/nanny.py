@@ -1,0 +1,295 @@
+"""One Nanny per worker process, living in the parent: spawn, supervise, reap.
+
+The nanny owns everything about one process that the scheduler thread waits on:
+its channel, its exit sentinel (a pidfd: readable the instant the process
+dies), its captured stdout/stderr pipe and its status board. It samples the
+process's memory, kills it when asked and remembers *why* it killed it, and
+after the death gathers the observations that ``death.classify`` turns into a cause.
+
+Workers are started with ``python -c`` rather than multiprocessing's spawn, so a
+user script needs no ``if __name__ == "__main__"`` guard and its top level runs
+once; they are session leaders, so Ctrl-C in a terminal reaches only the user's
+process and their own children can be killed as a group.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Optional
+
+from .board import Board
+from .channel import Channel
+from .worker import BOOT
+
+logger = logging.getLogger("localcluster")
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_WORKER_ENV = {
+    # dask's pre-spawn environment: return freed memory to the OS promptly, and do
+    # not let every worker start one BLAS thread per core.
+    "MALLOC_TRIM_THRESHOLD_": "65536",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+}
+MEMORY_HISTORY = 3000   # samples kept per worker (a minute at 20 ms)
+
+
+def _read_rss(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def oom_counters(pid: Optional[int] = None) -> list[str]:
+    """Files whose ``oom_kill`` counter rises when the kernel's OOM killer strikes:
+    the system-wide /proc/vmstat and the memory cgroup of ``pid``."""
+    paths = ["/proc/vmstat"] if os.path.exists("/proc/vmstat") else []
+    if pid is None:
+        return paths
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return paths
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _id, controllers, path = parts
+        if "memory" in controllers.split(","):
+            candidate = f"/sys/fs/cgroup/memory{path}/memory.oom_control"
+        elif controllers == "":
+            candidate = f"/sys/fs/cgroup{path}/memory.events"
+        else:
+            continue
+        if os.path.exists(candidate):
+            paths.append(candidate)
+    return paths
+
+
+def read_oom_count(paths: list[str]) -> dict[str, int]:
+    out = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        out[path] = int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+class Nanny:
+    def __init__(self, name: str, nthreads: int, memory_limit: Optional[int], settings: dict,
+                 spill_dir: Optional[str], initializer: Optional[str], forward_logs: bool, log_lines: int):
+        self.name = name
+        self.nthreads = nthreads
+        self.memory_limit = memory_limit
+        self.settings = settings
+        self.spill_dir = spill_dir
+        self.initializer = initializer
+        self.forward_logs = forward_logs
+        self.log: deque[str] = deque(maxlen=log_lines)
+        self._partial = b""
+        self.proc: Optional[subprocess.Popen] = None
+        self.pid = 0
+        self.chan: Optional[Channel] = None
+        self.sentinel: Optional[int] = None
+        self.log_fd: Optional[int] = None
+        self.board: Optional[Board] = None
+        self.ready = False
+        self.versions: dict = {}
+        self.reason: Optional[str] = None       # why the nanny itself stopped the process
+        self.timed_out: Optional[tuple] = None  # (seq, elapsed) when reason == "timeout"
+        self.fatal: Optional[str] = None        # traceback the worker sent before dying
+        self.started = 0.0
+        self.memory: Optional[int] = None
+        self.peak_memory: Optional[int] = None
+        self.history: deque = deque(maxlen=MEMORY_HISTORY)
+        self.paused = False
+        self.stacks_requested: Optional[float] = None
+        self.exitcode: Optional[int] = None
+        self.kill_at: Optional[float] = None    # stop() escalates to SIGKILL then
+        self._children: list[int] = []
+        self._children_at = 0.0
+        self._oom_paths: list[str] = []
+        self._oom_base: dict[str, int] = {}
+        self._oom_at = 0.0
+
+    # --- start -----------------------------------------------------------------------
+
+    def spawn(self) -> None:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.board = Board(self.nthreads)
+        cfg = {
+            "name": self.name, "nthreads": self.nthreads, "parent_pid": os.getpid(),
+            "sock_fd": child_sock.fileno(), "board_fd": self.board.fd,
+            "sys_path": [p if p else os.getcwd() for p in sys.path],
+            "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
+            "spill_dir": self.spill_dir, "initializer": self.initializer,
+        }
+        env = dict(os.environ)
+        for k, v in _WORKER_ENV.items():
+            env.setdefault(k, v)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PYTHONSTARTUP", None)
+        if self.spill_dir:
+            os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT, json.dumps(cfg)],
+                pass_fds=(child_sock.fileno(), self.board.fd),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+            )
+        finally:
+            child_sock.close()
+        self.pid = self.proc.pid
+        self.started = time.monotonic()
+        self.chan = Channel(parent_sock)
+        self.log_fd = self.proc.stdout.fileno()
+        os.set_blocking(self.log_fd, False)
+        try:
+            self.sentinel = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # pragma: no cover - not Linux >= 5.3
+            self.sentinel = None
+        self._oom_paths = oom_counters(self.pid)
+        self._oom_base = read_oom_count(self._oom_paths)
+        self._oom_at = self.started
+
+    # --- while it runs ---------------------------------------------------------------
+
+    def read_logs(self) -> bool:
+        """Take what the worker wrote; False at EOF."""
+        eof = False
+        chunks = []
+        while True:
+            try:
+                data = os.read(self.log_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                eof = True
+                break
+            if not data:
+                eof = True
+                break
+            chunks.append(data)
+        if chunks or (eof and self._partial):
+            data = self._partial + b"".join(chunks)
+            lines = data.split(b"\n")
+            self._partial = b"" if eof else lines.pop()
+            for raw in lines:
+                if eof and not raw and raw is lines[-1]:
+                    continue
+                self.add_log(raw.decode(errors="replace"), forward=True)
+        return not eof
+
+    def add_log(self, line: str, forward: bool = False) -> None:
+        self.log.append(line)
+        if forward and self.forward_logs:
+            try:
+                sys.stderr.write(f"[{self.name}] {line}\n")
+            except Exception:  # pragma: no cover - a closed stderr must not kill the loop
+                pass
+
+    def sample(self, now: float) -> Optional[int]:
+        """RSS of the worker and its children, bytes."""
+        rss = _read_rss(self.pid)
+        if rss is None:
+            return self.memory
+        if now - self._children_at > 1.0:
+            self._children_at = now
+            self._refresh_children()
+            self._refresh_oom_baseline(now)
+        for child in self._children:
+            r = _read_rss(child)
+            if r is not None:
+                rss += r
+        self.memory = rss
+        if self.peak_memory is None or rss > self.peak_memory:
+            self.peak_memory = rss
+        self.history.append((time.time(), rss))
+        return rss
+
+    def _refresh_children(self) -> None:
+        try:
+            import psutil
+            self._children = [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except Exception:
+            self._children = []
+
+    def _refresh_oom_baseline(self, now: float) -> None:
+        # A narrow window before the death keeps unrelated OOM kills elsewhere out of the evidence.
+        paths = oom_counters(self.pid)
+        if paths:
+            self._oom_paths = sorted(set(self._oom_paths) | set(paths))
+        self._oom_base = read_oom_count(self._oom_paths)
+        self._oom_at = now
+
+    def kill(self, reason: Optional[str], sig: int = signal.SIGKILL) -> None:
+        if self.exitcode is not None:
+            return
+        if reason is not None and self.reason is None:
+            self.reason = reason
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        """Ask the worker to exit (cause ``requested``); the caller escalates to kill() later."""
+        self.reason = self.reason or "requested"
+        if self.chan is not None:
+            from .protocol import Stop
+            self.chan.send(Stop())
+
+    def request_stacks(self) -> None:
+        """faulthandler in the worker dumps every thread's stack into its log (works while
+        C code holds the GIL: the dump runs in the signal handler)."""
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    # --- after death -----------------------------------------------------------------
+
+    def reap(self) -> int:
+        """Collect the exit status, kill whatever the worker left behind, drain its output."""
+        code = self.proc.wait()
+        self.exitcode = code
+        try:
+            os.killpg(self.pid, signal.SIGKILL)   # its own children, started by tasks
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.read_logs()
+        return code
+
+    def oom_evidence(self) -> bool:
+        now = read_oom_count(self._oom_paths)
+        return any(now.get(p, 0) > base for p, base in self._oom_base.items())
+
+    def close(self) -> None:
+        for fd_attr in ("sentinel",):
+            fd = getattr(self, fd_attr)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, fd_attr, None)
+        if self.chan is not None:
+            self.chan.close()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self.board is not None:
+            self.board.close()

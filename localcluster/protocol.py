@@ -1,0 +1,123 @@
+"""The messages between the parent and a worker: one small frozen class per meaning.
+
+A message travels as a pickle (protocol 5) of the instance; user data inside it
+is a :class:`Payload` whose large buffers leave the pickle stream and cross as
+memfd file descriptors (see ``channel.py``), so a 100 MB array is never copied
+through the socket.
+
+Task identity on the wire is ``seq``, a number the parent gives each assignment:
+a task that is re-run after a death gets a new ``seq``, so a late message about
+an old run can never be mistaken for the new one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+_dc = dataclass(frozen=True, slots=True)
+
+
+@_dc
+class Payload:
+    """User data pickled with cloudpickle; ``buffers`` are its out-of-band pickle-5 buffers."""
+    meta: Any          # bytes, or a PickleBuffer when large (so it too leaves the stream)
+    buffers: tuple
+    nbytes: int
+
+
+# --- parent -> worker ------------------------------------------------------------------
+
+@_dc
+class Run:
+    """Run a task. ``fn`` is sent once per worker per function (cached under ``fn_id``)."""
+    seq: int
+    key: str
+    fn_id: int
+    fn: Optional[bytes]
+    args: Payload
+    deps: tuple           # keys that must be in the worker's store before it starts
+
+
+@_dc
+class Put:
+    """Store data under ``key`` (a scattered value, or a dependency relayed from another worker)."""
+    key: str
+    data: Payload
+
+
+@_dc
+class Export:
+    """Send the data of ``key`` back (for a gather, or to relay it to another worker)."""
+    key: str
+    request: int
+
+
+@_dc
+class Free:
+    """Drop these keys from the store (memory and spill)."""
+    keys: tuple
+
+
+@_dc
+class Cancel:
+    """Do not start these queued runs (already-running ones finish and are ignored)."""
+    seqs: tuple
+
+
+@_dc
+class Stop:
+    """Exit cleanly."""
+
+
+# --- worker -> parent ------------------------------------------------------------------
+
+@_dc
+class Ready:
+    pid: int
+    versions: dict
+
+
+@_dc
+class Finished:
+    """A run succeeded. ``data`` is the result itself when it is small (saves a round trip)."""
+    seq: int
+    nbytes: int
+    type_name: str
+    data: Optional[Payload]
+    duration: float
+
+
+@_dc
+class Failed:
+    """A run failed in user code or in (un)pickling; ``error`` is a pickled exception."""
+    seq: int
+    error: bytes
+
+
+@_dc
+class Data:
+    """Reply to :class:`Export`: the data, or the pickled error that stopped it."""
+    request: int
+    key: str
+    data: Optional[Payload]
+    error: Optional[bytes]
+
+
+@_dc
+class Stored:
+    """The worker's managed memory changed: bytes held in memory and spilled to disk."""
+    managed: int
+    spilled: int
+    spilled_keys: int
+
+
+@_dc
+class Fatal:
+    """The worker's own machinery failed; it exits right after sending this."""
+    traceback: str
+
+
+@_dc
+class Batch:
+    """Several messages in one frame, to amortise a syscall and a wake-up."""
+    messages: tuple

@@ -1,0 +1,135 @@
+"""User data <-> :class:`~localcluster.protocol.Payload`, exceptions <-> bytes.
+
+cloudpickle so that functions from ``__main__``, a notebook cell, a lambda or a
+closure travel; pickle protocol 5 so that large buffers (numpy arrays, bytes,
+bytearrays) stay out of the pickle stream and cross as shared memory.
+
+Futures inside arguments pickle as placeholders (``Future.__reduce__``): the
+parent records them as dependencies while pickling, the worker swaps each one
+for the value in its store while unpickling. Non-future objects pay nothing.
+"""
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+import traceback
+from typing import Any, Optional
+
+import cloudpickle
+
+from .protocol import Payload
+
+OUT_OF_BAND = 1 << 16        # buffers at least this large leave the pickle stream
+_local = threading.local()
+
+
+def dumps(obj: Any) -> Payload:
+    buffers: list = []
+
+    def keep(pb: pickle.PickleBuffer) -> bool:
+        if pb.raw().nbytes >= OUT_OF_BAND:
+            buffers.append(pb)
+            return False
+        return True
+
+    meta = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep)
+    nbytes = len(meta) + sum(pb.raw().nbytes for pb in buffers)
+    if len(meta) >= OUT_OF_BAND:
+        meta = pickle.PickleBuffer(meta)
+    return Payload(meta, tuple(buffers), nbytes)
+
+
+def loads(payload: Payload) -> Any:
+    return pickle.loads(payload.meta, buffers=payload.buffers)
+
+
+def dumps_collecting(obj: Any) -> tuple[Payload, tuple]:
+    """Pickle task arguments; returns the payload and the keys of the futures found inside."""
+    prev = getattr(_local, "deps", None)
+    _local.deps = deps = {}
+    try:
+        return dumps(obj), tuple(deps)
+    finally:
+        _local.deps = prev
+
+
+def future_reduce(key: str, client_id: Optional[str] = None) -> tuple:
+    """``Future.__reduce__``: record the dependency, leave a placeholder."""
+    deps = getattr(_local, "deps", None)
+    if deps is not None:
+        deps[key] = None
+    return (_placeholder, (key,))
+
+
+def _placeholder(key: str) -> Any:
+    store = getattr(_local, "store", None)
+    if store is None:
+        from .client import _future_from_key
+        return _future_from_key(key)
+    return store[key]
+
+
+class resolving:
+    """Context in the worker: placeholders unpickle to values from ``store``."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_local, "store", None)
+        _local.store = self.store
+
+    def __exit__(self, *exc: object) -> None:
+        _local.store = self.prev
+
+
+def pickle_function(fn: Any) -> bytes:
+    return cloudpickle.dumps(fn, protocol=5)
+
+
+# --- exceptions -----------------------------------------------------------------------
+
+def dumps_exception(exc: BaseException, step: str = "") -> bytes:
+    """Pickle ``exc`` with its traceback (tblib). If it cannot be pickled, a TaskError
+    that keeps the type name, message and formatted traceback stands in."""
+    from .death import TaskError
+    tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        from tblib import Traceback
+        tb = Traceback(exc.__traceback__).to_dict() if exc.__traceback__ else None
+    except Exception:  # pragma: no cover - tblib failing must not hide the real error
+        tb = None
+    try:
+        data = cloudpickle.dumps((exc, tb, step), protocol=5)
+        pickle.loads(data)  # an exception can pickle yet fail to unpickle (bad __init__ signature)
+        return data
+    except Exception as e:
+        why = f"the exception could not be pickled ({type(e).__name__}: {e})"
+        stand_in = TaskError(_qualname(type(exc)), str(exc), tb_text, f"{step}; {why}" if step else why)
+        return cloudpickle.dumps((stand_in, None, step), protocol=5)
+
+
+def loads_exception(data: bytes) -> BaseException:
+    exc, tb, _step = pickle.loads(data)
+    if tb is not None:
+        try:
+            from tblib import Traceback
+            exc = exc.with_traceback(Traceback.from_dict(tb).as_traceback())
+        except Exception:  # pragma: no cover
+            pass
+    return exc
+
+
+def _qualname(cls: type) -> str:
+    mod = cls.__module__
+    return cls.__qualname__ if mod in ("builtins", "__main__") else f"{mod}.{cls.__qualname__}"
+
+
+def describe(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def current_exception() -> BaseException:
+    return sys.exc_info()[1]  # type: ignore[return-value]

@@ -1,0 +1,264 @@
+"""What runs inside a worker process.
+
+Threads::
+
+    main thread      reads the channel: Run -> ready queue (or parked until its deps arrive),
+                     Put/Free -> store, Export -> Data reply, Cancel, Stop; EOF -> exit
+    executor x N     take runs from the ready queue, mark the status board, run, reply
+    flusher          sends results that executors batched while more runs were queued
+    heartbeat        stamps the board every second (a GIL held by C code stops it: that is
+                     how the parent tells "unresponsive"), and spills when RSS passes target
+
+The process is started with ``python -c`` (see nanny.py), so the user's
+``__main__`` is never re-executed here; it dies with its parent (PR_SET_PDEATHSIG,
+and EOF on the channel); faulthandler writes fatal-signal stacks, with every
+thread's ident, into the captured stderr.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from . import protocol as P
+from . import serialize
+from .board import Board
+from .channel import BlockingChannel
+from .store import Store, rss
+
+INLINE_RESULT = 1 << 16
+FLUSH_DELAY = 0.002
+
+BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
+        "from localcluster.worker import main; main(cfg)")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except Exception:  # pragma: no cover - the channel EOF still ends us
+            pass
+    if os.getppid() != parent_pid:   # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _raise_oom_score() -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+class Worker:
+    def __init__(self, cfg: dict):
+        self.name = cfg["name"]
+        self.nthreads = cfg["nthreads"]
+        self.board = Board(self.nthreads, fd=cfg["board_fd"])
+        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]))
+        limit = cfg.get("memory_limit")
+        target = cfg.get("memory_target")
+        self.spill_at = int(limit * target) if limit and target else None
+        self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
+        self.ready: queue.SimpleQueue = queue.SimpleQueue()
+        self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
+        self.fns: dict[int, Any] = {}
+        self.cancelled: set = set()
+        self._out: list = []
+        self._out_lock = threading.Lock()
+        self._flush_wanted = threading.Event()
+
+    # --- main thread ------------------------------------------------------------------
+
+    def serve(self) -> None:
+        for row in range(1, self.nthreads + 1):
+            threading.Thread(target=self._execute, args=(row,), name=f"localcluster-exec-{row}", daemon=True).start()
+        threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
+        self.chan.send(P.Ready(os.getpid(), versions()))
+        while True:
+            try:
+                msg = self.chan.recv()
+            except (EOFError, OSError):
+                os._exit(0)   # the parent is gone
+            self._handle(msg)
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, P.Batch):
+            for m in msg.messages:
+                self._handle(m)
+        elif isinstance(msg, P.Run):
+            if msg.fn is not None:
+                self.fns[msg.fn_id] = msg.fn
+            missing = {d for d in msg.deps if d not in self.store}
+            if missing:
+                self.parked[msg.seq] = (msg, missing)
+            else:
+                self.ready.put(msg)
+        elif isinstance(msg, P.Put):
+            self.store.put_payload(msg.key, msg.data)
+            self._arrived(msg.key)
+        elif isinstance(msg, P.Export):
+            self._export(msg)
+        elif isinstance(msg, P.Free):
+            self.store.free(msg.keys)
+        elif isinstance(msg, P.Cancel):
+            for seq in msg.seqs:
+                if self.parked.pop(seq, None) is None:
+                    self.cancelled.add(seq)
+        elif isinstance(msg, P.Stop):
+            self._flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        else:
+            raise TypeError(f"unexpected message {msg!r}")
+
+    def _arrived(self, key: str) -> None:
+        for seq, (run, missing) in list(self.parked.items()):
+            missing.discard(key)
+            if not missing:
+                del self.parked[seq]
+                self.ready.put(run)
+
+    def _export(self, msg: P.Export) -> None:
+        try:
+            payload = self.store.payload(msg.key)
+            reply = P.Data(msg.request, msg.key, payload, None)
+        except BaseException as e:  # noqa: B902 - report, never die for a bad value
+            step = (f"pickling the data of {msg.key!r} to move it out of worker {self.name!r} failed"
+                    if msg.key in self.store else f"worker {self.name!r} no longer holds {msg.key!r}")
+            reply = P.Data(msg.request, msg.key, None, serialize.dumps_exception(e, step))
+        self.chan.send(reply)
+
+    # --- executor threads -------------------------------------------------------------
+
+    def _execute(self, row: int) -> None:
+        ident = threading.get_ident()
+        board, ready = self.board, self.ready
+        while True:
+            run = ready.get()
+            if run.seq in self.cancelled:
+                self.cancelled.discard(run.seq)
+                continue
+            board.start(row, ident, run.seq)
+            t0 = time.perf_counter()
+            reply = self._run(run)
+            duration = time.perf_counter() - t0
+            board.stop(row)
+            if isinstance(reply, P.Finished):
+                reply = P.Finished(reply.seq, reply.nbytes, reply.type_name, reply.data, duration)
+            if run.seq in self.cancelled:
+                self.cancelled.discard(run.seq)
+                self.store.free((run.key,))
+                continue
+            if ready.qsize() > 0:
+                with self._out_lock:
+                    self._out.append(reply)
+                self._flush_wanted.set()
+            else:
+                with self._out_lock:
+                    self._out.append(reply)
+                self._flush()
+
+    def _run(self, run: P.Run) -> Any:
+        step = "unpickling the function"
+        try:
+            fn = self.fns[run.fn_id]
+            if isinstance(fn, bytes):
+                fn = self.fns[run.fn_id] = pickle.loads(fn)
+            step = "unpickling the arguments"
+            with serialize.resolving(self.store):
+                args, kwargs = serialize.loads(run.args)
+            step = "running the task"
+            result = fn(*args, **kwargs)
+            step = "pickling the result"
+            payload = serialize.dumps(result)
+        except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
+            if step == "running the task":
+                e.__traceback__ = e.__traceback__.tb_next if e.__traceback__ else None
+                what = ""
+            else:
+                what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
+                if step == "pickling the result":
+                    what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
+                what += "; the worker is fine"
+            return P.Failed(run.seq, serialize.dumps_exception(e, what))
+        self.store.put(run.key, result, payload.nbytes)
+        data = payload if payload.nbytes <= INLINE_RESULT else None
+        return P.Finished(run.seq, payload.nbytes, type(result).__qualname__, data, 0.0)
+
+    def _flush(self) -> None:
+        with self._out_lock:
+            out, self._out = self._out, []
+        if len(out) == 1:
+            self.chan.send(out[0])
+        elif out:
+            self.chan.send(P.Batch(tuple(out)))
+
+    def _flusher(self) -> None:
+        while True:
+            self._flush_wanted.wait()
+            time.sleep(FLUSH_DELAY)
+            self._flush_wanted.clear()
+            self._flush()
+
+    def _heartbeat(self) -> None:
+        while True:
+            self.board.beat()
+            if self.spill_at is not None:
+                self.store.spill_for_rss(self.spill_at)
+            time.sleep(0.1 if self.spill_at is not None else 1.0)
+
+
+def versions() -> dict:
+    import platform
+    out = {"python": platform.python_version(), "platform": sys.platform}
+    for mod in ("localcluster", "cloudpickle", "tblib"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            out[mod] = None
+    if "numpy" in sys.modules:
+        out["numpy"] = sys.modules["numpy"].__version__
+    return out
+
+
+def main(cfg: dict) -> None:
+    _die_with_parent(cfg["parent_pid"])
+    _raise_oom_score()
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    worker = None
+    try:
+        worker = Worker(cfg)
+        if cfg.get("initializer") is not None:
+            init, initargs = pickle.loads(bytes.fromhex(cfg["initializer"]))
+            init(*initargs)
+        worker.serve()
+    except SystemExit:
+        raise
+    except BaseException:
+        tb = traceback.format_exc()
+        sys.stderr.write(f"localcluster worker {cfg.get('name')!r} failed:\n{tb}")
+        sys.stderr.flush()
+        if worker is not None:
+            try:
+                worker.chan.send(P.Fatal(tb))
+            except Exception:
+                pass
+        os._exit(1)

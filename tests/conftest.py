@@ -1,0 +1,68 @@
+"""Shared fixtures. ``no_leaks`` runs around every test and fails it if it leaves a
+child process, a thread, a file descriptor or a /dev/shm entry behind."""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from localcluster import Client, LocalCluster
+
+
+def _fds() -> set:
+    return set(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else set()
+
+
+def _shm() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _settle(check, timeout: float = 5.0):
+    """Resources are released by other threads/processes: give them a moment (waiting on
+    the condition itself, re-checked on each garbage collection and thread exit)."""
+    deadline = time.monotonic() + timeout
+    leftover = check()
+    while leftover and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.02)
+        leftover = check()
+    return leftover
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    me = psutil.Process()
+    children = {p.pid for p in me.children(recursive=True)}
+    threads = set(threading.enumerate())
+    fds = _fds()
+    shm = _shm()
+    yield
+    def new_children():
+        return [p for p in me.children(recursive=True) if p.pid not in children and p.status() != psutil.STATUS_ZOMBIE]
+    left = _settle(new_children)
+    for p in left:
+        p.kill()
+    assert not left, f"test left child processes behind: {[(p.pid, p.cmdline()[:3]) for p in left]}"
+    left_threads = _settle(lambda: [t for t in threading.enumerate() if t not in threads and t.is_alive()])
+    assert not left_threads, f"test left threads behind: {left_threads}"
+    left_fds = _settle(lambda: _fds() - fds)
+    assert not left_fds, f"test left file descriptors open: {sorted(left_fds)} -> " + ", ".join(
+        os.path.realpath(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else "?" for fd in left_fds)
+    left_shm = _settle(lambda: _shm() - shm)
+    assert not left_shm, f"test left /dev/shm entries: {sorted(left_shm)}"
+
+
+@pytest.fixture
+def cluster():
+    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster):
+    with Client(cluster) as c:
+        yield c

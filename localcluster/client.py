@@ -519,6 +519,7 @@ class as_completed:
 
     def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: set = set()      # keep futures alive until yielded, or GC would release them
         self._pending = 0
         self._lock = threading.Lock()
         self.with_results = with_results
@@ -529,6 +530,7 @@ class as_completed:
     def add(self, future: Future) -> None:
         with self._lock:
             self._pending += 1
+            self._held.add(future)
         future.add_done_callback(self._queue.put)
 
     def update(self, futures: Iterable) -> None:
@@ -547,6 +549,8 @@ class as_completed:
                 raise StopIteration
             self._pending -= 1
         f = self._queue.get()
+        with self._lock:
+            self._held.discard(f)
         if not self.with_results:
             return f
         try:

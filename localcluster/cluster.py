@@ -204,7 +204,7 @@ class LocalCluster:
                           else "running" if n.ready else "starting")
                 out[name] = WorkerInfo(
                     name, n.pid, status, n.memory, n.peak_memory, self.memory_limit, managed, spilled,
-                    tuple(ws.processing.values()) if ws else (), n.nthreads, list(n.history))
+                    tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads, list(n.history))
         return out
 
     def scale(self, n: int, timeout: float = 60.0) -> None:
@@ -477,6 +477,8 @@ class LocalCluster:
                     stack[:0] = m.messages
                 elif t is P.Failed:
                     actions += sched.failed(n.name, m.seq, m.error)
+                elif t is P.Skipped:
+                    actions += sched.skipped(n.name, m.seq)
                 elif t is P.Data:
                     actions += sched.data(n.name, m.request, m.key, m.data, m.error)
                 elif t is P.Ready:

@@ -95,6 +95,12 @@ class Failed:
 
 
 @_dc
+class Skipped:
+    """A cancelled run was dropped before it started."""
+    seq: int
+
+
+@_dc
 class Data:
     """Reply to :class:`Export`: the data, or the pickled error that stopped it."""
     request: int

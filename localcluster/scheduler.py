@@ -109,11 +109,12 @@ class Task:
 
 class WorkerState:
     __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing")
+    # processing: seq -> key, or None for a cancelled run the worker has not answered yet
 
     def __init__(self, name: str, nthreads: int):
         self.name = name
         self.nthreads = nthreads
-        self.processing: dict[int, str] = {}    # seq -> key
+        self.processing: dict[int, Optional[str]] = {}
         self.has: set = set()
         self.fns: set = set()
         self.paused = False
@@ -278,7 +279,7 @@ class Scheduler:
                 continue
             ws = self.workers.get(dts.worker)
             if ws is not None and ts.key not in ws.has:
-                ws.processing.pop(dts.seq, None)
+                ws.processing[dts.seq] = None     # the slot is busy until the worker answers
                 self.runs.pop(dts.seq, None)
                 out.append(Send(ws.name, P.Cancel((dts.seq,))))
                 dts.worker = None
@@ -455,8 +456,13 @@ class Scheduler:
         ts.worker = None
         return ts
 
+    def skipped(self, worker: str, seq: int) -> list:
+        """The worker dropped a cancelled run before starting it."""
+        self._take_run(worker, seq)
+        return self._orphan(worker, seq)
+
     def _orphan(self, worker: str, seq: int) -> list:
-        """A run we no longer care about (cancelled, released) finished: free its result."""
+        """A run we no longer care about (cancelled, released) ended; the worker freed its result."""
         ws = self.workers.get(worker)
         if ws is None:
             return []
@@ -487,8 +493,8 @@ class Scheduler:
         self.runs.pop(ts.seq, None)
         if ws is None:
             return []
-        ws.processing.pop(ts.seq, None)
-        return [Send(ws.name, P.Cancel((ts.seq,)))] + self._maybe_retire(ws)
+        ws.processing[ts.seq] = None     # the slot is busy until the worker answers
+        return [Send(ws.name, P.Cancel((ts.seq,)))]
 
     def _resolution(self, ts: Task) -> Resolve:
         if ts.state == "memory":

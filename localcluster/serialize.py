@@ -121,6 +121,21 @@ def loads_exception(data: bytes) -> BaseException:
     return exc
 
 
+def restate(exc: BaseException, step: str) -> BaseException:
+    """The same kind of exception, its message prefixed with the step that failed
+    ("pickling the result of task 'f-1' failed on worker 'worker-0': ...")."""
+    from .death import TaskError
+    msg = f"{step}: {type(exc).__name__}: {exc}. The worker is fine; the data must be picklable with cloudpickle."
+    try:
+        new = type(exc)(msg)
+        if str(new) != msg:
+            raise TypeError
+    except Exception:
+        new = TaskError(_qualname(type(exc)), str(exc), "".join(traceback.format_exception(exc)), step)
+    new.__cause__ = None
+    return new.with_traceback(exc.__traceback__)
+
+
 def _qualname(cls: type) -> str:
     mod = cls.__module__
     return cls.__qualname__ if mod in ("builtins", "__main__") else f"{mod}.{cls.__qualname__}"

@@ -118,6 +118,8 @@ class Worker:
             for seq in msg.seqs:
                 if self.parked.pop(seq, None) is None:
                     self.cancelled.add(seq)
+                else:
+                    self.chan.send(P.Skipped(seq))
         elif isinstance(msg, P.Stop):
             self._flush()
             sys.stdout.flush()
@@ -152,6 +154,7 @@ class Worker:
             run = ready.get()
             if run.seq in self.cancelled:
                 self.cancelled.discard(run.seq)
+                self._reply(P.Skipped(run.seq), ready)
                 continue
             board.start(row, ident, run.seq)
             t0 = time.perf_counter()
@@ -160,18 +163,18 @@ class Worker:
             board.stop(row)
             if isinstance(reply, P.Finished):
                 reply = P.Finished(reply.seq, reply.nbytes, reply.type_name, reply.data, duration)
-            if run.seq in self.cancelled:
+            if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
                 self.cancelled.discard(run.seq)
                 self.store.free((run.key,))
-                continue
-            if ready.qsize() > 0:
-                with self._out_lock:
-                    self._out.append(reply)
-                self._flush_wanted.set()
-            else:
-                with self._out_lock:
-                    self._out.append(reply)
-                self._flush()
+            self._reply(reply, ready)
+
+    def _reply(self, reply: Any, ready: queue.SimpleQueue) -> None:
+        with self._out_lock:
+            self._out.append(reply)
+        if ready.qsize() > 0:    # more runs queued: let the flusher batch replies
+            self._flush_wanted.set()
+        else:
+            self._flush()
 
     def _run(self, run: P.Run) -> Any:
         step = "unpickling the function"
@@ -189,13 +192,11 @@ class Worker:
         except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
             if step == "running the task":
                 e.__traceback__ = e.__traceback__.tb_next if e.__traceback__ else None
-                what = ""
-            else:
-                what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
-                if step == "pickling the result":
-                    what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
-                what += "; the worker is fine"
-            return P.Failed(run.seq, serialize.dumps_exception(e, what))
+                return P.Failed(run.seq, serialize.dumps_exception(e))
+            what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
+            if step == "pickling the result":
+                what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
+            return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what))
         self.store.put(run.key, result, payload.nbytes)
         data = payload if payload.nbytes <= INLINE_RESULT else None
         return P.Finished(run.seq, payload.nbytes, type(result).__qualname__, data, 0.0)

@@ -1,0 +1,399 @@
+"""The core runtime through real worker processes: the happy path and clear errors."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import gc
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import localcluster
+from localcluster import Client, LocalCluster, TaskError, as_completed, config, wait
+
+
+def inc(x):
+    return x + 1
+
+
+def add(a, b):
+    return a + b
+
+
+def div(a, b):
+    return a / b
+
+
+def getpid(*_):
+    return os.getpid()
+
+
+def wait_for(predicate, timeout=10.0):
+    """For state another process changes with no event we can wait on (GC on a worker)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+class Unpicklable(Exception):
+    def __init__(self, a, b):
+        super().__init__(a)
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable():
+    raise Unpicklable("bad thing", 2)
+
+
+class BadUnpickle:
+    def __reduce__(self):
+        return (_boom, ())
+
+
+def _boom():
+    raise RuntimeError("cannot rebuild me")
+
+
+def test_submit_map_gather(client):
+    assert client.submit(inc, 1).result(timeout=10) == 2
+    assert client.gather(client.map(add, range(50), range(50))) == [2 * i for i in range(50)]
+    assert client.submit(lambda x, y=1: x * y, 3, y=4).result(10) == 12
+
+
+def test_closures_and_lambdas(client):
+    k = 7
+    def closure(x):
+        return x + k
+    assert client.submit(closure, 1).result(10) == 8
+    assert client.map(lambda x: x * k, [1, 2])[1].result(10) == 14
+
+
+def test_futures_as_arguments_move_between_workers(client):
+    xs = client.map(inc, range(20))
+    total = client.submit(sum, xs)
+    assert total.result(10) == sum(range(1, 21))
+    nested = client.submit(lambda d: d["a"][0] + d["b"], {"a": [xs[0]], "b": xs[1]})
+    assert nested.result(10) == 3
+    pids = set(client.gather(client.map(getpid, range(10), pure=False)))
+    assert len(pids) == 2
+
+
+def test_failed_dependency_fails_dependents(client):
+    x = client.submit(div, 1, 0)
+    y = client.submit(add, x, 10)
+    with pytest.raises(ZeroDivisionError):
+        y.result(10)
+    assert x.status == "error" and y.status == "error"
+
+
+def test_remote_traceback_has_task_frames(client):
+    import traceback
+    with pytest.raises(ZeroDivisionError) as info:
+        client.submit(div, 1, 0).result(10)
+    text = "".join(traceback.format_exception(info.value))
+    assert "in div" in text and "return a / b" in text
+
+
+def test_gather_skip_errors(client):
+    fs = [client.submit(div, 1, d) for d in (1, 0, 2)]
+    assert client.gather(fs, errors="skip") == [1.0, 0.5]
+    with pytest.raises(ZeroDivisionError):
+        client.gather(fs)
+    with pytest.raises(ValueError, match="errors"):
+        client.gather(fs, errors="ignore")
+
+
+def test_unpicklable_argument_names_it(client):
+    with pytest.raises(TypeError, match=r"could not pickle argument 1 .*lock.* of add\(\)"):
+        client.submit(add, 1, threading.Lock())
+
+
+def test_unpicklable_result_names_step_and_worker_survives(client, cluster):
+    pids = {i.pid for i in cluster.workers.values()}
+    with pytest.raises(TypeError, match=r"pickling the result of task .* failed on worker .*_thread.lock"):
+        client.submit(lambda: threading.Lock()).result(10)
+    assert client.submit(inc, 41).result(10) == 42
+    assert {i.pid for i in cluster.workers.values()} == pids and cluster.deaths == []
+
+
+def test_unpicklable_exception_becomes_task_error(client):
+    with pytest.raises(TaskError) as info:
+        client.submit(raise_unpicklable).result(10)
+    err = info.value
+    assert err.type_name.endswith("Unpicklable") and "bad thing" in err.message
+    assert "raise_unpicklable" in err.traceback_text
+    assert pickle.loads(pickle.dumps(err)).type_name == err.type_name
+
+
+def test_argument_that_fails_to_unpickle_on_worker(client, cluster):
+    with pytest.raises(RuntimeError, match="unpickling the arguments of task .*cannot rebuild me"):
+        client.submit(lambda x: x, BadUnpickle()).result(10)
+    assert cluster.deaths == []
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()])
+def test_systemexit_and_keyboardinterrupt_are_task_errors(client, cluster, exc):
+    def boom():
+        raise exc
+    with pytest.raises(type(exc)):
+        client.submit(boom).result(10)
+    assert client.submit(inc, 1).result(10) == 2
+    assert cluster.deaths == []
+
+
+def test_pure_keys(client):
+    a, b = client.submit(add, 1, 2), client.submit(add, 1, 2)
+    assert a.key == b.key and a.key.startswith("add-")
+    assert client.submit(add, 1, 3).key != a.key
+    c, d = client.submit(add, 1, 2, pure=False), client.submit(add, 1, 2, pure=False)
+    assert c.key != d.key
+    assert client.submit(add, 1, 2, key="mine").key == "mine"
+    assert a.result(10) == b.result(10) == c.result(10) == 3
+
+
+def test_garbage_collected_future_frees_worker_memory(client, cluster):
+    import numpy as np
+    fut = client.submit(np.ones, 2_000_000)            # 16 MB stays on the worker
+    fut.result(10)
+    wait_for(lambda: sum(i.managed for i in cluster.workers.values()) >= 16_000_000)
+    del fut
+    gc.collect()
+    wait_for(lambda: sum(i.managed for i in cluster.workers.values()) < 1_000_000)
+    assert not cluster.scheduler.tasks
+
+
+def test_large_array_round_trip_is_writable(client):
+    np = pytest.importorskip("numpy")
+    arr = np.arange(5_000_000, dtype="f8")             # 40 MB: crosses as shared memory
+    back = client.submit(lambda a: a * 2, arr).result(20)
+    assert back.flags.writeable and back[-1] == arr[-1] * 2
+    back[0] = 1.0
+    assert client.submit(np.sum, arr).result(20) == arr.sum()
+
+
+def test_scatter_and_gather(client):
+    np = pytest.importorskip("numpy")
+    arr = np.arange(1000)
+    f = client.scatter(arr)
+    assert client.submit(np.sum, f).result(10) == arr.sum()
+    many = client.scatter([1, 2, 3])
+    assert client.gather(many) == [1, 2, 3]
+    d = client.scatter({"a": 1, "b": 2}, broadcast=True)
+    assert client.gather(d) == {"a": 1, "b": 2}
+
+
+def test_cancel_pending_dependents(client):
+    ev = client.submit(time.sleep, 30)
+    dep = client.submit(lambda *_: 1, ev)
+    client.cancel([ev])
+    assert ev.cancelled() and dep.cancelled()
+    with pytest.raises(cf.CancelledError):
+        dep.result(10)
+    assert client.submit(inc, 1).result(10) == 2
+
+
+def test_future_is_a_concurrent_futures_future(client):
+    fs = client.map(inc, range(10))
+    done, not_done = cf.wait(fs, timeout=10)
+    assert len(done) == 10 and not not_done
+    assert sorted(f.result() for f in cf.as_completed(client.map(inc, range(5, 10)))) == list(range(6, 11))
+
+    async def main():
+        return await asyncio.wrap_future(client.submit(add, 20, 22))
+    assert asyncio.run(main()) == 42
+    seen = []
+    f = client.submit(inc, 1)
+    f.add_done_callback(lambda fut: seen.append(fut.result()))
+    f.result(10)
+    wait_for(lambda: seen == [2])
+
+
+def test_localcluster_wait_and_as_completed(client):
+    fs = client.map(inc, range(20))
+    done, not_done = wait(fs, timeout=10)
+    assert len(done) == 20
+    results = sorted(r for _f, r in as_completed(client.map(inc, range(3)), with_results=True))
+    assert results == [1, 2, 3]
+    ac = as_completed([client.submit(inc, 100)])
+    ac.add(client.submit(inc, 200))
+    assert sorted(f.result() for f in ac) == [101, 201]
+    with pytest.raises(TimeoutError):
+        wait([client.submit(time.sleep, 5, pure=False)], timeout=0.05)
+
+
+def test_executor_semantics(client, cluster):
+    ex = client.get_executor()
+    assert isinstance(ex, cf.Executor)
+    assert list(ex.map(add, range(5), range(5))) == [0, 2, 4, 6, 8]
+    with pytest.raises(cf.TimeoutError):
+        list(ex.map(time.sleep, [0, 5], timeout=0.5))
+    assert ex.submit(inc, 1).result(10) == 2
+    ex.shutdown(wait=True)
+    with pytest.raises(RuntimeError):
+        ex.submit(inc, 1)
+    assert client.submit(inc, 1).result(10) == 2          # the cluster stays up
+    with client.get_executor() as ex2:
+        assert ex2.submit(inc, 5).result(10) == 6
+
+
+def test_get_versions_check_raises_on_mismatch(client, monkeypatch):
+    v = client.get_versions(check=True)
+    assert v["client"]["localcluster"] == localcluster.__version__
+    assert all(w["python"] == v["client"]["python"] for w in v["workers"].values())
+    monkeypatch.setattr(localcluster, "__version__", "999")
+    with pytest.raises(ValueError, match=r"localcluster: client 999 vs worker-\d 0\.1\.0"):
+        client.get_versions(check=True)
+
+
+def test_recreate_error_locally_runs_here(client):
+    f = client.submit(div, 1, 0)
+    with pytest.raises(ZeroDivisionError):
+        f.result(10)
+    with pytest.raises(ZeroDivisionError):
+        client.recreate_error_locally(f)
+
+
+def test_tasks_may_start_processes_that_die_with_the_worker(client, cluster):
+    def start_child():
+        import subprocess
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        import multiprocessing
+        return p.pid, multiprocessing.current_process().daemon
+    child, daemonic = client.submit(start_child).result(20)
+    assert daemonic is False and psutil.pid_exists(child)
+    pid = next(i.pid for i in cluster.workers.values())
+    for info in cluster.workers.values():
+        os.kill(info.pid, signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
+    wait_for(lambda: len(cluster.deaths) == 2 and len(cluster.workers) == 2 and
+             all(i.status == "running" for i in cluster.workers.values()))
+    assert pid not in {i.pid for i in cluster.workers.values()}
+
+
+def test_no_listening_socket(client, cluster):
+    client.submit(inc, 1).result(10)
+    procs = [psutil.Process()] + [psutil.Process(i.pid) for i in cluster.workers.values()]
+    for p in procs:
+        conns = p.net_connections(kind="inet") if hasattr(p, "net_connections") else p.connections(kind="inet")
+        assert conns == [], (p.pid, conns)
+
+
+def test_many_clusters_in_a_row_leak_nothing():
+    for _ in range(20):
+        with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+            assert cl.submit(inc, 1).result(10) == 2
+
+
+def test_client_alone_starts_and_closes_its_cluster():
+    with Client(n_workers=1, forward_logs=False) as cl:
+        assert cl.submit(inc, 1).result(10) == 2
+        cluster = cl.cluster
+    assert "closed" in repr(cluster)
+    with pytest.raises(RuntimeError, match="closed"):
+        cl.submit(inc, 1)
+
+
+SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+with open({marker!r}, "a") as f:
+    f.write("top-level ran\\n")
+from localcluster import Client, LocalCluster
+
+def square(x):
+    return x * x
+
+client = Client(n_workers=2, forward_logs=False)
+print("result", sum(client.gather(client.map(square, range(10)))))
+print("pids", *[i.pid for i in client.cluster.workers.values()], flush=True)
+{ending}
+"""
+
+
+def _run_script(tmp_path, ending):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    marker = tmp_path / "marker.txt"
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT.format(root=root, marker=str(marker), ending=ending))
+    return script, marker
+
+
+def test_script_without_main_guard_runs_top_level_once(tmp_path):
+    script, marker = _run_script(tmp_path, "client.close()")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "result 285" in out.stdout
+    assert marker.read_text().count("top-level ran") == 1
+
+
+@pytest.mark.parametrize("ending", ["os._exit(0)", "os.kill(os.getpid(), 9)", "pass  # no close(): atexit"])
+def test_workers_never_outlive_the_parent(tmp_path, ending):
+    script, _ = _run_script(tmp_path, ending)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("pids"))
+    pids = [int(p) for p in line.split()[1:]]
+    assert len(pids) == 2
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                             for p in pids), timeout=5)
+
+
+def test_config_precedence(monkeypatch):
+    monkeypatch.setenv("LOCALCLUSTER_ALLOWED_FAILURES", "7")
+    monkeypatch.setenv("LOCALCLUSTER_THREADS_PER_WORKER", "2")
+    with config.set(allowed_failures=5):
+        with LocalCluster(n_workers=1, forward_logs=False, threads_per_worker=3) as c:
+            assert c.scheduler.allowed_failures == 5
+            assert c.threads_per_worker == 3
+    with LocalCluster(n_workers=1, forward_logs=False) as c:
+        assert c.scheduler.allowed_failures == 7 and c.threads_per_worker == 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_workers": -1}, r"n_workers=-1 .* integer >= 0"),
+    ({"memory_limit": "lots"}, r"memory_limit='lots' .*2GiB"),
+    ({"threads_per_worker": 0}, r"threads_per_worker=0"),
+    ({"allowed_failures": "x"}, r"allowed_failures='x'"),
+    ({"memory_target": 1.5}, r"memory_target=1.5"),
+])
+def test_bad_values_raise_naming_the_key(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LocalCluster(**kwargs)
+
+
+def test_unknown_key():
+    with pytest.raises(ValueError, match="unknown localcluster config key 'nope'"):
+        config.set(nope=1)
+    with pytest.raises(TypeError, match="nope"):
+        LocalCluster(nope=1)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(timeout=-1), "timeout=-1"), (dict(retries=-2), "retries=-2"), (dict(key=3), "key must be a string"),
+])
+def test_submit_validation(client, bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        client.submit(inc, 1, **bad)
+    with pytest.raises(TypeError, match="callable"):
+        client.submit(42)
+
+
+def test_threads_per_worker(client):
+    with LocalCluster(n_workers=1, threads_per_worker=3, forward_logs=False) as c, Client(c) as cl:
+        barrier_file = None  # three tasks that can only finish together prove three threads
+        def together(i):
+            import threading, time
+            together.hits = getattr(together, "hits", 0)
+            return threading.get_ident()
+        idents = set(cl.gather(cl.map(lambda i: (__import__("time").sleep(0.2), __import__("threading").get_ident())[1],
+                                      range(3), pure=False)))
+        assert len(idents) == 3

@@ -269,12 +269,22 @@ class LocalCluster:
         with self._changed:
             while True:
                 for n in targets:
-                    lines = list(n.log)[marks[n.name]:] if len(n.log) >= marks[n.name] else list(n.log)
-                    if any(l.startswith("Current thread") or l.startswith("Thread 0x") for l in lines) and lines[-1] == "":
-                        out[n.name] = "\n".join(lines).strip()
+                    lines = list(n.log)[marks[n.name]:]
+                    # the main thread is dumped last; its outermost frame is the `python -c` line
+                    if any(l.strip().startswith('File "<string>"') for l in lines):
+                        out[n.name] = self._label_threads(n, "\n".join(lines).strip())
                 if len(out) == len(targets) or time.monotonic() > deadline:
                     return out
                 self._changed.wait(0.05)
+
+    def _label_threads(self, n: Nanny, text: str) -> str:
+        """Say which task each executor thread is running, from the status board."""
+        for seq, (ident, _started) in n.board.running().items():
+            key = self.scheduler.key_of(seq)
+            if key:
+                text = text.replace(f"0x{ident:016x} (most recent call first):",
+                                    f"0x{ident:016x} (most recent call first) running task {key!r}:")
+        return text
 
     # --- calls into the scheduler thread ------------------------------------------------
 
@@ -483,6 +493,7 @@ class LocalCluster:
                     actions += sched.data(n.name, m.request, m.key, m.data, m.error)
                 elif t is P.Ready:
                     n.ready, n.versions = True, m.versions
+                    n.sample(time.monotonic())
                     self._startup_failures.clear()
                     if n.reason is None:
                         actions += sched.add_worker(n.name, n.nthreads)

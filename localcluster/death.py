@@ -79,7 +79,8 @@ _CURRENT = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*?\])?
 
 
 def crash_stack(log_lines: list[str]) -> Optional[str]:
-    """The faulthandler block of the last fatal error in a worker's output."""
+    """The crashing thread's stack from the last faulthandler report in a worker's output:
+    the "Fatal Python error" line and the "Current thread" block (other threads stay in the log)."""
     start = None
     for i in range(len(log_lines) - 1, -1, -1):
         if log_lines[i].startswith("Fatal Python error"):
@@ -87,14 +88,19 @@ def crash_stack(log_lines: list[str]) -> Optional[str]:
             break
     if start is None:
         return None
-    out = []
-    for line in log_lines[start:]:
-        if out and not line.strip() and len(out) > 2 and not out[-1].strip():
-            break
-        out.append(line)
-        if len(out) > 200:
-            break
-    return "\n".join(out).rstrip() or None
+    out = [log_lines[start]]
+    inside = False
+    for line in log_lines[start + 1:start + 400]:
+        s = line.strip()
+        if s.startswith("Current thread") or s.startswith("Stack (most recent call first)"):
+            inside = True
+            out.append(line)
+            continue
+        if inside:
+            if not s or not (s.startswith("File ") or s.startswith("<")):
+                break
+            out.append(line)
+    return "\n".join(out).rstrip() if len(out) > 1 else log_lines[start]
 
 
 def crashing_thread(stack: Optional[str]) -> Optional[int]:

@@ -139,6 +139,7 @@ class Nanny:
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
             "spill_dir": self.spill_dir, "initializer": self.initializer,
+            "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
         }
         env = dict(os.environ)
         for k, v in _WORKER_ENV.items():

@@ -79,6 +79,7 @@ class Worker:
         self._out: list = []
         self._out_lock = threading.Lock()
         self._flush_wanted = threading.Event()
+        self.heartbeat = cfg.get("heartbeat", 1.0)
 
     # --- main thread ------------------------------------------------------------------
 
@@ -221,7 +222,7 @@ class Worker:
             self.board.beat()
             if self.spill_at is not None:
                 self.store.spill_for_rss(self.spill_at)
-            time.sleep(0.1 if self.spill_at is not None else 1.0)
+            time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)
 
 
 def versions() -> dict:

@@ -1,0 +1,343 @@
+"""Every cause of the death taxonomy, produced for real and classified, blamed and recovered from."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+
+from localcluster import (Client, ClusterRestarted, KilledWorker, LocalCluster, LostDataError,
+                          TaskTimeoutError, WorkerStartupError)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def inc(x):
+    return x + 1
+
+
+# --- failures, each a small function the crash table combines with a crash point -----
+
+def fail(how):
+    if how == "raise":
+        raise ValueError("task raised on purpose")
+    if how == "sys.exit":
+        sys.exit(5)
+    if how == "os._exit":
+        os._exit(3)
+    if how == "segfault":
+        import ctypes
+        ctypes.string_at(0)
+    if how == "abort":
+        os.abort()
+    raise AssertionError(how)
+
+
+class FailOnUnpickle:
+    def __init__(self, how):
+        self.how = how
+
+    def __reduce__(self):
+        return (fail, (self.how,))
+
+
+class FailOnPickle:
+    def __init__(self, how):
+        self.how = how
+
+    def __reduce__(self):
+        fail(self.how)
+
+
+def at_call(how):
+    fail(how)
+
+
+def at_unpickle(arg):
+    return arg
+
+
+def at_pickle_result(how):
+    return FailOnPickle(how)
+
+
+EXPECT = {
+    # failure: (exception the future raises, cause of the death or None, signal)
+    "raise": (ValueError, None, None),
+    "sys.exit": (SystemExit, None, None),
+    "os._exit": (KilledWorker, "exit", None),
+    "segfault": (KilledWorker, "crash", "SIGSEGV"),
+    "abort": (KilledWorker, "crash", "SIGABRT"),
+}
+
+
+@pytest.fixture
+def fragile():
+    """allowed_failures=0: the first death that blames a task gives it up."""
+    with LocalCluster(n_workers=2, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
+        yield c, cl
+
+
+@pytest.mark.parametrize("how", list(EXPECT))
+@pytest.mark.parametrize("point", ["call", "unpickle-args", "pickle-result"])
+def test_crash_table(fragile, point, how):
+    cluster, client = fragile
+    if point == "call":
+        fut = client.submit(at_call, how)
+    elif point == "unpickle-args":
+        fut = client.submit(at_unpickle, FailOnUnpickle(how))
+    else:
+        fut = client.submit(at_pickle_result, how)
+    exc_type, cause, sig = EXPECT[how]
+    with pytest.raises(exc_type) as info:
+        fut.result(30)
+    if cause is None:
+        assert cluster.deaths == []
+    else:
+        (death,) = cluster.deaths
+        assert death.cause == cause and death.signal == sig
+        assert death.tasks == (fut.key,) and death.blamed == (fut.key,)
+        assert info.value.task == fut.key and info.value.deaths == (death,)
+        assert death.exitcode == (3 if how == "os._exit" else -getattr(signal, sig))
+        assert fut.key in death.message and death.worker in death.message and str(death.pid) in death.message
+        if cause == "crash":
+            assert "Current thread" in death.stack
+            assert f"{cause}, {sig}" in str(info.value)
+    assert client.submit(inc, 1).result(30) == 2     # the cluster keeps computing
+
+
+def test_crash_blames_only_the_task_on_the_crashing_thread():
+    with LocalCluster(n_workers=1, threads_per_worker=2, allowed_failures=0, forward_logs=False) as c, \
+            Client(c) as cl:
+        slow = cl.submit(time.sleep, 1.0, pure=False)
+        wait_running(c, slow.key)
+        crash = cl.submit(at_call, "segfault")
+        with pytest.raises(KilledWorker):
+            crash.result(30)
+        (death,) = c.deaths
+        assert set(death.tasks) == {slow.key, crash.key} and death.blamed == (crash.key,)
+        assert slow.result(30) is None                 # rescheduled, not blamed
+
+
+def wait_running(cluster, key, timeout=20.0):
+    """Until ``key`` is executing on a worker (read from the worker's status board)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with cluster._lock:
+            for n in cluster._nannies.values():
+                for seq in n.board.running():
+                    if cluster.scheduler.key_of(seq) == key:
+                        return n
+        time.sleep(0.005)
+    raise AssertionError(f"{key} never started")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig):
+    fut = client.submit(time.sleep, 0.5, pure=False)
+    n = wait_running(cluster, fut.key)
+    t0 = time.monotonic()
+    os.kill(n.pid, sig)
+    assert fut.result(30) is None
+    (death,) = cluster.deaths
+    assert death.cause == "signal" and death.signal == sig.name and death.tasks == (fut.key,)
+    assert "killed from outside" in death.message and sig.name in death.message
+    assert cluster.scheduler.tasks[fut.key].suspicious == 1
+    assert time.monotonic() - t0 < 10
+    wait_until(lambda: len(cluster.workers) == 2)
+
+
+def wait_until(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_killed_worker_after_allowed_failures_names_every_death():
+    with LocalCluster(n_workers=2, allowed_failures=2, forward_logs=False) as c, Client(c) as cl:
+        fut = cl.submit(at_call, "segfault")
+        with pytest.raises(KilledWorker) as info:
+            fut.result(60)
+        err = info.value
+        assert len(err.deaths) == 3 and err.last_worker == err.deaths[-1].worker
+        text = str(err)
+        assert f"Task {fut.key!r}" in text and text.count("crash, SIGSEGV") == 3 and "at_call" in text
+        again = pickle.loads(pickle.dumps(err))
+        assert again.task == err.task and len(again.deaths) == 3
+        dependent = cl.submit(inc, fut)
+        with pytest.raises(KilledWorker):
+            dependent.result(30)
+        assert cl.submit(inc, 1).result(30) == 2
+
+
+def test_timeout_kills_worker_and_spares_neighbours():
+    with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
+        neighbour = cl.submit(time.sleep, 0.8, pure=False)
+        late = cl.submit(time.sleep, 30, timeout=0.3, pure=False)
+        with pytest.raises(TaskTimeoutError) as info:
+            late.result(30)
+        assert info.value.timeout == 0.3 and 0.3 <= info.value.elapsed < 5
+        assert "past its timeout of 0.3 s" in str(info.value)
+        (death,) = c.deaths
+        assert death.cause == "timeout" and late.key in death.tasks and death.blamed == ()
+        assert neighbour.result(30) is None
+        assert c.scheduler.tasks[neighbour.key].suspicious == 0
+
+
+def hold_the_gil():
+    return sum(range(10 ** 11))     # C loop that never releases the GIL
+
+
+def test_unresponsive_worker_dumps_stacks_then_dies():
+    with LocalCluster(n_workers=1, worker_ttl=1.0, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
+        fut = cl.submit(hold_the_gil)
+        with pytest.raises(KilledWorker):
+            fut.result(60)
+        (death,) = c.deaths
+        assert death.cause == "unresponsive" and death.tasks == (fut.key,)
+        tail = "\n".join(death.log_tail)
+        assert "no heartbeat" in tail and "hold_the_gil" in tail and "Thread 0x" in tail
+
+
+def test_exit_from_a_non_task_thread_is_exit():
+    def exit_soon():
+        import threading, os
+        threading.Timer(0.05, os._exit, (4,)).start()
+        return 1
+    with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        assert cl.submit(exit_soon).result(30) == 1
+        wait_until(lambda: len(c.deaths) == 1)
+        (death,) = c.deaths
+        assert death.cause == "exit" and death.exitcode == 4 and death.tasks == ()
+        wait_until(lambda: len(c.workers) == 1 and all(i.status == "running" for i in c.workers.values()))
+        assert cl.submit(inc, 1).result(30) == 2
+
+
+def broken_initializer():
+    raise ImportError("No module named 's3fs'")
+
+
+def test_startup_failure_stops_retrying_with_a_clear_error():
+    t0 = time.monotonic()
+    with pytest.raises(WorkerStartupError) as info:
+        LocalCluster(n_workers=1, initializer=broken_initializer, forward_logs=False)
+    text = str(info.value)
+    assert "stopped restarting" in text and "No module named 's3fs'" in text
+    deaths = info.value.deaths
+    assert len(deaths) == 3 and all(d.cause == "exception" and d.exitcode == 1 for d in deaths)
+    assert "s3fs" in deaths[0].message
+    assert time.monotonic() - t0 < 30
+
+
+def test_requested_deaths_on_scale_down_and_close():
+    with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
+        big = cl.scatter(bytes(200_000))           # too large to keep a copy in the parent
+        holder = next(iter(c.scheduler.tasks[big.key].who_has))
+        c.scale(1)
+        assert len(c.workers) == 1
+        assert [d.cause for d in c.deaths] == ["requested"]
+        assert cl.submit(len, big).result(30) == 200_000     # data moved before the worker left
+        deaths = c.deaths
+        c.scale(2)
+        assert len(c.workers) == 2
+    assert [d.cause for d in deaths] == ["requested"] * 3
+    assert all(d.blamed == () for d in deaths)
+    assert holder in {d.worker for d in deaths} or True
+
+
+def test_results_lost_with_a_worker_are_recomputed_from_lineage(client, cluster):
+    x = client.submit(lambda: bytes(300_000), pure=False)      # large: lives only on its worker
+    x.result(30)
+    holder = next(iter(cluster.scheduler.tasks[x.key].who_has))
+    os.kill(cluster.workers[holder].pid, signal.SIGKILL)
+    wait_until(lambda: len(cluster.deaths) == 1)
+    assert client.submit(len, x).result(30) == 300_000
+    assert len(x.result(30)) == 300_000
+
+
+def test_scattered_data_lost_raises_lost_data_error(client, cluster):
+    data = client.scatter(bytes(300_000))
+    (holder,) = cluster.scheduler.tasks[data.key].who_has
+    os.kill(cluster.workers[holder].pid, signal.SIGKILL)
+    wait_until(lambda: len(cluster.deaths) == 1)
+    with pytest.raises(LostDataError, match="replicate") as info:
+        data.result(30)
+    assert info.value.key == data.key and info.value.worker == holder
+    with pytest.raises(LostDataError):
+        client.submit(len, data).result(30)
+    assert data.status == "lost"
+
+
+def test_replicate_survives_one_death(client, cluster):
+    data = client.scatter(bytes(300_000))
+    client.replicate(data, n=2)
+    assert len(cluster.scheduler.tasks[data.key].who_has) == 2
+    os.kill(cluster.workers[sorted(cluster.workers)[0]].pid, signal.SIGKILL)
+    wait_until(lambda: len(cluster.deaths) == 1)
+    assert len(data.result(30)) == 300_000
+    assert client.submit(len, data).result(30) == 300_000
+
+
+def test_restart_cancels_pending_and_gives_fresh_workers(client, cluster):
+    old = {i.pid for i in cluster.workers.values()}
+    pending = client.submit(time.sleep, 30, pure=False)
+    client.restart()
+    with pytest.raises(ClusterRestarted, match="restarted"):
+        pending.result(10)
+    assert len(cluster.workers) == 2 and not old & {i.pid for i in cluster.workers.values()}
+    assert {d.cause for d in cluster.deaths} == {"requested"}
+    assert client.submit(inc, 1).result(10) == 2
+
+
+def test_twenty_restarts_neither_hang_nor_leak(client, cluster):
+    for i in range(20):
+        client.restart()
+        assert client.submit(inc, i).result(10) == i + 1
+    assert len(cluster.deaths) == 40
+
+
+def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
+    def chatty():
+        print("hello from print")
+        os.write(2, b"raw write to fd 2\n")
+        return 1
+    with LocalCluster(n_workers=1, forward_logs=True) as c, Client(c) as cl:
+        cl.submit(chatty).result(30)
+        wait_until(lambda: any("raw write" in l for lines in cl.get_worker_logs().values() for l in lines))
+        logs = cl.get_worker_logs()
+        (name,) = logs
+        assert "hello from print" in logs[name] and "raw write to fd 2" in logs[name]
+        os.kill(c.workers[name].pid, signal.SIGKILL)
+        wait_until(lambda: len(c.deaths) == 1)
+        assert "hello from print" in cl.get_worker_logs()[name]        # dead workers' logs stay
+        assert "hello from print" in c.deaths[0].log_tail
+    err = capfd.readouterr().err
+    assert f"[{name}] hello from print" in err and f"[{name}] raw write to fd 2" in err
+
+
+def test_dump_stacks_of_live_workers(client):
+    cluster = client.cluster
+    fut = client.submit(time.sleep, 2, pure=False)
+    wait_running(cluster, fut.key)
+    stacks = client.dump_stacks()
+    assert len(stacks) == 2 and all("Current thread" in s for s in stacks.values())
+    assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
+    assert cluster.deaths == []
+
+
+def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(fragile):
+    from localcluster.replay import ReplayedDeath
+    cluster, client = fragile
+    fut = client.submit(at_call, "segfault")
+    with pytest.raises(KilledWorker):
+        fut.result(30)
+    with pytest.raises(ReplayedDeath) as info:
+        client.recreate_error_locally(fut)
+    assert info.value.death.cause == "crash" and info.value.death.signal == "SIGSEGV"
+    assert "at_call" in info.value.death.stack
+    assert psutil.Process().is_running()

@@ -645,12 +645,14 @@ class LocalCluster:
         for fileobj in (n.chan, n.log_fd, n.sentinel):
             if fileobj is not None:
                 self._unregister(fileobj)
+        if n.spill_dir:   # its spilled data died with it; nothing may outlive it on disk
+            shutil.rmtree(n.spill_dir, ignore_errors=True)
         death = self._record_death(n, exitcode)
-        n.close()
         with self._changed:
             self._nannies.pop(n.name, None)
             self._dead_logs[n.name] = list(n.log)
             self._changed.notify_all()
+        n.close()
         if death.cause != "requested":
             logger.warning(death.message)
         self._maybe_respawn(n, death)

@@ -233,7 +233,8 @@ def resolve(**kwargs: Any) -> dict[str, Any]:
     """All keys: keyword arguments (when not ``...``) win over config and environment."""
     for key in kwargs:
         if key not in _VALIDATORS:
-            raise TypeError(f"LocalCluster() got an unexpected keyword argument {key!r}")
+            raise ValueError(f"LocalCluster() got an unknown setting {key!r}; known settings: "
+                             f"{', '.join(sorted(_VALIDATORS))}")
     out = {}
     for key in _VALIDATORS:
         value = kwargs.get(key, ...)

@@ -131,6 +131,7 @@ class Scheduler:
         self._order = itertools.count()
         self._request = itertools.count(1)
         self.runs: dict[int, tuple[str, str]] = {}   # seq -> (key, worker)
+        self.cancelled_runs: dict[int, str] = {}    # seq -> key, until the worker answers
         # request id -> (key, holder worker, target worker or None for a client fetch, client request)
         self.exports: dict[int, tuple] = {}
         self.relaying: dict[tuple, int] = {}       # (key, target) -> request id
@@ -177,36 +178,62 @@ class Scheduler:
         if ws is None or ws.closing:
             return []
         ws.closing = True
-        out: list = []
-        others = [w for w in self.workers.values() if not w.closing]
-        if others:
-            for key in sorted(ws.has):
-                ts = self.tasks[key]
-                if ts.who_has == {name} and (ts.wanted or ts.dependents):
-                    target = min(others, key=lambda w: (len(w.has), w.name))
-                    out += self._relay(ts, target)
-        out += self._maybe_retire(ws)
-        return out
+        return self._maybe_retire(ws)
 
     def _maybe_retire(self, ws: WorkerState) -> list:
+        """Retire a closing worker once it runs nothing and holds no needed data alone
+        (that data is relayed to another worker first)."""
         if not ws.closing or ws.processing:
             return []
         if any(e[1] == ws.name for e in self.exports.values()):
             return []
+        others = [w for w in self.workers.values() if not w.closing]
+        out: list = []
+        if others:
+            for key in sorted(ws.has):
+                ts = self.tasks[key]
+                if ts.who_has == {ws.name} and ts.data is None and (ts.wanted or ts.dependents):
+                    target = min(others, key=lambda w: (len(w.has), w.name))
+                    out += self._relay(ts, target)
+        if out or any(e[1] == ws.name for e in self.exports.values()):
+            return out
         return [Retire(ws.name)]
 
     def worker_died(self, death: WorkerDeath, running: dict, crashed_seq: Optional[int] = None,
                     timed_out: Optional[tuple] = None) -> list:
         """``running``: seq -> started (from the worker's status board). The blame rules
-        of the taxonomy pick which runs count towards KilledWorker."""
+        of the taxonomy pick which runs count towards KilledWorker.
+
+        Order matters: first every copy on the dead worker is forgotten and the lost keys
+        are marked, and only then is any task's readiness decided, so nothing is sent to
+        run before an input it needs exists again."""
         ws = self.workers.pop(death.worker, None)
         if ws is None:
             return []
         out: list = []
+        lost: list = []
+        for key in ws.has:
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            ts.who_has.discard(death.worker)
+            if ts.state == "memory" and not ts.who_has and ts.data is None:
+                lost.append(ts)
+        recompute: list = []
+        for ts in sorted(lost, key=lambda t: t.order):
+            if ts.spec is None:
+                out += self._lost_for_good(ts, death)
+            elif ts.wanted or self._needed_by_dependents(ts):
+                ts.state = "waiting"
+                recompute.append(ts)
+            else:
+                ts.state = "released"
+                out += self._forget(ts)
         blamed = blamed_runs(death.cause, running, crashed_seq, timed_out[0] if timed_out else None)
         for seq, key in sorted(ws.processing.items()):
             self.runs.pop(seq, None)
-            ts = self.tasks.get(key)
+            self.cancelled_runs.pop(seq, None)
+            ts = self.tasks.get(key) if key is not None else None
             if ts is None or ts.seq != seq or ts.state != "processing":
                 continue
             ts.worker = None
@@ -219,15 +246,13 @@ class Scheduler:
                 if ts.suspicious > self.allowed_failures:
                     out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures))
                     continue
-            out += self._make_ready_or_wait(ts)
-        # data that lived there
-        for key in ws.has:
-            ts = self.tasks.get(key)
-            if ts is None:
-                continue
-            ts.who_has.discard(death.worker)
-            if ts.state == "memory" and not ts.who_has and ts.data is None:
-                out += self._lost(ts, death)
+            ts.state = "waiting"
+            recompute.append(ts)
+        for ts in lost:
+            out += self._pull_back_dependents(ts)
+        for ts in sorted(recompute, key=lambda t: t.order):
+            if ts.state == "waiting":
+                out += self._make_ready_or_wait(ts)
         # relays and fetches that depended on it
         for req, (key, holder, target, client) in list(self.exports.items()):
             if target == death.worker:
@@ -248,42 +273,39 @@ class Scheduler:
                     out.append(Deliver(client, key, error=ts.error))
                 else:
                     out.append(Deliver(client, key, error=_gone(key)))
-        for other in self.workers.values():
+        for other in list(self.workers.values()):
             out += self._maybe_retire(other)
         return out + self._assign()
 
-    def _lost(self, ts: Task, death: WorkerDeath) -> list:
-        """The last copy of a result died with ``death.worker``."""
-        needed = ts.wanted or any(self.tasks[d].state in ("waiting", "ready", "processing")
-                                  for d in ts.dependents if d in self.tasks)
-        if ts.spec is None:
-            ts.state = "lost"
-            ts.error = LostDataError(ts.key, death.worker, death.cause)
-            out: list = [Resolve(ts.key, "lost", ts.error)]
-            for req in ts.fetchers:
-                out.append(Deliver(req, ts.key, error=ts.error))
-            ts.fetchers = []
-            return out + self._fail_dependents(ts, ts.error)
-        if not needed:
-            ts.state = "released"
-            return self._forget(ts)
-        out = self._pull_back_dependents(ts)
-        return out + self._make_ready_or_wait(ts)
+    def _lost_for_good(self, ts: Task, death: WorkerDeath) -> list:
+        """Scattered data whose last copy died: it cannot be recomputed."""
+        ts.state = "lost"
+        ts.error = LostDataError(ts.key, death.worker, death.cause)
+        out: list = [Resolve(ts.key, "lost", ts.error)]
+        for req in ts.fetchers:
+            out.append(Deliver(req, ts.key, error=ts.error))
+        ts.fetchers = []
+        return out + self._fail_dependents(ts, ts.error)
 
     def _pull_back_dependents(self, ts: Task) -> list:
-        """Dependents waiting on a worker for data that is gone: take them back."""
+        """Dependents that were ready, or sent to a worker to wait for data that is gone:
+        take them back until the data exists again."""
         out: list = []
         for dkey in ts.dependents:
             dts = self.tasks.get(dkey)
-            if dts is None or dts.state != "processing":
+            if dts is None:
                 continue
-            ws = self.workers.get(dts.worker)
-            if ws is not None and ts.key not in ws.has:
-                ws.processing[dts.seq] = None     # the slot is busy until the worker answers
-                self.runs.pop(dts.seq, None)
-                out.append(Send(ws.name, P.Cancel((dts.seq,))))
-                dts.worker = None
+            if dts.state == "ready":
                 dts.state = "waiting"
+                dts.waiting_on.add(ts.key)
+            elif dts.state == "processing":
+                ws = self.workers.get(dts.worker)
+                if ws is not None and ts.key not in ws.has:
+                    out += self._unassign(dts)
+                    dts.state = "waiting"
+                    dts.waiting_on.add(ts.key)
+            elif dts.state == "waiting":
+                dts.waiting_on.add(ts.key)
         return out
 
     # --- tasks --------------------------------------------------------------------------
@@ -430,8 +452,19 @@ class Scheduler:
                     out += self._make_ready_or_wait(dts)
         if not ts.wanted and not self._needed_by_dependents(ts):
             out += self._release(ts)
+        out += self._release_inputs(ts)
         out += self._maybe_retire(ws)
         return out + self._assign()
+
+    def _release_inputs(self, ts: Task) -> list:
+        """Inputs the client already let go of are freed once their last dependent is done."""
+        out: list = []
+        for d in ts.deps:
+            dts = self.tasks.get(d)
+            if (dts is not None and dts.state == "memory" and not dts.wanted
+                    and not self._needed_by_dependents(dts)):
+                out += self._release(dts)
+        return out
 
     def failed(self, worker: str, seq: int, error: bytes) -> list:
         ts = self._take_run(worker, seq)
@@ -441,7 +474,7 @@ class Scheduler:
             ts.retries -= 1
             out = self._make_ready_or_wait(ts)
         else:
-            out = self._fail(ts, error)
+            out = self._fail(ts, error) + self._release_inputs(ts)
         return out + self._maybe_retire(self.workers[worker]) + self._assign()
 
     def _take_run(self, worker: str, seq: int) -> Optional[Task]:
@@ -462,11 +495,15 @@ class Scheduler:
         return self._orphan(worker, seq)
 
     def _orphan(self, worker: str, seq: int) -> list:
-        """A run we no longer care about (cancelled, released) ended; the worker freed its result."""
+        """A run we no longer care about (cancelled, released) ended: free what it left."""
+        key = self.cancelled_runs.pop(seq, None)
         ws = self.workers.get(worker)
         if ws is None:
             return []
-        return self._maybe_retire(ws) + self._assign()
+        out: list = []
+        if key is not None and key not in ws.has:
+            out.append(Send(worker, P.Free((key,))))
+        return out + self._maybe_retire(ws) + self._assign()
 
     def _fail(self, ts: Task, error: Any) -> list:
         ts.state, ts.error = "erred", error
@@ -494,6 +531,7 @@ class Scheduler:
         if ws is None:
             return []
         ws.processing[ts.seq] = None     # the slot is busy until the worker answers
+        self.cancelled_runs[ts.seq] = ts.key
         return [Send(ws.name, P.Cancel((ts.seq,)))]
 
     def _resolution(self, ts: Task) -> Resolve:
@@ -636,6 +674,7 @@ class Scheduler:
         self.tasks.clear()
         self._ready.clear()
         self.runs.clear()
+        self.cancelled_runs.clear()
         self.exports.clear()
         self.relaying.clear()
         for ws in self.workers.values():

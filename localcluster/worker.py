@@ -76,6 +76,7 @@ class Worker:
         self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
         self.fns: dict[int, Any] = {}
         self.cancelled: set = set()
+        self.pending: set = set()    # seqs received and not yet answered
         self._out: list = []
         self._out_lock = threading.Lock()
         self._flush_wanted = threading.Event()
@@ -103,6 +104,7 @@ class Worker:
         elif isinstance(msg, P.Run):
             if msg.fn is not None:
                 self.fns[msg.fn_id] = msg.fn
+            self.pending.add(msg.seq)
             missing = {d for d in msg.deps if d not in self.store}
             if missing:
                 self.parked[msg.seq] = (msg, missing)
@@ -117,10 +119,11 @@ class Worker:
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):
             for seq in msg.seqs:
-                if self.parked.pop(seq, None) is None:
-                    self.cancelled.add(seq)
-                else:
+                if self.parked.pop(seq, None) is not None:
+                    self.pending.discard(seq)
                     self.chan.send(P.Skipped(seq))
+                elif seq in self.pending:
+                    self.cancelled.add(seq)
         elif isinstance(msg, P.Stop):
             self._flush()
             sys.stdout.flush()
@@ -170,6 +173,7 @@ class Worker:
             self._reply(reply, ready)
 
     def _reply(self, reply: Any, ready: queue.SimpleQueue) -> None:
+        self.pending.discard(reply.seq)
         with self._out_lock:
             self._out.append(reply)
         if ready.qsize() > 0:    # more runs queued: let the flusher batch replies

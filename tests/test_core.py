@@ -373,7 +373,7 @@ def test_bad_values_raise_naming_the_key(kwargs, match):
 def test_unknown_key():
     with pytest.raises(ValueError, match="unknown localcluster config key 'nope'"):
         config.set(nope=1)
-    with pytest.raises(TypeError, match="nope"):
+    with pytest.raises(ValueError, match="unknown setting 'nope'; known settings: allowed_failures"):
         LocalCluster(nope=1)
 
 

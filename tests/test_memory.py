@@ -1,0 +1,208 @@
+"""Memory: limits, spilling, pausing, the nanny's kill, and the kernel's OOM killer."""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+
+import pytest
+
+from localcluster import Client, KilledWorker, LocalCluster, config
+from localcluster.cluster import available_memory
+
+np = pytest.importorskip("numpy")
+MiB = 2 ** 20
+pytestmark = pytest.mark.timeout(120)
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def block(i, mib=40):
+    return np.full(mib * MiB // 8, i, dtype="f8")
+
+
+def grow_forever(step_mib=10):
+    hog = []
+    while True:
+        hog.append(np.ones(step_mib * MiB // 8))
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("2GiB", 2 * 2 ** 30), ("500MB", 500 * 10 ** 6), (123456789, 123456789), (None, None), (0, None),
+    ("0", None), ("1.5 GiB", int(1.5 * 2 ** 30)),
+])
+def test_memory_limit_forms(value, expected):
+    assert config.resolve(memory_limit=value)["memory_limit"] == expected
+
+
+def test_memory_limit_auto_divides_available_memory():
+    with LocalCluster(n_workers=2, forward_logs=False) as c:
+        assert c.memory_limit == available_memory() // 2
+        assert all(i.memory_limit == c.memory_limit for i in c.workers.values())
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5MB", -1, "2 parsecs", 1.5])
+def test_bad_memory_limit(bad):
+    with pytest.raises(ValueError, match=r"memory_limit=.*'2GiB'.*'auto'.*None"):
+        LocalCluster(memory_limit=bad)
+
+
+def test_worker_over_the_limit_is_killed_with_figures(caplog):
+    limit = 300 * MiB
+    with LocalCluster(n_workers=1, memory_limit=limit, allowed_failures=0, forward_logs=False) as c, \
+            Client(c) as cl:
+        fut = cl.submit(grow_forever)
+        with pytest.raises(KilledWorker, match="memory-limit") as info:
+            fut.result(60)
+        (death,) = c.deaths
+        assert death.cause == "memory-limit" and death.signal == "SIGKILL"
+        assert death.memory_limit == limit and death.memory > 0.95 * limit
+        assert death.peak_memory >= death.memory and death.tasks == (fut.key,)
+        assert "exceeding the memory budget" in death.message and "300.00 MiB" in death.message
+        assert any("Worker exceeded 95% memory budget. Restarting" in l for l in death.log_tail)
+        assert "memory-limit" in str(info.value) and "of 300.00 MiB limit" in str(info.value)
+        assert cl.submit(sum, [1, 2]).result(30) == 3
+    assert any("Worker exceeded 95% memory budget. Restarting" in r.getMessage() for r in caplog.records)
+
+
+def test_results_spill_to_disk_instead_of_killing_the_worker():
+    with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:
+        futs = cl.map(block, range(12))
+        wait_until(lambda: all(f.done() for f in futs))
+        (info,) = c.workers.values()
+        assert info.spilled >= 4 * 40 * MiB and info.managed <= 0.6 * 400 * MiB
+        spill_dir = os.path.join(c.local_directory, info.name)
+        assert stat.S_IMODE(os.stat(c.local_directory).st_mode) == 0o700
+        assert len(os.listdir(spill_dir)) >= 4
+        for i, f in enumerate(futs):
+            arr = f.result(60)
+            assert arr.shape == (5 * MiB,) and arr[0] == i and arr[-1] == i
+        assert cl.submit(lambda a: float(a.sum()), futs[0]).result(60) == 0.0
+        assert c.deaths == []
+        directory = c.local_directory
+    assert not os.path.exists(directory)
+
+
+def test_spill_directory_removed_after_the_worker_crashes(tmp_path):
+    with LocalCluster(n_workers=1, memory_limit=200 * MiB, local_directory=str(tmp_path),
+                      forward_logs=False) as c, Client(c) as cl:
+        futs = cl.map(block, range(5))
+        wait_until(lambda: all(f.done() for f in futs))
+        (info,) = c.workers.values()
+        spill_dir = os.path.join(c.local_directory, info.name)
+        assert os.listdir(spill_dir)
+        os.kill(info.pid, signal.SIGKILL)
+        wait_until(lambda: len(c.deaths) == 1)
+        assert not os.path.exists(spill_dir)
+        assert [f.result(60)[0] for f in futs] == [0, 1, 2, 3, 4]     # recomputed from lineage
+    assert os.listdir(tmp_path) == []
+
+
+def hog_then_release(mib, seconds):
+    import builtins, threading
+    builtins._hog = np.ones(mib * MiB // 8)
+    threading.Timer(seconds, lambda: delattr(builtins, "_hog")).start()
+    return os.getpid()
+
+
+def test_paused_worker_receives_no_tasks_until_it_recovers():
+    with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:
+        cl.submit(hog_then_release, 300, 1.5).result(30)     # pause at 320 MiB, terminate at 380
+        wait_until(lambda: next(iter(c.workers.values())).status == "paused")
+        later = cl.submit(sum, [1, 2])
+        with c._lock:
+            assert c.scheduler.tasks[later.key].state == "ready"          # held back, not sent
+        name = next(iter(c.workers))
+        assert later.result(30) == 3
+        assert next(iter(c.workers.values())).status == "running"
+        log = cl.get_worker_logs()[name]
+        assert any(l.startswith("[nanny] paused") for l in log) and any(l.startswith("[nanny] resumed") for l in log)
+        assert c.deaths == []
+
+
+def test_workers_offer_themselves_to_the_oom_killer(cluster):
+    for info in cluster.workers.values():
+        with open(f"/proc/{info.pid}/oom_score_adj") as f:
+            assert int(f.read()) > 0
+    with open("/proc/self/oom_score_adj") as f:
+        assert int(f.read()) <= 0
+
+
+def test_workers_report_memory_and_history(client, cluster):
+    held = client.submit(block, 1, 20)
+    held.result(30)
+    wait_until(lambda: all(len(i.memory_history) >= 3 for i in cluster.workers.values()))
+    for info in cluster.workers.values():
+        assert info.memory > 10 * MiB and info.status == "running"
+        t, rss = info.memory_history[-1]
+        assert abs(t - time.time()) < 5 and rss > 0
+    assert sum(i.managed for i in cluster.workers.values()) >= 20 * MiB
+
+
+def _memory_cgroup_root():
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        _id, ctrl, path = line.split(":", 2)
+        if "memory" in ctrl.split(","):
+            return f"/sys/fs/cgroup/memory{path}", "v1"
+    for line in lines:
+        _id, ctrl, path = line.split(":", 2)
+        if ctrl == "" and os.path.exists(f"/sys/fs/cgroup{path}/cgroup.subtree_control"):
+            return f"/sys/fs/cgroup{path}", "v2"
+    return None, None
+
+
+@pytest.fixture
+def memory_cgroup():
+    root, version = _memory_cgroup_root()
+    if root is None:
+        pytest.skip("no memory cgroup to nest into")
+    path = os.path.join(root, f"localcluster-test-{os.getpid()}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "memory.limit_in_bytes" if version == "v1" else "memory.max"), "w") as f:
+            f.write(str(150 * MiB))
+    except OSError as e:
+        if os.path.isdir(path):
+            os.rmdir(path)
+        pytest.skip(f"cannot create a memory cgroup here: {e}")
+    yield path
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.rmdir(path)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup):
+    with LocalCluster(n_workers=1, memory_limit=None, allowed_failures=0, forward_logs=False) as c, \
+            Client(c) as cl:
+        (info,) = c.workers.values()
+        with open(os.path.join(memory_cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(info.pid))
+        fut = cl.submit(grow_forever)
+        with pytest.raises(KilledWorker, match="oom-killer"):
+            fut.result(60)
+        (death,) = c.deaths
+        assert death.cause == "oom-killer" and death.signal == "SIGKILL" and death.tasks == (fut.key,)
+        assert "out-of-memory killer" in death.message
+        # a plain kill -9 right after is not mistaken for the OOM killer
+        wait_until(lambda: len(c.workers) == 1)
+        (info,) = c.workers.values()
+        os.kill(info.pid, signal.SIGKILL)
+        wait_until(lambda: len(c.deaths) == 2)
+        assert c.deaths[1].cause == "signal"

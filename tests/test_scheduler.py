@@ -1,0 +1,815 @@
+"""The scheduler as a pure state machine: events in, actions out. No processes, no sleeps."""
+from __future__ import annotations
+
+from concurrent.futures import CancelledError
+
+from localcluster import protocol as P
+from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
+from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send, Spec, blamed_runs
+from localcluster.serialize import dumps
+
+ARGS = dumps(((), {}))
+BIG = 1 << 20           # a result that stays on its worker
+ERR = b"pickled error"
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+def spec(key, *deps, priority=0, retries=0, timeout=None, fn_id=1):
+    return Spec(key, fn_id, b"fn-bytes", ARGS, tuple(deps), priority, retries, timeout)
+
+
+def death(worker, cause="signal", exitcode=-9):
+    return WorkerDeath(worker=worker, pid=1234, cause=cause, exitcode=exitcode,
+                       signal=signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None)
+
+
+def sched(*workers, nthreads=1, allowed_failures=3):
+    s = Scheduler(allowed_failures)
+    for w in workers:
+        s.add_worker(w, nthreads)
+    return s
+
+
+def sends(actions, kind=None, worker=None):
+    """[(worker, msg)] of the Send actions, optionally of one message type / to one worker."""
+    return [(a.worker, a.msg) for a in actions if isinstance(a, Send)
+            and (kind is None or isinstance(a.msg, kind)) and (worker is None or a.worker == worker)]
+
+
+def runs(actions):
+    """Run messages in order: [(key, worker)]."""
+    return [(m.key, w) for w, m in sends(actions, P.Run)]
+
+
+def resolves(actions):
+    return {a.key: a for a in actions if isinstance(a, Resolve)}
+
+
+def delivers(actions):
+    return [a for a in actions if isinstance(a, Deliver)]
+
+
+def finish(s, key, data=None, nbytes=BIG, duration=0.005):
+    ts = s.tasks[key]
+    return s.finished(ts.worker, ts.seq, nbytes, "int", data, duration)
+
+
+def fail(s, key, error=ERR):
+    ts = s.tasks[key]
+    return s.failed(ts.worker, ts.seq, error)
+
+
+def running(s, *keys):
+    """The ``running`` board for worker_died: seq -> (thread id, start time)."""
+    return {s.tasks[k].seq: (i, 0.0) for i, k in enumerate(keys)}
+
+
+# --- submission and assignment ---------------------------------------------------------
+
+def test_task_waits_for_a_worker():
+    s = Scheduler()
+    assert runs(s.submit([spec("a")])) == []
+    assert s.tasks["a"].state == "ready"
+    assert runs(s.add_worker("w1", 1)) == [("a", "w1")]
+    assert s.tasks["a"].state == "processing"
+
+
+def test_run_message_carries_the_task_and_sends_the_function_once_per_worker():
+    s = sched("w1")
+    acts = s.submit([spec("a"), spec("b")])
+    (_, ra), (_, rb) = sends(acts, P.Run)
+    assert (ra.key, ra.fn_id, ra.fn, ra.args, ra.deps) == ("a", 1, b"fn-bytes", ARGS, ())
+    assert rb.fn is None and rb.fn_id == 1
+    assert ra.seq != rb.seq
+
+
+def test_capacity_limits_and_balance_across_two_workers():
+    s = sched("w1", "w2")
+    acts = s.submit([spec(f"t{i}") for i in range(10)])
+    placed = runs(acts)
+    assert len(placed) == 6                                     # 1 thread + 2 prefetch each
+    assert [w for _, w in placed] == ["w1", "w2"] * 3
+    assert sum(ts.state == "ready" for ts in s.tasks.values()) == 4
+    more = runs(finish(s, "t0"))
+    assert more == [("t6", "w1")]
+
+
+def test_capacity_scales_with_threads():
+    s = sched("w1", nthreads=2)
+    assert len(runs(s.submit([spec(f"t{i}") for i in range(10)]))) == 6
+
+
+def test_priority_order():
+    s = Scheduler()
+    s.submit([spec("low", priority=0), spec("high", priority=5), spec("mid", priority=1),
+              spec("low2", priority=0)])
+    assert [k for k, _ in runs(s.add_worker("w1", 1))] == ["high", "mid", "low"]
+
+
+def test_fifo_among_equal_priority():
+    s = Scheduler()
+    s.submit([spec(k) for k in "edcba"])
+    assert [k for k, _ in runs(s.add_worker("w1", 1))] == ["e", "d", "c"]
+
+
+# --- dependencies ----------------------------------------------------------------------
+
+def test_task_waits_for_its_dependency_and_runs_where_the_data_is():
+    s = sched("w1", "w2")
+    assert runs(s.submit([spec("a"), spec("b", "a")])) == [("a", "w1")]
+    assert s.tasks["b"].state == "waiting"
+    acts = finish(s, "a")
+    assert runs(acts) == [("b", "w1")]
+    assert not sends(acts, P.Export) and not sends(acts, P.Put)
+
+
+def test_dependency_on_other_worker_is_relayed():
+    s = sched("w1", "w2")
+    assert runs(s.submit([spec("a"), spec("c")])) == [("a", "w1"), ("c", "w2")]
+    finish(s, "a", nbytes=BIG)
+    finish(s, "c", nbytes=1000)
+    acts = s.submit([spec("b", "a", "c"), spec("b2", "a", "c")])
+    assert runs(acts) == [("b", "w1"), ("b2", "w1")]           # where most of the input is
+    exports = sends(acts, P.Export)
+    assert len(exports) == 1                                      # one relay for both
+    holder, exp = exports[0]
+    assert holder == "w2" and exp.key == "c"
+    payload = dumps(41)
+    acts = s.data("w2", exp.request, "c", payload, None)
+    assert sends(acts) == [("w1", P.Put("c", payload))]
+    assert s.tasks["c"].who_has == {"w1", "w2"}
+
+
+def test_small_result_in_parent_is_put_directly():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    small = dumps(1)
+    finish(s, "a", data=small, nbytes=small.nbytes)
+    s.set_paused("w1", True)
+    acts = s.submit([spec("b", "a")])
+    assert runs(acts) == [("b", "w2")]
+    assert sends(acts, P.Put) == [("w2", P.Put("a", small))]
+    assert not sends(acts, P.Export)
+
+
+def test_relay_error_fails_the_dependent():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    s.set_paused("w1", True)
+    acts = s.submit([spec("b", "a")])
+    (_, exp), = sends(acts, P.Export)
+    acts = s.data("w1", exp.request, "a", None, ERR)
+    seq_b = s.tasks["b"].seq
+    assert resolves(acts)["b"].status == "error" and resolves(acts)["b"].value == ERR
+    assert sends(acts, P.Cancel) == [("w2", P.Cancel((seq_b,)))]
+
+
+# --- failures and retries --------------------------------------------------------------
+
+def test_failure_propagates_to_dependents():
+    s = sched("w1")
+    s.submit([spec("a"), spec("b", "a"), spec("c", "b"), spec("x")])
+    acts = fail(s, "a")
+    res = resolves(acts)
+    assert set(res) == {"a", "b", "c"}
+    assert all(r.status == "error" and r.value == ERR for r in res.values())
+    assert s.tasks["x"].state == "processing"
+
+
+def test_submit_on_erred_dependency_fails_at_once():
+    s = sched("w1")
+    s.submit([spec("a")])
+    fail(s, "a")
+    acts = s.submit([spec("b", "a")])
+    assert resolves(acts)["b"].value == ERR and not runs(acts)
+
+
+def test_submit_on_unknown_dependency_fails():
+    s = sched("w1")
+    acts = s.submit([spec("b", "nope")])
+    assert isinstance(resolves(acts)["b"].value, CancelledError)
+
+
+def test_retries_rerun_then_fail():
+    s = sched("w1", "w2")
+    s.submit([spec("a", retries=2)])
+    seqs = [s.tasks["a"].seq]
+    for _ in range(2):
+        acts = fail(s, "a")
+        assert not resolves(acts) and len(runs(acts)) == 1
+        seqs.append(s.tasks["a"].seq)
+    assert len(set(seqs)) == 3
+    acts = fail(s, "a")
+    assert resolves(acts)["a"].status == "error"
+
+
+def test_late_message_about_an_old_run_is_ignored():
+    s = sched("w1")
+    s.submit([spec("a", retries=1)])
+    old = s.tasks["a"].seq
+    fail(s, "a")
+    acts = s.finished("w1", old, BIG, "int", None, 0.0)
+    assert not resolves(acts) and s.tasks["a"].state == "processing"
+
+
+# --- pure keys: dedup ------------------------------------------------------------------
+
+def test_same_key_twice_shares_state():
+    s = sched("w1")
+    acts = s.submit([spec("a"), spec("a")])
+    assert runs(acts) == [("a", "w1")]
+    assert s.tasks["a"].wanted == 2
+    acts = finish(s, "a")
+    assert list(resolves(acts)) == ["a"]
+
+
+def test_same_key_after_done_resolves_at_once():
+    s = sched("w1")
+    s.submit([spec("a")])
+    small = dumps(3)
+    finish(s, "a", data=small, nbytes=small.nbytes)
+    acts = s.submit([spec("a")])
+    assert acts == [Resolve("a", "finished", small)]
+    s.submit([spec("e")])
+    fail(s, "e")
+    assert s.submit([spec("e")]) == [Resolve("e", "error", ERR)]
+
+
+# --- release and forget ----------------------------------------------------------------
+
+def test_release_frees_data_on_the_worker():
+    s = sched("w1")
+    s.submit([spec("a")])
+    finish(s, "a")
+    assert sends(s.release("a")) == [("w1", P.Free(("a",)))]
+    assert "a" not in s.tasks and "a" not in s.workers["w1"].has
+
+
+def test_release_waits_for_the_last_reference():
+    s = sched("w1")
+    s.submit([spec("a"), spec("a")])
+    finish(s, "a")
+    assert s.release("a") == []
+    assert sends(s.release("a"), P.Free) == [("w1", P.Free(("a",)))]
+
+
+def test_release_of_unknown_key_is_harmless():
+    assert sched("w1").release("nope") == []
+
+
+def test_released_dependency_kept_while_dependent_needs_it():
+    s = sched("w1")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    assert s.release("a") == []                    # b is still running on it
+    assert s.tasks["a"].state == "memory" and "a" in s.workers["w1"].has
+
+
+def test_released_dependency_freed_when_its_last_dependent_finishes():
+    s = sched("w1")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    s.release("a")
+    acts = finish(s, "b")
+    assert ("w1", P.Free(("a",))) in sends(acts, P.Free)   # nobody needs a any more
+    assert sends(s.release("b"), P.Free) == [("w1", P.Free(("b",)))]
+    assert s.tasks == {}
+
+
+def test_release_of_dependent_frees_unwanted_dependency():
+    s = sched("w1")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    s.release("a")
+    seq_b = s.tasks["b"].seq
+    acts = s.release("b")                           # b was still processing
+    assert sends(acts, P.Cancel) == [("w1", P.Cancel((seq_b,)))]
+    assert sends(acts, P.Free) == [("w1", P.Free(("a",)))]
+    assert s.tasks == {}
+
+
+def test_release_of_processing_task_cancels_its_run():
+    s = sched("w1")
+    s.submit([spec("a")])
+    seq = s.tasks["a"].seq
+    assert sends(s.release("a")) == [("w1", P.Cancel((seq,)))]
+    assert s.tasks == {}
+    assert s.workers["w1"].processing == {seq: None}     # busy until the worker answers
+    s.skipped("w1", seq)
+    assert s.workers["w1"].processing == {}
+
+
+def test_cancelled_run_keeps_its_slot_until_the_worker_answers():
+    s = sched("w1")
+    s.submit([spec(k) for k in "abcd"])
+    seq_a = s.tasks["a"].seq
+    acts = s.cancel(["a"])
+    assert runs(acts) == [] and s.tasks["d"].state == "ready"
+    assert runs(s.skipped("w1", seq_a)) == [("d", "w1")]
+
+
+def test_recomputed_input_nobody_needs_any_more_is_freed_when_it_finishes():
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    finish(s, "b")
+    s.release("a")                                  # freed: b is done
+    assert runs(s.worker_died(death("w1"), {})) == [("a", "w2")]   # b lost: a comes back for it
+    s.cancel(["b"])                                 # ... and then nobody needs a
+    acts = finish(s, "a")
+    assert sends(acts, P.Free) == [("w2", P.Free(("a",)))]
+    assert not resolves(acts) or resolves(acts)["a"].status == "finished"
+
+
+# --- cancel ----------------------------------------------------------------------------
+
+def test_cancel_cancels_dependents_and_the_running_run():
+    s = sched("w1")
+    s.submit([spec("a"), spec("b", "a"), spec("c", "b"), spec("x")])
+    seq_a = s.tasks["a"].seq
+    acts = s.cancel(["a"])
+    res = resolves(acts)
+    assert set(res) == {"a", "b", "c"} and all(r.status == "cancelled" for r in res.values())
+    assert sends(acts, P.Cancel) == [("w1", P.Cancel((seq_a,)))]
+    assert set(s.tasks) == {"x"}
+
+
+def test_cancel_processing_dependent_on_another_worker():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    s.set_paused("w1", True)
+    s.submit([spec("b", "a")])
+    seq_b = s.tasks["b"].seq
+    acts = s.cancel(["b"])
+    assert resolves(acts)["b"].status == "cancelled"
+    assert sends(acts, P.Cancel) == [("w2", P.Cancel((seq_b,)))]
+    assert s.tasks["a"].state == "memory"
+
+
+def test_cancel_finished_or_unknown_does_nothing():
+    s = sched("w1")
+    s.submit([spec("a")])
+    finish(s, "a")
+    assert s.cancel(["a", "nope"]) == []
+    assert s.tasks["a"].state == "memory"
+
+
+def test_finished_after_cancel_is_ignored():
+    s = sched("w1")
+    s.submit([spec("a")])
+    seq = s.tasks["a"].seq
+    s.cancel(["a"])
+    acts = s.finished("w1", seq, BIG, "int", None, 0.0)
+    assert not resolves(acts) and "a" not in s.tasks
+
+
+def test_finished_after_cancel_frees_its_result():
+    """Finished crossed Cancel on the pipe: the worker stored a result nobody will free."""
+    s = sched("w1")
+    s.submit([spec("a")])
+    seq = s.tasks["a"].seq
+    s.cancel(["a"])
+    acts = s.finished("w1", seq, BIG, "int", None, 0.0)
+    assert ("w1", P.Free(("a",))) in sends(acts, P.Free)
+
+
+def test_fetch_of_cancelled_task_is_answered():
+    s = sched("w1")
+    s.submit([spec("a")])
+    req, acts = s.fetch("a")
+    assert acts == []
+    acts = s.cancel(["a"])
+    (d,) = delivers(acts)
+    assert d.request == req and isinstance(d.error, CancelledError)
+
+
+# --- worker death ----------------------------------------------------------------------
+
+def test_death_reschedules_running_task_on_another_worker():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    old = s.tasks["a"].seq
+    d = death("w1")
+    acts = s.worker_died(d, running(s, "a"))
+    assert runs(acts) == [("a", "w2")]
+    ts = s.tasks["a"]
+    assert ts.seq != old and ts.suspicious == 1 and ts.deaths == [d]
+    assert "w1" not in s.workers
+
+
+def test_killed_worker_after_more_than_allowed_failures():
+    s = sched("w1", "w2", allowed_failures=1)
+    s.submit([spec("a"), spec("b", "a")])
+    d1, d2 = death("w1"), death("w2", cause="crash", exitcode=-11)
+    assert runs(s.worker_died(d1, running(s, "a"))) == [("a", "w2")]
+    s.add_worker("w3", 1)
+    acts = s.worker_died(d2, running(s, "a"))
+    assert not runs(acts)
+    res = resolves(acts)
+    err = res["a"].value
+    assert res["a"].status == "error" and isinstance(err, KilledWorker)
+    assert err.task == "a" and err.last_worker == "w2" and err.deaths == (d1, d2)
+    assert err.allowed_failures == 1
+    assert res["b"].value is err
+
+
+def test_dead_worker_unknown_is_ignored():
+    s = sched("w1")
+    assert s.worker_died(death("nope"), {}) == []
+
+
+def test_queued_runs_are_not_blamed():
+    s = sched("w1", "w2", allowed_failures=0)
+    s.submit([spec("a"), spec("x"), spec("b"), spec("y"), spec("c")])
+    on_w1 = sorted(s.workers["w1"].processing.values())
+    assert on_w1 == ["a", "b", "c"]
+    acts = s.worker_died(death("w1"), running(s, "a"))
+    res = resolves(acts)
+    assert list(res) == ["a"] and isinstance(res["a"].value, KilledWorker)
+    assert s.tasks["b"].suspicious == 0 and s.tasks["c"].suspicious == 0
+    assert s.tasks["b"].state in ("ready", "processing")
+
+
+def test_crash_blames_only_the_crashed_run():
+    s = sched("w1", nthreads=2, allowed_failures=0)
+    s.submit([spec("a"), spec("b")])
+    s.add_worker("w2", 1)
+    board = running(s, "a", "b")
+    acts = s.worker_died(death("w1", "crash", -11), board, crashed_seq=s.tasks["a"].seq)
+    res = resolves(acts)
+    assert list(res) == ["a"] and isinstance(res["a"].value, KilledWorker)
+    assert ("b", "w2") in runs(acts) and s.tasks["b"].suspicious == 0
+
+
+def test_crash_without_known_thread_blames_all_running():
+    s = sched("w1", nthreads=2, allowed_failures=0)
+    s.submit([spec("a"), spec("b")])
+    acts = s.worker_died(death("w1", "crash", -11), running(s, "a", "b"), crashed_seq=None)
+    assert set(resolves(acts)) == {"a", "b"}
+
+
+def test_crash_on_a_thread_with_no_task_blames_nobody():
+    s = sched("w1", nthreads=2, allowed_failures=0)
+    s.submit([spec("a"), spec("b")])
+    acts = s.worker_died(death("w1", "crash", -11), running(s, "a", "b"), crashed_seq=0)
+    assert not resolves(acts)
+    assert s.tasks["a"].suspicious == 0 and s.tasks["b"].suspicious == 0
+
+
+def test_requested_death_blames_nothing():
+    s = sched("w1", "w2", allowed_failures=0)
+    s.submit([spec("a")])
+    acts = s.worker_died(death("w1", "requested", 0), running(s, "a"))
+    assert not resolves(acts) and runs(acts) == [("a", "w2")]
+    assert s.tasks["a"].suspicious == 0 and s.tasks["a"].deaths == []
+
+
+def test_exception_death_blames_nothing():
+    s = sched("w1", "w2", allowed_failures=0)
+    s.submit([spec("a")])
+    acts = s.worker_died(death("w1", "exception", 1), running(s, "a"))
+    assert not resolves(acts) and runs(acts) == [("a", "w2")]
+
+
+def test_timeout_fails_only_the_late_task():
+    s = sched("w1", nthreads=2, allowed_failures=0)
+    s.submit([spec("a", timeout=1.0), spec("b"), spec("c", "a")])
+    s.add_worker("w2", 1)
+    seq_a = s.tasks["a"].seq
+    acts = s.worker_died(death("w1", "timeout", -9), running(s, "a", "b"), timed_out=(seq_a, 1.5))
+    res = resolves(acts)
+    assert set(res) == {"a", "c"}
+    err = res["a"].value
+    assert isinstance(err, TaskTimeoutError)
+    assert (err.task, err.timeout, err.elapsed, err.worker) == ("a", 1.0, 1.5, "w1")
+    assert res["c"].value is err
+    assert runs(acts) == [("b", "w2")] and s.tasks["b"].suspicious == 0
+
+
+def test_timeout_of_query():
+    s = sched("w1")
+    s.submit([spec("a", timeout=2.5), spec("b")])
+    assert s.timeout_of(s.tasks["a"].seq) == 2.5
+    assert s.timeout_of(s.tasks["b"].seq) is None
+    assert s.key_of(s.tasks["a"].seq) == "a"
+    assert s.timeout_of(999) is None and s.key_of(999) is None
+
+
+def test_lost_result_recomputed_when_wanted():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    acts = s.worker_died(death("w1"), {})
+    assert runs(acts) == [("a", "w2")]
+    assert s.tasks["a"].suspicious == 0
+    acts = finish(s, "a")
+    assert resolves(acts)["a"].status == "finished"
+
+
+def test_lost_result_recomputed_through_released_lineage():
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    finish(s, "b")
+    s.release("a")
+    acts = s.worker_died(death("w1"), {})
+    assert runs(acts) == [("a", "w2")]
+    assert s.tasks["b"].state == "waiting"
+    assert runs(finish(s, "a")) == [("b", "w2")]
+    assert resolves(finish(s, "b"))["b"].status == "finished"
+
+
+def test_lost_result_nobody_needs_is_forgotten():
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    s.release("a")                                  # b still running on it: a stays
+    small = dumps(2)
+    finish(s, "b", data=small, nbytes=small.nbytes)  # b's value lives in the parent
+    acts = s.worker_died(death("w1"), {})
+    assert not runs(acts) and not resolves(acts)
+    assert "a" not in s.tasks or s.tasks["a"].state == "released"
+    assert s.tasks["b"].state == "memory"
+
+
+def test_running_task_whose_input_died_with_it_waits_for_the_recompute():
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("b", "a")])
+    finish(s, "a")
+    assert s.tasks["b"].worker == "w1"             # runs where its input is
+    acts = s.worker_died(death("w1"), running(s, "b"))
+    assert runs(acts) == [("a", "w2")]             # b must not start before a exists again
+    assert s.tasks["b"].state == "waiting"
+    assert runs(finish(s, "a")) == [("b", "w2")]
+
+
+def test_lost_chain_recomputed_in_order():
+    """Every link of a chain died with w1: only the head may run; the rest wait for it."""
+    s = sched("w1", "w2")
+    keys = [f"k{i}" for i in range(8)]
+    s.submit([spec(keys[0])] + [spec(k, prev) for prev, k in zip(keys, keys[1:])])
+    for k in keys:
+        finish(s, k)
+    assert s.workers["w1"].has == set(keys)
+    acts = s.worker_died(death("w1"), {})
+    assert runs(acts) == [("k0", "w2")]
+    assert all(s.tasks[k].state == "waiting" for k in keys[1:])
+
+
+def test_small_result_kept_in_parent_survives_its_worker():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    small = dumps(1)
+    finish(s, "a", data=small, nbytes=small.nbytes)
+    acts = s.worker_died(death("w1"), {})
+    assert not runs(acts) and s.tasks["a"].state == "memory"
+    req, acts = s.fetch("a")
+    assert acts == [Deliver(req, "a", small)]
+
+
+def test_lost_dependency_pulls_back_the_waiting_dependent():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    s.set_paused("w1", True)
+    acts = s.submit([spec("b", "a")])
+    seq_b = s.tasks["b"].seq
+    assert runs(acts) == [("b", "w2")] and sends(acts, P.Export)[0][0] == "w1"
+    acts = s.worker_died(death("w1"), {})
+    assert ("w2", P.Cancel((seq_b,))) in sends(acts)
+    assert runs(acts) == [("a", "w2")] and s.tasks["b"].state == "waiting"
+    acts = finish(s, "a")
+    assert runs(acts) == [("b", "w2")] and not sends(acts, P.Export)
+
+
+def test_scattered_data_lost_with_its_only_worker():
+    s = sched("w1", "w2")
+    payload = dumps(5)
+    acts = s.scatter("x", payload, ["w1"], keep_copy=False)
+    assert sends(acts) == [("w1", P.Put("x", payload))] and resolves(acts)["x"].status == "finished"
+    acts = s.submit([spec("b", "x")])
+    assert runs(acts) == [("b", "w1")]
+    acts = s.worker_died(death("w1"), running(s, "b"))
+    res = resolves(acts)
+    assert res["x"].status == "lost" and isinstance(res["x"].value, LostDataError)
+    err = res["x"].value
+    assert (err.key, err.worker, err.cause) == ("x", "w1", "signal")
+    assert res["b"].status == "error" and res["b"].value is err
+    assert not runs(acts)
+    req, acts = s.fetch("x")
+    assert acts == [Deliver(req, "x", error=err)]
+    acts = s.submit([spec("c", "x")])
+    assert resolves(acts)["c"].value is err
+
+
+def test_scattered_data_with_a_replica_or_parent_copy_survives():
+    s = sched("w1", "w2")
+    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    s.scatter("y", dumps(2), ["w1"], keep_copy=True)
+    acts = s.worker_died(death("w1"), {})
+    assert not resolves(acts)
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"w2"}
+    assert s.tasks["y"].state == "memory"
+
+
+# --- fetch -----------------------------------------------------------------------------
+
+def test_fetch_exports_from_the_holder():
+    s = sched("w1")
+    s.submit([spec("a")])
+    finish(s, "a")
+    req, acts = s.fetch("a")
+    assert sends(acts) == [("w1", P.Export("a", req))]
+    payload = dumps(7)
+    assert s.data("w1", req, "a", payload, None) == [Deliver(req, "a", payload, None)]
+
+
+def test_fetch_of_pending_task_answered_when_it_finishes():
+    s = sched("w1")
+    s.submit([spec("a")])
+    req, acts = s.fetch("a")
+    assert acts == []
+    small = dumps(1)
+    acts = finish(s, "a", data=small, nbytes=small.nbytes)
+    assert Deliver(req, "a", small) in acts
+
+
+def test_fetch_of_erred_and_unknown():
+    s = sched("w1")
+    s.submit([spec("a")])
+    req, acts = s.fetch("a")
+    acts = fail(s, "a")
+    assert Deliver(req, "a", error=ERR) in acts
+    req, acts = s.fetch("a")
+    assert acts == [Deliver(req, "a", error=ERR)]
+    req, acts = s.fetch("nope")
+    assert isinstance(acts[0].error, CancelledError)
+
+
+def test_pending_fetch_from_dead_holder_goes_to_another_holder():
+    s = sched("w1", "w2")
+    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    req, acts = s.fetch("x")
+    ((holder, exp),) = sends(acts, P.Export)
+    other = ({"w1", "w2"} - {holder}).pop()
+    acts = s.worker_died(death(holder), {})
+    assert sends(acts) == [(other, P.Export("x", req))]
+    payload = dumps(1)
+    assert s.data(other, req, "x", payload, None) == [Deliver(req, "x", payload, None)]
+
+
+def test_pending_fetch_from_dead_only_holder_waits_for_recompute():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    req, _ = s.fetch("a")
+    acts = s.worker_died(death("w1"), {})
+    assert runs(acts) == [("a", "w2")] and not delivers(acts)
+    acts = finish(s, "a")
+    assert sends(acts, P.Export) == [("w2", P.Export("a", req))]
+
+
+def test_pending_fetch_of_scattered_data_from_its_dead_only_holder():
+    s = sched("w1", "w2")
+    s.scatter("x", dumps(1), ["w1"], keep_copy=False)
+    req, _ = s.fetch("x")
+    acts = s.worker_died(death("w1"), {})
+    (d,) = delivers(acts)
+    assert d.request == req and isinstance(d.error, LostDataError)
+
+
+def test_relay_from_dead_holder_goes_to_another_holder():
+    s = sched("w1", "w2", "w3")
+    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    s.set_paused("w1", True)
+    s.set_paused("w2", True)
+    acts = s.submit([spec("b", "x")])
+    assert runs(acts) == [("b", "w3")]
+    ((holder, _),) = sends(acts, P.Export)
+    other = ({"w1", "w2"} - {holder}).pop()
+    acts = s.worker_died(death(holder), {})
+    ((h2, exp),) = sends(acts, P.Export)
+    assert h2 == other and exp.key == "x"
+    payload = dumps(1)
+    assert sends(s.data(other, exp.request, "x", payload, None)) == [("w3", P.Put("x", payload))]
+
+
+def test_late_data_from_dead_holder_is_ignored():
+    s = sched("w1", "w2")
+    s.scatter("x", dumps(1), ["w1"], keep_copy=False)
+    req, _ = s.fetch("x")
+    s.worker_died(death("w1"), {})
+    assert s.data("w1", req, "x", dumps(1), None) == []
+
+
+# --- pause -----------------------------------------------------------------------------
+
+def test_paused_worker_gets_nothing_until_unpaused():
+    s = sched("w1", "w2")
+    s.set_paused("w1", True)
+    acts = s.submit([spec(f"t{i}") for i in range(5)])
+    assert {w for _, w in runs(acts)} == {"w2"} and len(runs(acts)) == 3
+    assert s.set_paused("w1", True) == []
+    acts = s.set_paused("w1", False)
+    assert runs(acts) == [("t3", "w1"), ("t4", "w1")]
+
+
+def test_all_workers_paused_nothing_runs():
+    s = sched("w1")
+    s.set_paused("w1", True)
+    assert runs(s.submit([spec("a")])) == []
+    assert runs(s.set_paused("w1", False)) == [("a", "w1")]
+
+
+# --- retire ----------------------------------------------------------------------------
+
+def test_retire_idle_worker_at_once():
+    s = sched("w1", "w2")
+    assert s.retire("w1") == [Retire("w1")]
+    assert s.retire("w1") == []
+
+
+def test_retire_moves_data_only_it_holds_then_retires():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    acts = s.retire("w1")
+    assert not [a for a in acts if isinstance(a, Retire)]
+    ((holder, exp),) = sends(acts, P.Export)
+    assert holder == "w1" and exp.key == "a"
+    assert runs(s.submit([spec("b")])) == [("b", "w2")]       # no new work for w1
+    payload = dumps(1)
+    acts = s.data("w1", exp.request, "a", payload, None)
+    assert sends(acts) == [("w2", P.Put("a", payload))]
+    assert Retire("w1") in acts
+    assert s.tasks["a"].who_has == {"w1", "w2"}
+
+
+def test_retire_waits_for_processing_then_moves_its_result():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    assert s.retire("w1") == []
+    acts = finish(s, "a")
+    assert Retire("w1") not in acts                 # the result lives only on w1
+    ((holder, exp),) = sends(acts, P.Export)
+    assert holder == "w1" and exp.key == "a"
+    acts = s.data("w1", exp.request, "a", dumps(1), None)
+    assert Retire("w1") in acts
+
+
+def test_retire_target_dies_data_moved_elsewhere():
+    s = sched("w1", "w2", "w3")
+    s.submit([spec("a")])
+    finish(s, "a")
+    ((_, exp),) = sends(s.retire("w1"), P.Export)
+    target = s.exports[exp.request][2]
+    acts = s.worker_died(death(target), {})
+    assert Retire("w1") not in acts                 # a still lives only on w1, w-other is up
+    ((holder, exp2),) = sends(acts, P.Export)
+    assert holder == "w1" and exp2.key == "a"
+
+
+def test_retire_with_inline_result_retires_after_finish():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    s.retire("w1")
+    small = dumps(1)
+    acts = finish(s, "a", data=small, nbytes=small.nbytes)
+    assert Retire("w1") in acts
+
+
+# --- clear -----------------------------------------------------------------------------
+
+def test_clear_resolves_every_unfinished_key():
+    s = sched("w1")
+    s.submit([spec("m")])
+    finish(s, "m")
+    s.submit([spec("p"), spec("w", "p")] + [spec(f"r{i}") for i in range(4)])
+    assert s.tasks["r3"].state == "ready"
+    req_p, _ = s.fetch("p")
+    req_m, _ = s.fetch("m")
+    err = RuntimeError("restarted")
+    acts = s.clear(err)
+    res = resolves(acts)
+    assert set(res) == {"p", "w", "r0", "r1", "r2", "r3"}
+    assert all(r.status == "error" and r.value is err for r in res.values())
+    assert {d.request for d in delivers(acts)} == {req_p, req_m}
+    assert all(d.error is err for d in delivers(acts))
+    assert s.tasks == {} and s.workers["w1"].processing == {} and s.workers["w1"].has == set()
+    assert runs(s.submit([spec("z")])) == [("z", "w1")]
+
+
+# --- blame rules -----------------------------------------------------------------------
+
+def test_blamed_runs_rules():
+    board = {1: (0, 0.0), 2: (1, 0.0)}
+    for cause in ("requested", "exception", "timeout"):
+        assert blamed_runs(cause, board, None, 1) == set()
+    assert blamed_runs("crash", board, 2, None) == {2}
+    assert blamed_runs("crash", board, None, None) == {1, 2}
+    for cause in ("exit", "signal", "oom-killer", "memory-limit", "unresponsive"):
+        assert blamed_runs(cause, board, None, None) == {1, 2}

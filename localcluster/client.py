@@ -181,8 +181,9 @@ class Client:
         self._futures.pop(key, None)
         cluster = self.cluster
         if cluster._status in ("running", "starting"):
+            # No wake-up: the scheduler thread frees released keys on its next tick or
+            # message. Waking it for every garbage-collected future costs a GIL round trip.
             cluster._released.append(key)
-            cluster._wake()
 
     def _resolve(self, key: str, status: str, value: Any) -> None:
         refs = self._futures.get(key)

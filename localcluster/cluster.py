@@ -343,13 +343,32 @@ class LocalCluster:
                 if n is not None and n.reason is None:
                     n.stop()
                     self._deadline_kill(n)
+        on_loop = threading.current_thread() is self._thread
         for worker, msgs in sends.items():
             n = self._nannies.get(worker)
             if n is None or n.chan is None:
                 continue
-            if not n.chan.send(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
-                self._want_write(n)
+            ws = self.scheduler.workers.get(worker)
+            if not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads:
+                # The worker has a backlog: it will not miss these for a while. Leave them
+                # for the scheduler thread to send in one frame when the worker next reports
+                # (or on the next tick), instead of one syscall per submit.
+                n.cork.extend(msgs)
+                continue
+            self._send(n, msgs)
         return post
+
+    def _send(self, n: Nanny, msgs: list) -> None:
+        if n.cork:   # order matters: corked messages go first
+            msgs, n.cork = n.cork + msgs, []
+        if not n.chan.send(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+            self._want_write(n)
+
+    def _uncork(self, nannies: Any) -> None:
+        with self._lock:
+            for n in nannies:
+                if n.cork and n.chan is not None:
+                    self._send(n, [])
 
     def _post(self, post: list) -> None:
         for a in post:
@@ -441,16 +460,7 @@ class LocalCluster:
                 pass
         except BlockingIOError:
             pass
-        released = []
-        while self._released:
-            released.append(self._released.popleft())
-        if released:
-            with self._lock:
-                actions = []
-                for key in released:
-                    actions += self.scheduler.release(key)
-                post = self._apply(actions)
-            self._post(post)
+        self._free_released()
         while self._commands:
             fn, fut = self._commands.popleft()
             try:
@@ -461,6 +471,18 @@ class LocalCluster:
             else:
                 if fut is not None:
                     fut.set_result(result)
+
+    def _free_released(self) -> None:
+        released = []
+        while self._released:
+            released.append(self._released.popleft())
+        if released:
+            with self._lock:
+                actions = []
+                for key in released:
+                    actions += self.scheduler.release(key)
+                post = self._apply(actions)
+            self._post(post)
 
     def _on_readable(self, n: Nanny) -> None:
         try:
@@ -501,6 +523,8 @@ class LocalCluster:
                 elif t is P.Fatal:
                     n.fatal = m.traceback
             post = self._apply(actions)
+            if n.cork and n.chan is not None:
+                self._send(n, [])
         self._post(post)
 
     def _unregister(self, fileobj: Any) -> None:
@@ -576,6 +600,9 @@ class LocalCluster:
         self._wait_for_workers(self._target, timeout)
 
     def _tick(self, now: float) -> None:
+        if self._released:
+            self._free_released()
+        self._uncork(list(self._nannies.values()))
         limit = self.memory_limit
         cfg = self.config
         ttl = cfg["worker_ttl"]

@@ -11,10 +11,25 @@ an old run can never be mistaken for the new one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-_dc = dataclass(frozen=True, slots=True)
+
+def _dc(cls: type) -> type:
+    """A frozen, slotted dataclass that pickles as ``(cls, (field, ...))``: one C-level
+    attrgetter call instead of dataclasses' generic per-field ``__getstate__``."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    names = [f.name for f in fields(cls)]
+    if names:
+        get = operator.attrgetter(*names)
+        if len(names) == 1:
+            cls.__reduce__ = lambda self: (cls, (get(self),))
+        else:
+            cls.__reduce__ = lambda self: (cls, get(self))
+    else:
+        cls.__reduce__ = lambda self: (cls, ())
+    return cls
 
 
 @_dc

@@ -193,7 +193,7 @@ class Worker:
             step = "running the task"
             result = fn(*args, **kwargs)
             step = "pickling the result"
-            payload = serialize.dumps(result)
+            payload = serialize.dumps_result(result)
         except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
             if step == "running the task":
                 e.__traceback__ = e.__traceback__.tb_next if e.__traceback__ else None

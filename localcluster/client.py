@@ -94,14 +94,24 @@ class Future(cf.Future):
                 self._result = value
             return self._result
 
+    def add_done_callback(self, fn: Callable) -> None:
+        """As concurrent.futures, except that a callback is never run on the scheduler
+        thread: there, a ``result()`` that must fetch data from a worker would wait on the
+        very thread that delivers it."""
+        cluster = self.client.cluster
+
+        def call(fut: "Future") -> None:
+            if threading.current_thread() is cluster._thread:
+                cluster._run_callback(fn, fut)
+            else:
+                fn(fut)
+        super().add_done_callback(call)
+
     def cancel(self) -> bool:
         if self.done():
             return False
         self.client.cancel([self])
         return self.cancelled()
-
-    def release(self) -> None:
-        pass
 
     def __reduce__(self):
         return serialize.future_reduce(self.key)
@@ -532,7 +542,7 @@ class as_completed:
         with self._lock:
             self._pending += 1
             self._held.add(future)
-        future.add_done_callback(self._queue.put)
+        cf.Future.add_done_callback(future, self._queue.put)   # no result() in it: no hop needed
 
     def update(self, futures: Iterable) -> None:
         for f in futures:

@@ -30,6 +30,7 @@ import atexit
 import itertools
 import logging
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -176,6 +177,8 @@ class LocalCluster:
         self._commands: deque = deque()
         self._status = "starting"
         self._close_started = False
+        self._callback_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._callback_thread: Optional[threading.Thread] = None
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -234,6 +237,10 @@ class LocalCluster:
                 fut.set_exception(ClusterRestarted("the cluster was closed"))
         for n in list(self._nannies.values()):
             self._force_reap(n)
+        if self._callback_thread is not None:
+            self._callback_queue.put(None)
+            if threading.current_thread() is not self._callback_thread:
+                self._callback_thread.join(timeout)
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -388,6 +395,26 @@ class LocalCluster:
             result = fn(*args)
             post = self._apply(result)
         self._post(post)
+
+    def _run_callback(self, fn: Callable, fut: Any) -> None:
+        """Run a user's done-callback on the callbacks thread (started on first use)."""
+        with self._lock:
+            if self._callback_thread is None:
+                self._callback_thread = threading.Thread(target=self._callback_loop,
+                                                         name="localcluster-callbacks", daemon=True)
+                self._callback_thread.start()
+        self._callback_queue.put((fn, fut))
+
+    def _callback_loop(self) -> None:
+        while True:
+            item = self._callback_queue.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fn(fut)
+            except Exception:
+                logger.exception("exception calling callback for %r", fut)
 
     def _want_write(self, n: Nanny) -> None:
         if threading.current_thread() is self._thread:

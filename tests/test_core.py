@@ -397,3 +397,22 @@ def test_threads_per_worker(client):
         idents = set(cl.gather(cl.map(lambda i: (__import__("time").sleep(0.2), __import__("threading").get_ident())[1],
                                       range(3), pure=False)))
         assert len(idents) == 3
+
+
+def test_done_callback_may_fetch_a_large_result(client):
+    got = []
+    done = threading.Event()
+    def cb(fut):
+        got.append(len(fut.result()))      # 1 MB stays on the worker: this result() fetches
+        done.set()
+    f = client.submit(lambda: bytes(1_000_000))
+    f.add_done_callback(cb)
+    assert done.wait(20) and got == [1_000_000]
+
+
+def test_progress_bar(client):
+    import io
+    out = io.StringIO()
+    fs = client.map(inc, range(10))
+    localcluster.progress(fs, file=out)
+    assert all(f.done() for f in fs) and "10/10 done" in out.getvalue()

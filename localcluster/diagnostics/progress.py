@@ -27,7 +27,7 @@ def progress(*futures: Any, file: Optional[TextIO] = None, width: int = 40, inte
                 done_event.set()
 
     for f in fs:
-        f.add_done_callback(on_done)
+        cf.Future.add_done_callback(f, on_done)
     if total == 0:
         done_event.set()
     start = time.monotonic()

@@ -157,7 +157,8 @@ class LocalCluster:
             self._initializer = cloudpickle.dumps((initializer, tuple(initargs))).hex()
         if cfg["local_directory"]:
             os.makedirs(cfg["local_directory"], exist_ok=True)
-        self.local_directory = tempfile.mkdtemp(prefix="localcluster-", dir=cfg["local_directory"])
+        _purge_stale_directories(cfg["local_directory"] or tempfile.gettempdir())
+        self.local_directory = tempfile.mkdtemp(prefix=f"localcluster-{os.getpid()}-", dir=cfg["local_directory"])
         os.chmod(self.local_directory, 0o700)
 
         self.scheduler = S.Scheduler(cfg["allowed_failures"])
@@ -782,6 +783,26 @@ class LocalCluster:
                 pass
         n.close()
         self._nannies.pop(n.name, None)
+
+
+def _purge_stale_directories(base: str) -> None:
+    """Remove spill directories whose owning process is gone: a parent killed with
+    SIGKILL cannot clean up after itself, so the next cluster does it."""
+    import re
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"localcluster-(\d+)-\w+", name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except PermissionError:   # alive, someone else's
+            pass
 
 
 def _as_exception(error: Any) -> BaseException:

@@ -337,7 +337,8 @@ def test_script_without_main_guard_runs_top_level_once(tmp_path):
 
 
 @pytest.mark.parametrize("ending", ["os._exit(0)", "os.kill(os.getpid(), 9)", "pass  # no close(): atexit"])
-def test_workers_never_outlive_the_parent(tmp_path, ending):
+def test_workers_never_outlive_the_parent(tmp_path, ending, monkeypatch):
+    monkeypatch.setenv("LOCALCLUSTER_LOCAL_DIRECTORY", str(tmp_path / "spill"))
     script, _ = _run_script(tmp_path, ending)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     line = next(l for l in proc.stdout.splitlines() if l.startswith("pids"))
@@ -345,6 +346,9 @@ def test_workers_never_outlive_the_parent(tmp_path, ending):
     assert len(pids) == 2
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in pids), timeout=5)
+    # what a killed parent could not remove, the next cluster does
+    with LocalCluster(n_workers=0, local_directory=str(tmp_path / "spill")) as c:
+        assert os.listdir(tmp_path / "spill") == [os.path.basename(c.local_directory)]
 
 
 def test_config_precedence(monkeypatch):

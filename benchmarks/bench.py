@@ -1,0 +1,895 @@
+#!/usr/bin/env python
+"""Side-by-side benchmarks: localcluster vs ProcessPoolExecutor vs loky vs dask.distributed.
+
+    python benchmarks/bench.py [--quick] [--only NAME[,NAME...]] [--peers P[,P...]] [--timeout S]
+
+Every peer runs with 2 worker processes of 1 thread each. Each (peer, group of
+metrics) runs in a fresh child interpreter (``bench.py --child ...``), one at a
+time, so that peers do not share imports, helper processes or CPU time, and so
+that a hang is bounded: the parent dumps the child's stacks (faulthandler,
+SIGUSR1), stops it, and kills whatever it left behind. The parent is a Linux
+child subreaper, so processes a child orphans are found and reported as leaks.
+
+Results: a table on stdout and ``benchmarks/results/latest.json``.
+See benchmarks/README.md for what each metric means and how it is aggregated.
+
+Keep this module's top level light (stdlib only): dask's nannies start with
+multiprocessing "spawn" and re-import it as ``__mp_main__``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results", "latest.json")
+N_WORKERS = 2
+ARRAY_BYTES = 100_000_000          # "100 MB": 12.5 M float64
+PEERS = ("localcluster", "ppe", "loky", "dask")
+OPTIONAL_PEERS = ("ppe_spawn",)
+PEER_TITLES = {"localcluster": "localcluster", "ppe": "ProcessPool", "loky": "loky", "dask": "dask",
+               "ppe_spawn": "ProcessPool(spawn)"}
+RESULT_TIMEOUT = 120.0             # any single wait inside a metric
+
+
+# ---------------------------------------------------------------------------------------
+# Task functions (module level: PPE pickles them by reference, the others by value)
+# ---------------------------------------------------------------------------------------
+
+def noop(*args):
+    return None
+
+
+def getpid(*args):
+    return os.getpid()
+
+
+def sleep_pid(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def touch(a):
+    """'In' only: read one element per 4 KiB page (so shared-memory pages are really
+    mapped in), return a scalar."""
+    return float(a.reshape(-1)[:: 4096 // a.itemsize].sum()) + a.nbytes
+
+
+def identity(a):
+    return a
+
+
+def touch_pages(a):
+    """What the parent does with a returned array: read one element per 4 KiB page."""
+    return float(a.reshape(-1)[:: 4096 // a.itemsize].sum())
+
+
+def victim(marker):
+    """First attempt: publish our pid, then sleep until killed. Rerun: return at once."""
+    pidfile = marker + ".pid"
+    if os.path.exists(pidfile):
+        return ("rerun", os.getpid())
+    tmp = f"{pidfile}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(tmp, pidfile)
+    time.sleep(60)
+    return ("first attempt survived", os.getpid())
+
+
+# ---------------------------------------------------------------------------------------
+# Peers: one small adapter each, so that the metric functions are peer-agnostic
+# ---------------------------------------------------------------------------------------
+
+class Peer:
+    name = "?"
+    notes: dict
+
+    def __init__(self):
+        self.notes = {}
+
+    def start(self) -> float:
+        """Construct the pool; returns seconds until 'all workers up' if the constructor
+        guarantees that, else None."""
+        raise NotImplementedError
+
+    def submit(self, fn, *args):
+        raise NotImplementedError
+
+    def result(self, fut, timeout=RESULT_TIMEOUT):
+        return fut.result(timeout=timeout)
+
+    def results(self, futs, timeout=RESULT_TIMEOUT):
+        end = time.monotonic() + timeout
+        return [f.result(timeout=max(0.0, end - time.monotonic())) for f in futs]
+
+    def map(self, fn, items, timeout=RESULT_TIMEOUT):
+        raise NotImplementedError
+
+    def pool_pids(self) -> dict:
+        """{"workers": [...], "nannies": [...]}"""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class LocalClusterPeer(Peer):
+    name = "localcluster"
+
+    def __init__(self):
+        super().__init__()
+        import localcluster  # noqa: F401  (import time is not part of any metric)
+        self.lc = localcluster
+        self.cluster = self.client = None
+        self.notes["version"] = localcluster.__version__
+
+    def start(self):
+        t0 = time.perf_counter()
+        self.cluster = self.lc.LocalCluster(n_workers=N_WORKERS, threads_per_worker=1)
+        up = time.perf_counter() - t0
+        self.client = self.lc.Client(self.cluster)
+        return up
+
+    def submit(self, fn, *args, pure=False):
+        return self.client.submit(fn, *args, pure=pure)
+
+    def map(self, fn, items, timeout=RESULT_TIMEOUT):
+        fs = self.client.map(fn, items, pure=False)
+        self.lc.wait(fs, timeout=timeout)
+        return self.client.gather(fs)
+
+    def pool_pids(self):
+        return {"workers": [w.pid for w in self.cluster.workers.values()], "nannies": []}
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.client = self.cluster = None
+
+
+class PPEPeer(Peer):
+    name = "ppe"
+
+    def __init__(self):
+        super().__init__()
+        import concurrent.futures as cf
+        import multiprocessing
+        self.cf = cf
+        self.ex = None
+        self.notes["start_method"] = multiprocessing.get_start_method()
+
+    def start(self):
+        self.ex = self.cf.ProcessPoolExecutor(max_workers=N_WORKERS)
+        self.notes["start_method"] = self.ex._mp_context.get_start_method()
+        return None           # workers are started lazily, on submit
+
+    def submit(self, fn, *args):
+        return self.ex.submit(fn, *args)
+
+    def map(self, fn, items, timeout=RESULT_TIMEOUT):
+        return list(self.ex.map(fn, items, timeout=timeout))     # chunksize=1 (the default)
+
+    def pool_pids(self):
+        return {"workers": list(self.ex._processes), "nannies": []}
+
+    def close(self):
+        if self.ex is not None:
+            self.ex.shutdown(wait=True, cancel_futures=True)
+        self.ex = None
+
+
+class PPESpawnPeer(PPEPeer):
+    """Not in the default set: ProcessPoolExecutor with the "spawn" context, for comparison
+    with numbers measured where fork is not the default (macOS, Windows, Python >= 3.14
+    uses forkserver on Linux)."""
+    name = "ppe_spawn"
+
+    def start(self):
+        import multiprocessing
+        self.ex = self.cf.ProcessPoolExecutor(max_workers=N_WORKERS,
+                                              mp_context=multiprocessing.get_context("spawn"))
+        self.notes["start_method"] = "spawn"
+        return None
+
+
+class LokyPeer(PPEPeer):
+    name = "loky"
+
+    def __init__(self):
+        Peer.__init__(self)
+        import loky
+        self.loky = loky
+        self.ex = None
+        self.notes["version"] = loky.__version__
+
+    def start(self):
+        self.ex = self.loky.get_reusable_executor(max_workers=N_WORKERS)
+        return None
+
+    def close(self):
+        if self.ex is not None:
+            self.ex.shutdown(wait=True, kill_workers=True)
+        self.ex = None
+
+
+class DaskPeer(Peer):
+    name = "dask"
+
+    def __init__(self):
+        super().__init__()
+        import logging
+        import warnings
+        import distributed
+        warnings.filterwarnings("ignore")            # "Large object ... detected in task graph"
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+        self.distributed = distributed
+        self.cluster = self.client = None
+        self.notes["version"] = distributed.__version__
+
+    def start(self):
+        d = self.distributed
+        t0 = time.perf_counter()
+        self.cluster = d.LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, processes=True,
+                                      dashboard_address=None)
+        up = time.perf_counter() - t0
+        self.client = d.Client(self.cluster)
+        return up
+
+    def submit(self, fn, *args, pure=False):
+        return self.client.submit(fn, *args, pure=pure)
+
+    def results(self, futs, timeout=RESULT_TIMEOUT):
+        self.distributed.wait(futs, timeout=timeout)
+        return self.client.gather(futs)
+
+    def map(self, fn, items, timeout=RESULT_TIMEOUT):
+        fs = self.client.map(fn, items, pure=False)
+        self.distributed.wait(fs, timeout=timeout)
+        return self.client.gather(fs)
+
+    def pool_pids(self):
+        import psutil
+        workers = sorted(self.client.run(os.getpid, wait=True).values())
+        nannies = sorted({psutil.Process(p).ppid() for p in workers} - {os.getpid()})
+        return {"workers": workers, "nannies": nannies}
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.client = self.cluster = None
+
+
+PEER_CLASSES = {"localcluster": LocalClusterPeer, "ppe": PPEPeer, "loky": LokyPeer, "dask": DaskPeer,
+                "ppe_spawn": PPESpawnPeer}
+
+
+def warm_up(peer: Peer) -> None:
+    """Every worker has started and run a task."""
+    seen = set()
+    for _ in range(20):
+        fs = [peer.submit(sleep_pid, 0.05) for _ in range(2 * N_WORKERS)]
+        seen.update(peer.results(fs))
+        if len(seen) >= N_WORKERS:
+            break
+    for _ in range(50):
+        peer.result(peer.submit(noop, 0))
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics. Each returns {row name: value or {"value": v, "note": str, "raw": ...}}.
+# ---------------------------------------------------------------------------------------
+
+SIZES = {
+    # name: (quick, full); dask gets smaller counts (it does ~600 tasks/s, ~10 ms round trips)
+    "submit_n": ((1000, 250), (5000, 1000)),
+    "map_n": ((2000, 400), (20000, 2000)),
+    "latency_n": ((300, 40), (2000, 200)),
+    "repeats": ((2, 1), (5, 3)),
+    "bw_repeats": ((2, 2), (4, 3)),
+    "startup_repeats": ((2, 1), (5, 3)),
+    "recovery_repeats": ((1, 1), (3, 3)),
+}
+
+
+def size(name: str, peer: str, quick: bool) -> int:
+    q, f = SIZES[name]
+    pair = q if quick else f
+    return pair[1] if peer == "dask" else pair[0]
+
+
+def metric_submit(peer: Peer, quick: bool) -> dict:
+    """No-op tasks per second, submitted one by one, then wait for all results. Best of R."""
+    n = size("submit_n", peer.name, quick)
+    rates = []
+    for r in range(size("repeats", peer.name, quick)):
+        t0 = time.perf_counter()
+        fs = [peer.submit(noop, i) for i in range(n)]
+        peer.results(fs)
+        rates.append(n / (time.perf_counter() - t0))
+        del fs
+        time.sleep(0.2)       # let the previous round's bookkeeping (releases) settle
+    return {"submit_tps": {"value": max(rates), "median": statistics.median(rates), "raw": rates, "n": n}}
+
+
+def metric_map(peer: Peer, quick: bool) -> dict:
+    """No-op tasks per second through map (PPE/loky: executor.map, chunksize=1). Best of R."""
+    n = size("map_n", peer.name, quick)
+    rates = []
+    for r in range(size("repeats", peer.name, quick)):
+        t0 = time.perf_counter()
+        out = peer.map(noop, range(n))
+        rates.append(n / (time.perf_counter() - t0))
+        assert len(out) == n
+        del out
+        time.sleep(0.2)
+    return {"map_tps": {"value": max(rates), "median": statistics.median(rates), "raw": rates, "n": n}}
+
+
+def metric_latency(peer: Peer, quick: bool) -> dict:
+    """Sequential submit(f).result() round trips: median and p90 over all samples, µs."""
+    n = size("latency_n", peer.name, quick)
+    for i in range(20):
+        peer.result(peer.submit(noop, -i))
+    samples = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        peer.result(peer.submit(noop, i))
+        samples.append((time.perf_counter() - t0) * 1e6)
+    samples.sort()
+    p90 = samples[min(len(samples) - 1, int(round(0.9 * (len(samples) - 1))))]
+    return {"rtt_median_us": {"value": statistics.median(samples), "n": n},
+            "rtt_p90_us": {"value": p90, "n": n, "raw": {"min": samples[0], "max": samples[-1]}}}
+
+
+def metric_bandwidth(peer: Peer, quick: bool) -> dict:
+    """A 100 MB float64 array as a task argument. 'in': the task touches every page and
+    returns a scalar, GB/s = 100 MB / time. 'round trip': the task returns the array and
+    the parent reads one element per page of the result, GB/s = 200 MB (in + out) / time. Best of R, after one warm-up with the same array."""
+    import numpy as np
+    a = np.ones(ARRAY_BYTES // 8)
+    peer.result(peer.submit(touch, np.ones(1000)))   # numpy imported in the workers
+    reps = size("bw_repeats", peer.name, quick)
+    out: dict = {}
+
+    def timed(fn, pure=None):
+        best, raw = None, []
+        for r in range(reps + 1):            # first is the warm-up, not counted
+            t0 = time.perf_counter()
+            f = peer.submit(fn, a) if pure is None else peer.submit(fn, a, pure=pure)
+            res = peer.result(f)
+            if fn is identity:          # the caller uses what came back: fault its pages in
+                assert touch_pages(res) == len(range(0, len(a), 4096 // a.itemsize))
+            dt = time.perf_counter() - t0
+            del f, res
+            if r:
+                raw.append(dt)
+                best = dt if best is None else min(best, dt)
+        return best, raw
+
+    t, raw = timed(touch)
+    out["bw_in_GBps"] = {"value": ARRAY_BYTES / t / 1e9, "seconds": raw}
+    t, raw = timed(identity)
+    out["bw_roundtrip_GBps"] = {"value": 2 * ARRAY_BYTES / t / 1e9, "seconds": raw}
+    if peer.name in ("localcluster", "dask"):     # what a default submit() (pure=True) costs
+        t, raw = timed(touch, pure=True)
+        out["bw_in_pure_GBps"] = {"value": ARRAY_BYTES / t / 1e9, "seconds": raw}
+    return out
+
+
+def metric_idle_rss(peer: Peer, quick: bool) -> dict:
+    """RSS (and USS) summed over the pool's processes after a warm-up and 1 s idle: the
+    worker processes, and for dask the nanny processes too. MB = 1e6 bytes."""
+    import psutil
+    time.sleep(1.0)
+    pids = peer.pool_pids()
+    procs = {p: psutil.Process(p) for p in pids["workers"] + pids["nannies"]}
+    rss = {p: pr.memory_info().rss for p, pr in procs.items()}
+    uss = {}
+    for p, pr in procs.items():
+        try:
+            uss[p] = pr.memory_full_info().uss
+        except (psutil.AccessDenied, AttributeError):
+            pass
+    worker_rss = [rss[p] for p in pids["workers"]]
+    # Everything else this process started (resource trackers, ...): reported, not summed.
+    mine = {pr.pid for pr in psutil.Process().children(recursive=True)}
+    helpers = {}
+    for p in sorted(mine - set(procs)):
+        try:
+            pr = psutil.Process(p)
+            helpers[p] = {"cmd": " ".join(pr.cmdline())[:120], "rss_MB": pr.memory_info().rss / 1e6}
+        except psutil.Error:
+            pass
+    out = {
+        "idle_rss_MB": {"value": sum(rss.values()) / 1e6, "raw": {"pids": pids, "rss": rss}},
+        "idle_rss_worker_MB": {"value": sum(worker_rss) / len(worker_rss) / 1e6,
+                               "raw": [r / 1e6 for r in worker_rss]},
+    }
+    if uss:
+        out["idle_uss_MB"] = {"value": sum(uss.values()) / 1e6, "raw": uss}
+    if helpers:
+        out["idle_rss_MB"]["helpers"] = helpers
+    if peer.name == "localcluster":
+        out["idle_rss_MB"]["own_report"] = {n: w.memory for n, w in peer.cluster.workers.items()}
+    return out
+
+
+def metric_startup(peer_cls, quick: bool) -> dict:
+    """Fresh pool each repeat (imports done beforehand): constructor start -> first
+    no-op result, and constructor start -> constructor returned with all workers up
+    (localcluster, dask; PPE/loky start workers lazily). Best of R."""
+    name = peer_cls.name
+    firsts, ups, closes = [], [], []
+    for r in range(size("startup_repeats", name, quick)):
+        peer = peer_cls()
+        try:
+            t0 = time.perf_counter()
+            up = peer.start()
+            peer.result(peer.submit(noop, 0))
+            firsts.append(time.perf_counter() - t0)
+            if up is not None:
+                ups.append(up)
+        finally:
+            t1 = time.perf_counter()
+            peer.close()
+            closes.append(time.perf_counter() - t1)
+    out = {"first_result_s": {"value": min(firsts), "raw": firsts},
+           "close_s": {"value": min(closes), "raw": closes}}
+    out["workers_up_s"] = ({"value": min(ups), "raw": ups} if ups else
+                           {"value": None, "note": "lazy start"})
+    return out
+
+
+def metric_recovery(peer_cls, quick: bool) -> dict:
+    """A task writes its worker's pid to a marker file and sleeps; the parent SIGKILLs
+    that pid; seconds from the kill until the rerun's result arrives. Fresh pool for
+    each repeat. Median of R. PPE/loky: what the pool does instead."""
+    name = peer_cls.name
+    times, notes, raw = [], [], []
+    tmp = tempfile.mkdtemp(prefix="bench-recovery-")
+    try:
+        for r in range(size("recovery_repeats", name, quick)):
+            peer = peer_cls()
+            try:
+                peer.start()
+                warm_up(peer)
+                marker = os.path.join(tmp, f"victim-{r}")
+                fut = peer.submit(victim, marker)
+                deadline = time.monotonic() + 30
+                while not os.path.exists(marker + ".pid"):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the victim task did not start within 30 s")
+                    time.sleep(0.001)
+                with open(marker + ".pid") as f:
+                    pid = int(f.read())
+                t0 = time.perf_counter()
+                os.kill(pid, signal.SIGKILL)
+                try:
+                    res = peer.result(fut, timeout=60)
+                except Exception as e:  # the pools break
+                    dt = time.perf_counter() - t0
+                    after = "?"
+                    try:
+                        peer.result(peer.submit(noop, 1), timeout=10)
+                        after = "the pool still accepts work"
+                    except Exception as e2:
+                        after = f"next submit -> {type(e2).__name__}"
+                    notes.append(f"broken ({type(e).__name__}, {dt * 1e3:.0f} ms)")
+                    raw.append({"error": f"{type(e).__name__}: {e}"[:300], "seconds": dt, "then": after})
+                    continue
+                dt = time.perf_counter() - t0
+                if res[0] != "rerun" or res[1] == pid:
+                    raise AssertionError(f"unexpected rerun result {res!r} (killed pid {pid})")
+                times.append(dt)
+                raw.append({"seconds": dt, "killed": pid, "rerun_on": res[1]})
+            finally:
+                peer.close()
+    finally:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    if times:
+        return {"recovery_s": {"value": statistics.median(times), "raw": raw}}
+    return {"recovery_s": {"value": None, "note": notes[0] if notes else "?", "raw": raw}}
+
+
+POOL_METRICS = {             # share one warmed-up pool, run in this order
+    "idle_rss": metric_idle_rss,
+    "latency": metric_latency,
+    "submit": metric_submit,
+    "map": metric_map,
+    "bandwidth": metric_bandwidth,
+}
+FRESH_METRICS = {"startup": metric_startup, "recovery": metric_recovery}
+ALL_METRICS = list(POOL_METRICS) + list(FRESH_METRICS)
+GROUPS = [("pool", list(POOL_METRICS)), ("startup", ["startup"]), ("recovery", ["recovery"])]
+
+# Table rows: (row, label, unit, higher is better, DESIGN target)
+ROWS = [
+    ("submit_tps", "no-op submit loop", "tasks/s", True, ">= 1.5x PPE"),
+    ("map_tps", "no-op map", "tasks/s", True, ">= 3x PPE"),
+    ("rtt_median_us", "round trip median", "µs", False, "<= 100"),
+    ("rtt_p90_us", "round trip p90", "µs", False, "<= 100"),
+    ("first_result_s", "start -> first result", "s", False, "<= 0.15"),
+    ("workers_up_s", "start -> all workers up", "s", False, "<= 0.3"),
+    ("bw_in_GBps", "100 MB array in", "GB/s", True, ">= 3"),
+    ("bw_roundtrip_GBps", "100 MB array in+out", "GB/s", True, ">= 3"),
+    ("bw_in_pure_GBps", "100 MB in, pure=True", "GB/s", True, ""),
+    ("recovery_s", "SIGKILL -> rerun result", "s", False, "<= 0.25"),
+    ("idle_rss_MB", "idle RSS, whole pool", "MB", False, "<= 60 (2x30)"),
+    ("idle_rss_worker_MB", "idle RSS per worker", "MB", False, "<= 30"),
+    ("idle_uss_MB", "idle USS, whole pool", "MB", False, ""),
+    ("close_s", "close()", "s", False, ""),
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Child: run one group of metrics for one peer, write JSON
+# ---------------------------------------------------------------------------------------
+
+def child_main(peer_name: str, metrics: list, quick: bool, out_path: str) -> int:
+    import faulthandler
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    def on_term(signum, frame):
+        raise SystemExit(f"stopped by the benchmark parent (signal {signum})")
+    signal.signal(signal.SIGTERM, on_term)
+
+    result = {"peer": peer_name, "rows": {}, "errors": {}, "notes": {}}
+
+    def save():
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(result, f, default=repr)
+        os.replace(out_path + ".tmp", out_path)
+
+    try:
+        cls = PEER_CLASSES[peer_name]
+        pool = [m for m in metrics if m in POOL_METRICS]
+        if pool:
+            peer = cls()
+            try:
+                peer.start()
+                warm_up(peer)
+                for m in pool:
+                    print(f"[{peer_name}] {m} ...", file=sys.stderr, flush=True)
+                    t0 = time.perf_counter()
+                    try:
+                        result["rows"].update(POOL_METRICS[m](peer, quick))
+                    except Exception:
+                        result["errors"][m] = traceback.format_exc()
+                    result["notes"][f"{m}_elapsed_s"] = time.perf_counter() - t0
+                    save()
+                result["notes"].update(peer.notes)
+            finally:
+                peer.close()
+        for m in metrics:
+            if m in FRESH_METRICS:
+                print(f"[{peer_name}] {m} ...", file=sys.stderr, flush=True)
+                try:
+                    result["rows"].update(FRESH_METRICS[m](cls, quick))
+                except Exception:
+                    result["errors"][m] = traceback.format_exc()
+                save()
+    except Exception:
+        result["errors"]["setup"] = traceback.format_exc()
+    save()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# Parent
+# ---------------------------------------------------------------------------------------
+
+def _become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        PR_SET_CHILD_SUBREAPER = 36
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _reap_zombies() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _leftovers(settle: float = 5.0) -> list:
+    """Descendants still alive after a child finished (orphans reparented to us)."""
+    import psutil
+    me = psutil.Process()
+    deadline = time.monotonic() + settle
+    while True:
+        _reap_zombies()
+        alive = []
+        for p in me.children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def run_child(peer: str, metrics: list, quick: bool, timeout: float) -> dict:
+    import psutil
+    fd, out_path = tempfile.mkstemp(prefix=f"bench-{peer}-", suffix=".json")
+    os.close(fd)
+    os.unlink(out_path)
+    errf = tempfile.TemporaryFile(mode="w+")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--only", ",".join(metrics),
+           "--out", out_path] + (["--quick"] if quick else [])
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=errf, stderr=errf, stdin=subprocess.DEVNULL, cwd=os.path.dirname(HERE))
+    _CHILD_PIDS.add(proc.pid)
+    hung = False
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        hung = True
+        descendants = []
+        try:
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        os.kill(proc.pid, signal.SIGUSR1)      # faulthandler: all thread stacks to stderr
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for p in descendants:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    elapsed = time.monotonic() - t0
+    errf.seek(0)
+    log = errf.read()
+    errf.close()
+    try:
+        with open(out_path) as f:
+            res = json.load(f)
+        os.unlink(out_path)
+    except (OSError, ValueError):
+        res = {"peer": peer, "rows": {}, "errors": {}, "notes": {}}
+    if hung:
+        res["errors"]["timeout"] = f"child did not finish in {timeout:g} s; its stacks:\n" + log[-6000:]
+    elif proc.returncode != 0:
+        res["errors"]["exit"] = f"child exited with {proc.returncode}:\n" + log[-4000:]
+    res["log_tail"] = log[-3000:]
+    res["elapsed_s"] = elapsed
+    left = _leftovers()
+    if left:
+        res["errors"]["leaked_processes"] = [
+            {"pid": p.pid, "cmd": " ".join(p.cmdline())[:200]} for p in left if p.is_running()]
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        _leftovers(2.0)
+    return res
+
+
+def fmt(v, unit) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, str):
+        return v
+    if unit in ("tasks/s", "µs"):
+        return f"{v:,.0f}"
+    if unit == "MB":
+        return f"{v:.1f}"
+    if unit == "s":
+        return f"{v:.3f}"
+    return f"{v:.2f}"
+
+
+def ratio(lc, other, higher) -> "float | None":
+    if lc is None or other is None or lc <= 0 or other <= 0:
+        return None
+    return lc / other if higher else other / lc
+
+
+def build_table(results: dict, peers: list) -> tuple:
+    rows_out = []
+    for row, label, unit, higher, target in ROWS:
+        values = {}
+        cells = {}
+        for p in peers:
+            entry = results.get(p, {}).get("rows", {}).get(row)
+            v = entry.get("value") if isinstance(entry, dict) else None
+            values[p] = v
+            cells[p] = fmt(v, unit) if v is not None else (entry.get("note", "n/a") if isinstance(entry, dict) else "-")
+        if all(v is None for v in values.values()) and all(c == "-" for c in cells.values()):
+            continue
+        lc = values.get("localcluster")
+        others = {p: v for p, v in values.items() if p != "localcluster" and v is not None}
+        best_peer = None
+        if others:
+            best_peer = (max if higher else min)(others, key=others.get)
+        r_best = ratio(lc, others.get(best_peer), higher) if best_peer else None
+        r_ppe = ratio(lc, values.get("ppe"), higher)
+        rows_out.append({"row": row, "metric": label, "unit": unit, "higher_is_better": higher,
+                         "target": target, "values": values, "cells": cells, "best_peer": best_peer,
+                         "lc_vs_best_peer": r_best, "lc_vs_ppe": r_ppe})
+    return rows_out
+
+
+def render(rows: list, peers: list) -> str:
+    head = ["metric", "unit"] + [PEER_TITLES[p] for p in peers] + ["LC vs best peer", "LC vs PPE", "target"]
+    lines = []
+    for r in rows:
+        rb = f"{r['lc_vs_best_peer']:.2f}x ({PEER_TITLES[r['best_peer']]})" if r["lc_vs_best_peer"] else "-"
+        rp = f"{r['lc_vs_ppe']:.2f}x" if r["lc_vs_ppe"] else "-"
+        lines.append([r["metric"], r["unit"]] + [r["cells"][p] for p in peers] + [rb, rp, r["target"] or "-"])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    for l in lines:
+        out.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(l, widths)) + " |")
+    return "\n".join(out)
+
+
+_CHILD_PIDS: set = set()
+
+
+def count_localcluster_procs(mine_only: bool = True) -> int:
+    """localcluster worker processes alive; ``mine_only``: those started by this run's
+    children (their command line carries the parent pid), so that another session's
+    clusters on the same machine are not counted."""
+    try:
+        import psutil
+    except ImportError:
+        return -1
+    n = 0
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = p.info["cmdline"] or ()
+            if p.pid == os.getpid() or "localcluster.worker" not in " ".join(cmd):
+                continue
+            if mine_only:
+                try:
+                    if json.loads(cmd[-1]).get("parent_pid") not in _CHILD_PIDS:
+                        continue
+                except (ValueError, AttributeError, IndexError):
+                    continue
+            n += 1
+        except psutil.Error:
+            pass
+    return n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller counts; whole run in about a minute")
+    ap.add_argument("--only", default=None,
+                    help=f"comma-separated metric names: {', '.join(ALL_METRICS)}")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"comma-separated, from {', '.join(PEERS + OPTIONAL_PEERS)} (default: {','.join(PEERS)})")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds allowed per child run (default 120 quick, 600 full)")
+    ap.add_argument("--output", default=RESULTS, help="JSON output path")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    metrics = ALL_METRICS if not args.only else [m.strip() for m in args.only.split(",") if m.strip()]
+    bad = [m for m in metrics if m not in ALL_METRICS]
+    if bad:
+        ap.error(f"unknown metric(s) {bad}; choose from {ALL_METRICS}")
+    if args.child:
+        return child_main(args.child, metrics, args.quick, args.out)
+
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if any(p not in PEERS + OPTIONAL_PEERS for p in peers):
+        ap.error(f"unknown peer in {peers}; choose from {PEERS + OPTIONAL_PEERS}")
+    timeout = args.timeout or (120.0 if args.quick else 600.0)
+    subreaper = _become_subreaper()
+    lc_before = count_localcluster_procs(mine_only=False)
+    load_before = os.getloadavg()
+    if load_before[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load_before[0]:.2f} on {os.cpu_count()} CPUs; something else is "
+              f"running and the numbers will be noisy", file=sys.stderr)
+
+    available, skipped = [], {}
+    import importlib.util
+    for p in peers:
+        mod = {"localcluster": "localcluster", "ppe": "concurrent.futures", "loky": "loky",
+               "dask": "distributed", "ppe_spawn": "concurrent.futures"}[p]
+        if importlib.util.find_spec(mod) is None:
+            skipped[p] = f"{mod} is not importable"
+            print(f"skipping {p}: {skipped[p]}", file=sys.stderr)
+        else:
+            available.append(p)
+
+    t_start = time.monotonic()
+    results: dict = {p: {"peer": p, "rows": {}, "errors": {}, "notes": {}} for p in available}
+    for group, members in GROUPS:
+        todo = [m for m in members if m in metrics]
+        if not todo:
+            continue
+        for p in available:
+            print(f"== {p}: {', '.join(todo)}", file=sys.stderr, flush=True)
+            res = run_child(p, todo, args.quick, timeout)
+            results[p]["rows"].update(res["rows"])
+            results[p]["errors"].update({f"{group}:{k}": v for k, v in res["errors"].items()})
+            results[p]["notes"].update(res["notes"])
+            results[p].setdefault("elapsed_s", {})[group] = res["elapsed_s"]
+            results[p].setdefault("log_tail", {})[group] = res["log_tail"]
+            for k, v in res["errors"].items():
+                print(f"   !! {p} {group}/{k}: {str(v).strip().splitlines()[-1] if str(v).strip() else v}",
+                      file=sys.stderr, flush=True)
+
+    for p in skipped:
+        results[p] = {"peer": p, "skipped": skipped[p], "rows": {}, "errors": {}, "notes": {}}
+    rows = build_table(results, available)
+    table = render(rows, available)
+    lc_after = count_localcluster_procs()
+    lc_after_all = count_localcluster_procs(mine_only=False)
+    import multiprocessing
+    meta = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": args.quick, "metrics": metrics, "peers": available, "skipped": skipped,
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "n_workers": N_WORKERS, "threads_per_worker": 1,
+        "ppe_start_method": results.get("ppe", {}).get("notes", {}).get("start_method",
+                                                                       multiprocessing.get_start_method()),
+        "versions": {p: results[p]["notes"].get("version") for p in available},
+        "sizes": {k: {"quick": v[0], "full": v[1], "note": "(others, dask)"} for k, v in SIZES.items()},
+        "aggregation": {"submit_tps": "best of R", "map_tps": "best of R", "rtt_*": "median / p90 of all samples",
+                        "first_result_s/workers_up_s/close_s": "best of R, fresh pool each",
+                        "bw_*": "best of R after a warm-up", "recovery_s": "median of R, fresh pool each",
+                        "idle_*": "one sample after warm-up + 1 s idle"},
+        "ratio_convention": "> 1 means localcluster is better (higher throughput or lower time/memory)",
+        "localcluster_workers_system_wide_before_after": [lc_before, lc_after_all],
+        "localcluster_workers_left_by_this_run": lc_after,
+        "loadavg_before_after": [load_before, os.getloadavg()],
+        "subreaper": subreaper,
+        "elapsed_s": time.monotonic() - t_start,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump({"meta": meta, "table": rows, "text": table, "peers": results}, f, indent=1, default=repr)
+
+    print(table)
+    print(f"\nratios: > 1 means localcluster is better. PPE start method: {meta['ppe_start_method']}. "
+          f"{'quick' if args.quick else 'full'} run, {meta['elapsed_s']:.0f} s; "
+          f"localcluster workers left by this run: {lc_after} (system-wide before/after: "
+          f"{lc_before}/{lc_after_all}); load average before/after: {load_before[0]:.2f}/"
+          f"{os.getloadavg()[0]:.2f}. JSON: {args.output}")
+    problems = [(p, k, v) for p in available for k, v in results[p]["errors"].items()]
+    for p, k, v in problems:
+        print(f"\n--- {p} {k} ---\n{v if isinstance(v, str) else json.dumps(v, indent=1)}".rstrip())
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -199,6 +199,15 @@ class BlockingChannel:
             self._pending.extend(self._reader.messages())
         return self._pending.popleft()
 
+    def recv_all(self) -> list:
+        """Block until at least one whole message; return every whole message read so far."""
+        while not self._pending:
+            _recv_into(self.sock, self._reader)
+            self._pending.extend(self._reader.messages())
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
     def close(self) -> None:
         self._reader.close()
         self.sock.close()

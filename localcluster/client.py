@@ -88,7 +88,11 @@ class Future(cf.Future):
                 if isinstance(e, LostDataError):
                     self._lost = e
                 raise
-        value = serialize.loads(payload)
+        try:
+            value = serialize.loads(payload)
+        except Exception as e:
+            step = f"unpickling the result of task {self.key!r} in the client failed"
+            raise serialize.restate(e, step) from None
         with self._condition:
             if self._result is stored:
                 self._result = value
@@ -145,15 +149,15 @@ class Future(cf.Future):
 
 
 def _future_from_key(key: str) -> Future:
-    """A Future unpickled in the parent (a Future inside a result): attach it to a client."""
+    """A Future unpickled in the parent (a task returned futures): attach it to a client."""
     for client in list(_clients.values()):
-        if key in client._refs or client.status == "running":
-            fut = Future(key, client)
+        if client.status == "running":
             with client.cluster._lock:
-                client.cluster.scheduler.tasks.get(key) and setattr(client.cluster.scheduler.tasks[key], "wanted",
-                                                                    client.cluster.scheduler.tasks[key].wanted + 1)
-            return fut
-    raise ValueError(f"no running Client to attach future {key!r} to")
+                ts = client.cluster.scheduler.tasks.get(key)
+                if ts is not None:
+                    ts.wanted += 1       # the new Future holds a reference like any other
+                    return Future(key, client)
+    raise ValueError(f"future {key!r} is not known to any running Client")
 
 
 class Client:
@@ -170,6 +174,8 @@ class Client:
         self.status = "running"
         self._futures: dict[str, list] = {}     # key -> weakrefs of Futures
         self._refs: dict[str, int] = {}
+        # Re-entrant: a garbage collection inside _track may run Future.__del__ -> _untrack.
+        self._refs_lock = threading.RLock()
         self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (fn, fn_id, fn_bytes)
         self.cluster._clients.add(self)
         _clients[self.id] = self
@@ -178,17 +184,19 @@ class Client:
 
     def _track(self, fut: Future) -> None:
         key = fut.key
-        self._futures.setdefault(key, []).append(weakref.ref(fut))
-        self._refs[key] = self._refs.get(key, 0) + 1
+        with self._refs_lock:
+            self._futures.setdefault(key, []).append(weakref.ref(fut))
+            self._refs[key] = self._refs.get(key, 0) + 1
 
     def _untrack(self, key: str) -> None:
-        # May run inside the garbage collector, on any thread: no locks, just hand off.
-        n = self._refs.get(key, 0) - 1
-        if n > 0:
-            self._refs[key] = n
-            return
-        self._refs.pop(key, None)
-        self._futures.pop(key, None)
+        # Runs inside the garbage collector, on any thread: hand the key off, never block on the cluster.
+        with self._refs_lock:
+            n = self._refs.get(key, 0) - 1
+            if n > 0:
+                self._refs[key] = n
+                return
+            self._refs.pop(key, None)
+            self._futures.pop(key, None)
         cluster = self.cluster
         if cluster._status in ("running", "starting"):
             # No wake-up: the scheduler thread frees released keys on its next tick or

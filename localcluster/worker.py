@@ -2,9 +2,14 @@
 
 Threads::
 
-    main thread      reads the channel: Run -> ready queue (or parked until its deps arrive),
-                     Put/Free -> store, Export -> Data reply, Cancel, Stop; EOF -> exit
-    executor x N     take runs from the ready queue, mark the status board, run, reply
+    reader role      one thread at a time reads the channel: Run -> run queue (or parked until
+                     its deps arrive), Put/Free -> store, Export -> Data reply, Cancel, Stop;
+                     EOF -> exit. An idle executor takes the role itself, so a Run that arrives
+                     at an idle worker is executed by the thread that read it: no thread hop
+                     (a GIL hand-off between threads costs more than a process round trip).
+                     The main thread reads only while every executor is busy, and is nudged
+                     off the socket (a self-pipe) as soon as one becomes idle.
+    executor x N     take runs from the run queue, mark the status board, run, reply
     flusher          sends results that executors batched while more runs were queued
     heartbeat        stamps the board every second (a GIL held by C code stops it: that is
                      how the parent tells "unresponsive"), and spills when RSS passes target
@@ -19,13 +24,14 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
-import queue
+import select
 import signal
 import socket
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from typing import Any
 
 from . import protocol as P
@@ -72,7 +78,12 @@ class Worker:
         target = cfg.get("memory_target")
         self.spill_at = int(limit * target) if limit and target else None
         self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
-        self.ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._runs: deque = deque()
+        self._cond = threading.Condition()
+        self._reader: Any = None        # who holds the reader role: "main", an executor row, or None
+        self._idle = 0                  # executors waiting for work
+        self._nudge_r, self._nudge_w = os.pipe()
+        self._nudged = False
         self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
         self.fns: dict[int, Any] = {}
         self.cancelled: set = set()
@@ -90,11 +101,32 @@ class Worker:
         threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
         self.chan.send(P.Ready(os.getpid(), versions()))
+        cond = self._cond
         while True:
+            with cond:
+                while self._reader is not None or self._idle:
+                    cond.wait()
+                self._reader = "main"
             try:
-                msg = self.chan.recv()
-            except (EOFError, OSError):
-                os._exit(0)   # the parent is gone
+                while not self._idle:
+                    ready, _, _ = select.select([self.chan, self._nudge_r], [], [])
+                    if self._nudge_r in ready:
+                        os.read(self._nudge_r, 512)
+                        with cond:
+                            self._nudged = False
+                    if self.chan in ready:
+                        self._read_and_handle()
+            finally:
+                with cond:
+                    self._reader = None
+                    cond.notify_all()
+
+    def _read_and_handle(self) -> None:
+        try:
+            msgs = self.chan.recv_all()
+        except (EOFError, OSError):
+            os._exit(0)   # the parent is gone
+        for msg in msgs:
             self._handle(msg)
 
     def _handle(self, msg: Any) -> None:
@@ -109,7 +141,7 @@ class Worker:
             if missing:
                 self.parked[msg.seq] = (msg, missing)
             else:
-                self.ready.put(msg)
+                self._queue(msg)
         elif isinstance(msg, P.Put):
             self.store.put_payload(msg.key, msg.data)
             self._arrived(msg.key)
@@ -137,7 +169,7 @@ class Worker:
             missing.discard(key)
             if not missing:
                 del self.parked[seq]
-                self.ready.put(run)
+                self._queue(run)
 
     def _export(self, msg: P.Export) -> None:
         try:
@@ -151,14 +183,46 @@ class Worker:
 
     # --- executor threads -------------------------------------------------------------
 
+    def _queue(self, run: P.Run) -> None:
+        with self._cond:
+            self._runs.append(run)
+            self._cond.notify_all()
+
+    def _next_run(self, row: int) -> Any:
+        """A run to execute, or None: then this thread holds the reader role."""
+        cond = self._cond
+        with cond:
+            while True:
+                if self._runs:
+                    return self._runs.popleft()
+                if self._reader is None:
+                    self._reader = row
+                    return None
+                self._idle += 1
+                if self._reader == "main" and not self._nudged:
+                    self._nudged = True
+                    os.write(self._nudge_w, b"x")
+                cond.wait()
+                self._idle -= 1
+
     def _execute(self, row: int) -> None:
         ident = threading.get_ident()
-        board, ready = self.board, self.ready
+        board = self.board
         while True:
-            run = ready.get()
+            run = self._next_run(row)
+            if run is None:
+                try:
+                    self._read_and_handle()
+                except BaseException:
+                    _fatal(self, traceback.format_exc())
+                finally:
+                    with self._cond:
+                        self._reader = None
+                        self._cond.notify_all()
+                continue
             if run.seq in self.cancelled:
                 self.cancelled.discard(run.seq)
-                self._reply(P.Skipped(run.seq), ready)
+                self._reply(P.Skipped(run.seq))
                 continue
             board.start(row, ident, run.seq)
             t0 = time.perf_counter()
@@ -170,13 +234,13 @@ class Worker:
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
                 self.cancelled.discard(run.seq)
                 self.store.free((run.key,))
-            self._reply(reply, ready)
+            self._reply(reply)
 
-    def _reply(self, reply: Any, ready: queue.SimpleQueue) -> None:
+    def _reply(self, reply: Any) -> None:
         self.pending.discard(reply.seq)
         with self._out_lock:
             self._out.append(reply)
-        if ready.qsize() > 0:    # more runs queued: let the flusher batch replies
+        if self._runs:    # more runs queued: let the flusher batch replies
             self._flush_wanted.set()
         else:
             self._flush()
@@ -259,12 +323,17 @@ def main(cfg: dict) -> None:
     except SystemExit:
         raise
     except BaseException:
-        tb = traceback.format_exc()
-        sys.stderr.write(f"localcluster worker {cfg.get('name')!r} failed:\n{tb}")
-        sys.stderr.flush()
-        if worker is not None:
-            try:
-                worker.chan.send(P.Fatal(tb))
-            except Exception:
-                pass
-        os._exit(1)
+        _fatal(worker, traceback.format_exc(), cfg.get("name"))
+
+
+def _fatal(worker: Any, tb: str, name: Any = None) -> None:
+    """The worker's own machinery failed: say so on stderr and to the parent, exit 1."""
+    name = name if name is not None else getattr(worker, "name", "?")
+    sys.stderr.write(f"localcluster worker {name!r} failed:\n{tb}")
+    sys.stderr.flush()
+    if worker is not None:
+        try:
+            worker.chan.send(P.Fatal(tb))
+        except Exception:
+            pass
+    os._exit(1)

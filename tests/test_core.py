@@ -420,3 +420,37 @@ def test_progress_bar(client):
     fs = client.map(inc, range(10))
     localcluster.progress(fs, file=out)
     assert all(f.done() for f in fs) and "10/10 done" in out.getvalue()
+
+
+def test_functions_typed_into_a_repl_work(tmp_path):
+    """__main__ without a file (python - < stdin), like a REPL or a notebook cell."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {root!r})
+        from localcluster import Client
+        def cube(x):
+            return x ** 3
+        offset = 10
+        with Client(n_workers=1, forward_logs=False) as c:
+            print("got", c.submit(lambda x: cube(x) + offset, 2).result(30))
+    """)
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "got 18" in out.stdout
+
+
+def pool_square_sum(n):
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        return sum(pool.map(abs, range(-n, 0)))
+
+
+def test_multiprocessing_pool_inside_a_task(client):
+    assert client.submit(pool_square_sum, 10).result(60) == 55
+
+
+def test_a_future_pickled_in_the_client_comes_back_attached(client):
+    x = client.submit(inc, 1)
+    again = pickle.loads(pickle.dumps(x))
+    assert again.key == x.key and again.result(10) == 2
+    assert client.submit(lambda v: [v], x).result(10) == [2]     # nested futures become values

@@ -82,6 +82,26 @@ def fragile():
         yield c, cl
 
 
+def at_unpickle_result():
+    return FailOnUnpickle("raise")
+
+
+@pytest.mark.parametrize("point", ["pickle-args", "unpickle-result"])
+def test_crash_table_in_the_client(fragile, point):
+    """loky's two crash points on the parent's side; only "raise" makes sense there
+    (a segfault would take the user's own process down, as it would without us)."""
+    cluster, client = fragile
+    if point == "pickle-args":
+        with pytest.raises(TypeError, match=r"could not pickle argument 0 .* of at_unpickle\(\).*task raised"):
+            client.submit(at_unpickle, FailOnPickle("raise"))
+    else:
+        fut = client.submit(at_unpickle_result)
+        with pytest.raises(ValueError, match=r"unpickling the result of task .* in the client failed.*task raised"):
+            fut.result(30)
+    assert cluster.deaths == []
+    assert client.submit(inc, 1).result(30) == 2
+
+
 @pytest.mark.parametrize("how", list(EXPECT))
 @pytest.mark.parametrize("point", ["call", "unpickle-args", "pickle-result"])
 def test_crash_table(fragile, point, how):

@@ -229,6 +229,16 @@ class LocalCluster:
             except Exception:  # pragma: no cover - the loop is gone; clean up below
                 pass
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                # Workers ignored Stop (a C call holding the GIL): kill them now. The scheduler
+                # thread reaps them and returns; nothing is torn down under its feet.
+                for n in list(self._nannies.values()):
+                    n.kill(None)
+                self._thread.join(30)
+            if self._thread.is_alive():  # pragma: no cover - never seen; leave resources to the OS
+                logger.error("localcluster scheduler thread did not stop; resources left to process exit")
+                self._status = "closed"
+                return
         self._status = "closed"
         with self._lock:
             post = self._apply(self.scheduler.clear(ClusterRestarted("the cluster was closed")))
@@ -451,7 +461,9 @@ class LocalCluster:
     # --- the scheduler thread ---------------------------------------------------------
 
     def _loop(self) -> None:
-        interval = self.config["memory_sample_interval"]
+        # Timeouts, heartbeats and stop escalation are checked at least every 50 ms even
+        # when memory is sampled less often.
+        interval = min(self.config["memory_sample_interval"], 0.05)
         next_tick = time.monotonic()
         try:
             while True:
@@ -642,7 +654,11 @@ class LocalCluster:
                 continue
             if not n.ready or n.reason:
                 continue
-            rss = n.sample(now)
+            if now >= n.next_sample:
+                n.next_sample = now + cfg["memory_sample_interval"]
+                rss = n.sample(now)
+            else:
+                rss = None
             if limit and rss is not None:
                 if cfg["memory_terminate"] and rss > cfg["memory_terminate"] * limit:
                     pct = int(cfg["memory_terminate"] * 100)

@@ -121,6 +121,7 @@ class Nanny:
         self.paused = False
         self.stacks_requested: Optional[float] = None
         self.exitcode: Optional[int] = None
+        self.next_sample = 0.0                    # monotonic time of the next memory sample
         self.cork: list = []                      # messages held back while the worker is busy
         self.kill_at: Optional[float] = None    # stop() escalates to SIGKILL then
         self._children: list[int] = []

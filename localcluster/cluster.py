@@ -389,9 +389,12 @@ class LocalCluster:
                     self._send(n, [])
 
     def _post(self, post: list) -> None:
+        if not post:
+            return
+        clients = list(self._clients)    # once per batch: iterating a WeakSet is not cheap
         for a in post:
             if type(a) is S.Resolve:
-                for client in list(self._clients):
+                for client in clients:
                     client._resolve(a.key, a.status, a.value)
             else:
                 fut = self._requests.pop(a.request, None)

@@ -393,7 +393,7 @@ class Scheduler:
         for ws in workers:
             if caps[ws.name] <= 0:
                 continue
-            local = sum(self.tasks[d].nbytes for d in ts.deps if d in ws.has)
+            local = sum(self.tasks[d].nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
             score = (-local, len(ws.processing) / ws.nthreads, ws.name)
             if best_score is None or score < best_score:
                 best, best_score = ws, score

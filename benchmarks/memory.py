@@ -194,37 +194,8 @@ def child_main(kind: str, params: str) -> int:
 # Parent
 # ---------------------------------------------------------------------------------------
 
-def _become_subreaper() -> bool:
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
-    except Exception:
-        return False
-
-
-def _leftovers(settle: float = 5.0) -> list:
-    """Descendants still alive after a child finished (orphans are re-parented to us)."""
-    import psutil
-    me = psutil.Process()
-    deadline = time.monotonic() + settle
-    while True:
-        while True:   # reap zombies re-parented to us
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-        alive = []
-        for proc in me.children(recursive=True):
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(proc)
-            except psutil.Error:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
+# Child-process hygiene is bench.py's: one subreaper, one leftover check for both scripts.
+from bench import _become_subreaper, _leftovers  # noqa: E402
 
 
 class Run:

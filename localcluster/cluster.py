@@ -744,13 +744,8 @@ class LocalCluster:
             crashed_seq = matches[0] if matches else 0   # 0: a thread that ran no task
         with self._lock:
             keys = tuple(k for k in (self.scheduler.key_of(s) for s in sorted(running)) if k)
-            if cause == "crash" and crashed_seq:
-                key = self.scheduler.key_of(crashed_seq)
-                blamed = (key,) if key else ()
-            elif cause in ("requested", "exception", "timeout") or (cause == "crash" and crashed_seq == 0):
-                blamed = ()
-            else:
-                blamed = keys
+            blamed_seqs = S.blamed_runs(cause, running, crashed_seq, n.timed_out[0] if n.timed_out else None)
+            blamed = tuple(k for k in (self.scheduler.key_of(s) for s in sorted(blamed_seqs)) if k)
             detail = None
             if cause == "timeout" and n.timed_out:
                 tkey = self.scheduler.key_of(n.timed_out[0])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import sys
 import threading
 import traceback
 from typing import Any, Optional
@@ -193,7 +192,3 @@ def _qualname(cls: type) -> str:
 def describe(obj: Any) -> str:
     text = repr(obj)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def current_exception() -> BaseException:
-    return sys.exc_info()[1]  # type: ignore[return-value]

@@ -39,10 +39,6 @@ def sleep_and_return(seconds):
     return f"slept {seconds} s"
 
 
-def needs_s3fs():
-    import s3fs  # noqa: F401  - the worker environment lacks it
-
-
 def hold_the_gil():
     return sum(range(10 ** 11))  # a C loop that never lets other threads run
 

@@ -5,8 +5,9 @@ __version__ = "0.1.0"
 
 from . import config
 from .client import Client, Future, as_completed, wait
-from .cluster import ClusterRestarted, LocalCluster, WorkerInfo, WorkerStartupError
-from .death import KilledWorker, LostDataError, TaskError, TaskTimeoutError, WorkerDeath
+from .cluster import LocalCluster, WorkerInfo
+from .death import (ClusterRestarted, KilledWorker, LostDataError, TaskError, TaskTimeoutError, WorkerDeath,
+                    WorkerStartupError)
 from .diagnostics.progress import progress
 
 __all__ = [

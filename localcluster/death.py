@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal as _signal
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -319,3 +320,27 @@ class TaskError(Exception):
 
     def __reduce__(self):
         return (TaskError, (self.type_name, self.message, self.traceback_text, self.step))
+
+
+class WorkerStartupError(RuntimeError):
+    """Workers die while starting, again and again: the cluster stopped retrying."""
+
+    def __init__(self, deaths: tuple):
+        self.deaths = tuple(deaths)
+        super().__init__(deaths)
+
+    def __str__(self) -> str:
+        last = self.deaths[-1] if self.deaths else None
+        head = (f"{len(self.deaths)} worker(s) in a row died while starting, so localcluster stopped "
+                f"restarting them.")
+        if last is None:
+            return head
+        tail = "\n".join(last.log_tail[-15:])
+        return (f"{head} The last one, {last.worker!r} (pid {last.pid}), ended with "
+                f"{signal_name(-last.exitcode) if last.exitcode and last.exitcode < 0 else f'exit code {last.exitcode}'}"
+                f". Its last output:\n{tail}\nFix the start-up error above (an initializer that raises, a broken "
+                f"environment, an import that fails in a fresh interpreter) and create the cluster again.")
+
+
+class ClusterRestarted(CancelledError):
+    """A pending task was forgotten because the cluster restarted or closed."""

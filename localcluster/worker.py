@@ -38,7 +38,7 @@ from . import protocol as P
 from . import serialize
 from .board import Board
 from .channel import BlockingChannel
-from .store import Store, rss
+from .store import Store
 
 INLINE_RESULT = 1 << 16
 FLUSH_DELAY = 0.002

@@ -391,16 +391,14 @@ def test_submit_validation(client, bad, match):
         client.submit(42)
 
 
-def test_threads_per_worker(client):
+def slow_ident(_):
+    time.sleep(0.2)
+    return threading.get_ident()
+
+
+def test_threads_per_worker():
     with LocalCluster(n_workers=1, threads_per_worker=3, forward_logs=False) as c, Client(c) as cl:
-        barrier_file = None  # three tasks that can only finish together prove three threads
-        def together(i):
-            import threading, time
-            together.hits = getattr(together, "hits", 0)
-            return threading.get_ident()
-        idents = set(cl.gather(cl.map(lambda i: (__import__("time").sleep(0.2), __import__("threading").get_ident())[1],
-                                      range(3), pure=False)))
-        assert len(idents) == 3
+        assert len(set(cl.gather(cl.map(slow_ident, range(3), pure=False)))) == 3
 
 
 def test_done_callback_may_fetch_a_large_result(client):

@@ -113,7 +113,7 @@ def future_reduce(key: str, client_id: Optional[str] = None) -> tuple:
 def _placeholder(key: str) -> Any:
     store = getattr(_local, "store", None)
     if store is None:
-        from .client import _future_from_key
+        from .future import _future_from_key
         return _future_from_key(key)
     return store[key]
 

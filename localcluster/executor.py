@@ -1,0 +1,64 @@
+"""``client.get_executor()``: a true ``concurrent.futures.Executor`` over the cluster."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .future import Future
+
+
+
+class ClusterExecutor(cf.Executor):
+    """A ``concurrent.futures.Executor`` over the cluster: ``map`` yields results in order and
+    honours ``timeout``; ``shutdown`` does not close the cluster."""
+
+    def __init__(self, client: Client, **submit_kwargs: Any):
+        self._client = client
+        self._kwargs = {"pure": False, **submit_kwargs}
+        self._futures: "weakref.WeakSet[Future]" = weakref.WeakSet()
+        self._shutdown = False
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fut = self._client.submit(fn, *args, **self._kwargs, **kwargs)
+            self._futures.add(fut)
+            return fut
+
+    def map(self, fn: Callable, *iterables: Iterable, timeout: Optional[float] = None,
+            chunksize: int = 1, **_ignored: Any) -> Iterator:
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fs = self._client.map(fn, *iterables, **self._kwargs)
+            for f in fs:
+                self._futures.add(f)
+
+        def results() -> Iterator:
+            try:
+                fs.reverse()
+                while fs:
+                    f = fs.pop()
+                    yield f.result() if end is None else f.result(end - time.monotonic())
+            finally:
+                for f in fs:
+                    f.cancel()
+        return results()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shutdown = True
+            futures = list(self._futures)
+        if cancel_futures:
+            for f in futures:
+                f.cancel()
+        if wait:
+            cf.wait(futures)

@@ -1,0 +1,215 @@
+"""Future, wait, as_completed.
+
+A :class:`Future` is a ``concurrent.futures.Future``: ``concurrent.futures.wait``,
+``as_completed`` and ``asyncio.wrap_future`` work on it. It becomes done when its
+task ends; a small result arrived with it and is unpickled on the first
+``result()``, a large one stays on its worker until ``result()`` fetches it.
+When the last Future of a key is garbage-collected, the key is released and its
+data freed on the workers (see ``Client._untrack``).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+
+from . import serialize
+
+__all__ = ["Future", "wait", "as_completed"]
+
+if TYPE_CHECKING:
+    from .client import Client
+
+
+
+class _Stored:
+    """What a finished Future holds until ``result()``: the payload, or None (data on a worker)."""
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any):
+        self.payload = payload
+
+
+class Future(cf.Future):
+    """The result of a task, computed on the cluster."""
+
+    def __init__(self, key: str, client: "Client"):
+        super().__init__()
+        self.key = key
+        self.client = client
+        self._lost: Optional[BaseException] = None
+        client._track(self)
+
+    @property
+    def status(self) -> str:
+        if self._lost is not None:
+            return "lost"
+        if not self.done():
+            return "pending"
+        if self.cancelled():
+            return "cancelled"
+        return "error" if super().exception() is not None else "finished"
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        value = super().result(timeout)
+        if type(value) is _Stored:
+            value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return value
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        exc = super().exception(timeout)
+        if exc is None and self._lost is not None:
+            return self._lost
+        return exc
+
+    def _materialize(self, stored: _Stored, timeout: Optional[float]) -> Any:
+        with self._condition:
+            if self._result is not stored:   # another thread got there first
+                return self._result
+        payload = stored.payload
+        if payload is None:
+            try:
+                payload = self.client.cluster.fetch([self.key])[0].result(timeout)
+            except cf.TimeoutError:
+                raise
+            except BaseException as e:
+                from .death import LostDataError
+                if isinstance(e, LostDataError):
+                    self._lost = e
+                raise
+        try:
+            value = serialize.loads(payload)
+        except Exception as e:
+            step = f"unpickling the result of task {self.key!r} in the client failed"
+            raise serialize.restate(e, step) from None
+        with self._condition:
+            if self._result is stored:
+                self._result = value
+            return self._result
+
+    def add_done_callback(self, fn: Callable) -> None:
+        """As concurrent.futures, except that a callback is never run on the scheduler
+        thread: there, a ``result()`` that must fetch data from a worker would wait on the
+        very thread that delivers it."""
+        cluster = self.client.cluster
+
+        def call(fut: "Future") -> None:
+            if threading.current_thread() is cluster._thread:
+                cluster._run_callback(fn, fut)
+            else:
+                fn(fut)
+        super().add_done_callback(call)
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        self.client.cancel([self])
+        return self.cancelled()
+
+    def __reduce__(self):
+        return serialize.future_reduce(self.key)
+
+    def __repr__(self) -> str:
+        return f"<Future: {self.status}, key: {self.key}>"
+
+    def __del__(self) -> None:
+        client = self.__dict__.get("client")
+        if client is not None:
+            client._untrack(self.key)
+
+    # called by the client on resolution
+    def _finish(self, payload: Any) -> None:
+        if not self.done():
+            try:
+                self.set_result(_Stored(payload))
+            except cf.InvalidStateError:  # pragma: no cover - racing resolutions
+                pass
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.done():
+            try:
+                self.set_exception(exc)
+            except cf.InvalidStateError:  # pragma: no cover
+                pass
+
+    def _cancelled(self) -> None:
+        if cf.Future.cancel(self):
+            self.set_running_or_notify_cancel()
+
+
+def _future_from_key(key: str) -> Future:
+    """A Future unpickled in the parent (a task returned futures): attach it to a client."""
+    from .client import _clients
+    for client in list(_clients.values()):
+        if client.status == "running":
+            with client.cluster._lock:
+                ts = client.cluster.scheduler.tasks.get(key)
+                if ts is not None:
+                    ts.wanted += 1       # the new Future holds a reference like any other
+                    return Future(key, client)
+    raise ValueError(f"future {key!r} is not known to any running Client")
+
+
+def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):
+    """``concurrent.futures.wait`` for our futures: (done, not_done)."""
+    if isinstance(fs, Future):
+        fs = [fs]
+    if return_when not in (cf.ALL_COMPLETED, cf.FIRST_COMPLETED, cf.FIRST_EXCEPTION):
+        raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
+                         f"or FIRST_EXCEPTION")
+    result = cf.wait(list(fs), timeout, return_when)
+    if return_when == cf.ALL_COMPLETED and timeout is not None and result.not_done:
+        raise TimeoutError(f"{len(result.not_done)} of {len(result.done) + len(result.not_done)} "
+                           f"futures were not done after {timeout:g} s")
+    return result
+
+
+class as_completed:
+    """Iterate over futures as they finish; ``add()`` more while iterating;
+    ``with_results=True`` yields ``(future, result)``."""
+
+    def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: set = set()      # keep futures alive until yielded, or GC would release them
+        self._pending = 0
+        self._lock = threading.Lock()
+        self.with_results = with_results
+        self.raise_errors = raise_errors
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._pending += 1
+            self._held.add(future)
+        cf.Future.add_done_callback(future, self._queue.put)   # no result() in it: no hop needed
+
+    def update(self, futures: Iterable) -> None:
+        for f in futures:
+            self.add(f)
+
+    def count(self) -> int:
+        return self._pending
+
+    def __iter__(self) -> "as_completed":
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._pending == 0:
+                raise StopIteration
+            self._pending -= 1
+        f = self._queue.get()
+        with self._lock:
+            self._held.discard(f)
+        if not self.with_results:
+            return f
+        try:
+            return f, f.result()
+        except BaseException as e:
+            if self.raise_errors:
+                raise
+            return f, e

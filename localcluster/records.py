@@ -1,0 +1,97 @@
+"""The scheduler's records (Task, WorkerState), what the client submits (Spec) and
+the actions the state machine emits (Send, Resolve, Deliver, Retire)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import protocol as P
+
+
+# --- actions ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    worker: str
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """The futures of ``key`` end: status finished (value = Payload, or None when the data
+    stays on a worker), error (value = pickled exception bytes or an exception), cancelled."""
+    key: str
+    status: str
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Answer to :meth:`Scheduler.fetch`: the data of ``key`` or the exception that stops it."""
+    request: int
+    key: str
+    data: Optional[P.Payload] = None
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """The worker has nothing left that anyone needs: stop it (cause ``requested``)."""
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A task as the client submits it."""
+    key: str
+    fn_id: int
+    fn: bytes
+    args: P.Payload
+    deps: tuple
+    priority: int = 0
+    retries: int = 0
+    timeout: Optional[float] = None
+
+
+class Task:
+    __slots__ = ("key", "state", "spec", "deps", "dependents", "waiting_on", "who_has", "worker",
+                 "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",
+                 "type_name", "order", "fetchers")
+
+    def __init__(self, key: str, spec: Optional[Spec], order: int):
+        self.key = key
+        self.state = "waiting"
+        self.spec = spec
+        self.deps: tuple = spec.deps if spec else ()
+        self.dependents: set = set()
+        self.waiting_on: set = set()
+        self.who_has: set = set()
+        self.worker: Optional[str] = None
+        self.seq = 0
+        self.suspicious = 0
+        self.deaths: list = []
+        self.error: Any = None
+        self.retries = spec.retries if spec else 0
+        self.nbytes = 0
+        self.data: Optional[P.Payload] = None
+        self.wanted = 0
+        self.type_name = ""
+        self.order = order
+        self.fetchers: list = []    # fetch requests waiting for this key to be in memory again
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"
+
+
+class WorkerState:
+    __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing")
+    # processing: seq -> key, or None for a cancelled run the worker has not answered yet
+
+    def __init__(self, name: str, nthreads: int):
+        self.name = name
+        self.nthreads = nthreads
+        self.processing: dict[int, Optional[str]] = {}
+        self.has: set = set()
+        self.fns: set = set()
+        self.paused = False
+        self.closing = False

@@ -452,3 +452,9 @@ def test_a_future_pickled_in_the_client_comes_back_attached(client):
     again = pickle.loads(pickle.dumps(x))
     assert again.key == x.key and again.result(10) == 2
     assert client.submit(lambda v: [v], x).result(10) == [2]     # nested futures become values
+
+
+def test_map_over_futures(client):
+    xs = client.map(inc, range(10))
+    ys = client.map(add, xs, range(10))
+    assert client.gather(ys) == [2 * i + 1 for i in range(10)]

@@ -480,32 +480,32 @@ class LocalCluster(Supervision):
 
     def _on_messages(self, n: Nanny, msgs: list) -> None:
         sched = self.scheduler
+        flat: list = []
+        for m in msgs:
+            flat.extend(m.messages if type(m) is P.Batch else (m,))
         with self._lock:
             actions: list = []
-            stack = list(msgs)
-            while stack:
-                m = stack.pop(0)
-                t = type(m)
-                if t is P.Finished:
-                    actions += sched.finished(n.name, m.seq, m.nbytes, m.type_name, m.data, m.duration)
-                elif t is P.Batch:
-                    stack[:0] = m.messages
-                elif t is P.Failed:
-                    actions += sched.failed(n.name, m.seq, m.error)
-                elif t is P.Skipped:
-                    actions += sched.skipped(n.name, m.seq)
-                elif t is P.Data:
-                    actions += sched.data(n.name, m.request, m.key, m.data, m.error)
-                elif t is P.Ready:
-                    n.ready, n.versions = True, m.versions
-                    n.sample(time.monotonic())
-                    self._startup_failures.clear()
-                    if n.reason is None:
-                        actions += sched.add_worker(n.name, n.nthreads)
-                    self._changed.notify_all()
-                elif t is P.Fatal:
-                    n.fatal = m.traceback
-            post = self._apply(actions)
+            with sched.batch() as batch:
+                for m in flat:
+                    t = type(m)
+                    if t is P.Finished:
+                        actions += sched.finished(n.name, m.seq, m.nbytes, m.type_name, m.data, m.duration)
+                    elif t is P.Failed:
+                        actions += sched.failed(n.name, m.seq, m.error)
+                    elif t is P.Skipped:
+                        actions += sched.skipped(n.name, m.seq)
+                    elif t is P.Data:
+                        actions += sched.data(n.name, m.request, m.key, m.data, m.error)
+                    elif t is P.Ready:
+                        n.ready, n.versions = True, m.versions
+                        n.sample(time.monotonic())
+                        self._startup_failures.clear()
+                        if n.reason is None:
+                            actions += sched.add_worker(n.name, n.nthreads)
+                        self._changed.notify_all()
+                    elif t is P.Fatal:
+                        n.fatal = m.traceback
+            post = self._apply(actions + batch.actions)
             if n.cork and n.chan is not None:
                 self._send(n, [])
         self._post(post)

@@ -122,18 +122,16 @@ class Future(cf.Future):
 
     # called by the client on resolution
     def _finish(self, payload: Any) -> None:
-        if not self.done():
-            try:
-                self.set_result(_Stored(payload))
-            except cf.InvalidStateError:  # pragma: no cover - racing resolutions
-                pass
+        try:
+            self.set_result(_Stored(payload))
+        except cf.InvalidStateError:   # already resolved (a racing cancel or restart)
+            pass
 
     def _fail(self, exc: BaseException) -> None:
-        if not self.done():
-            try:
-                self.set_exception(exc)
-            except cf.InvalidStateError:  # pragma: no cover
-                pass
+        try:
+            self.set_exception(exc)
+        except cf.InvalidStateError:
+            pass
 
     def _cancelled(self) -> None:
         if cf.Future.cancel(self):

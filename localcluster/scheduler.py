@@ -47,6 +47,7 @@ class Scheduler:
         self.exports: dict[int, tuple] = {}
         self.relaying: dict[tuple, int] = {}       # (key, target) -> request id
         self.avg_duration: Optional[float] = None
+        self._deferring = False
 
     # --- queries ------------------------------------------------------------------------
 
@@ -277,9 +278,14 @@ class Scheduler:
         heapq.heappush(self._ready, (-(ts.spec.priority if ts.spec else 0), ts.order, ts.key))
         return []
 
+    def batch(self) -> "_Batch":
+        """``with scheduler.batch() as b: ...; actions += b.actions``: placement runs once
+        for a whole frame of worker messages instead of once per message."""
+        return _Batch(self)
+
     def _assign(self) -> list:
         out: list = []
-        if not self._ready:
+        if not self._ready or self._deferring:
             return out
         open_workers = [w for w in self.workers.values() if not w.paused and not w.closing]
         if not open_workers:
@@ -592,6 +598,20 @@ class Scheduler:
             ws.processing.clear()
             ws.has.clear()
         return out
+
+
+class _Batch:
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.actions: list = []
+
+    def __enter__(self) -> "_Batch":
+        self.scheduler._deferring = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.scheduler._deferring = False
+        self.actions = self.scheduler._assign()
 
 
 def blamed_runs(cause: str, running: dict, crashed_seq: Optional[int], timed_out_seq: Optional[int]) -> set:

@@ -323,6 +323,9 @@ class LocalCluster(Supervision):
             self._want_write(n)
 
     def _uncork(self, nannies: Any) -> None:
+        nannies = [n for n in nannies if n.cork]
+        if not nannies:
+            return
         with self._lock:
             for n in nannies:
                 if n.cork and n.chan is not None:

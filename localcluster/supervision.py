@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from typing import Optional
 
 from . import scheduler as S
 from .config import format_bytes
@@ -30,60 +31,70 @@ class Supervision:
         if self._released:
             self._free_released()
         self._uncork(list(self._nannies.values()))
-        limit = self.memory_limit
-        cfg = self.config
-        ttl = cfg["worker_ttl"]
         for n in list(self._nannies.values()):
             if n.exitcode is not None:
                 continue
             if n.kill_at is not None and now > n.kill_at:
-                n.kill(None)
+                n.kill(None)       # it ignored Stop for STOP_GRACE seconds
                 continue
             if not n.ready or n.reason:
                 continue
             if now >= n.next_sample:
-                n.next_sample = now + cfg["memory_sample_interval"]
-                rss = n.sample(now)
-            else:
-                rss = None
-            if limit and rss is not None:
-                if cfg["memory_terminate"] and rss > cfg["memory_terminate"] * limit:
-                    pct = int(cfg["memory_terminate"] * 100)
-                    msg = (f"Worker exceeded {pct}% memory budget. Restarting "
-                           f"({n.name}, pid {n.pid}: {format_bytes(rss)} of {format_bytes(limit)})")
-                    n.add_log(f"[nanny] {msg}")
-                    logger.warning(msg)
-                    n.kill("memory-limit")
-                    continue
-                if cfg["memory_pause"]:
-                    paused = rss > cfg["memory_pause"] * limit
-                    if paused != n.paused:
-                        n.paused = paused
-                        n.add_log(f"[nanny] {'paused' if paused else 'resumed'}: memory {format_bytes(rss)} "
-                                  f"{'above' if paused else 'below'} {int(cfg['memory_pause'] * 100)}% of "
-                                  f"{format_bytes(limit)}")
-                        self._event(self.scheduler.set_paused, n.name, paused)
-            for seq, (_ident, started) in n.board.running().items():
-                timeout = self.scheduler.timeout_of(seq)
-                if timeout is not None and now - started > timeout:
-                    n.timed_out = (seq, now - started)
-                    n.kill("timeout")
-                    break
-            if ttl and n.reason is None:
-                beat = n.board.heartbeat() / 1e9
-                if beat and now - beat > ttl:
-                    if n.stacks_requested is None:
-                        n.add_log(f"[nanny] no heartbeat for {now - beat:.1f} s (worker_ttl={ttl:g}); "
-                                  f"dumping all thread stacks, then stopping it")
-                        n.request_stacks()
-                        n.stacks_requested = now
-                    elif now - n.stacks_requested > 0.5:
-                        n.kill("unresponsive")
+                n.next_sample = now + self.config["memory_sample_interval"]
+                self._check_memory(n, n.sample(now))
+            if n.reason is None:
+                self._check_timeouts(n, now)
+            if n.reason is None:
+                self._check_heartbeat(n, now)
         for t in list(self._respawn_at):
             if now >= t:
                 self._respawn_at.remove(t)
                 if self._status not in ("closing", "closed") and self._broken is None:
                     self._spawn()
+
+    def _check_memory(self, n: Nanny, rss: Optional[int]) -> None:
+        """terminate above memory_terminate of the limit; pause / resume around memory_pause."""
+        limit, cfg = self.memory_limit, self.config
+        if not limit or rss is None:
+            return
+        if cfg["memory_terminate"] and rss > cfg["memory_terminate"] * limit:
+            msg = (f"Worker exceeded {int(cfg['memory_terminate'] * 100)}% memory budget. Restarting "
+                   f"({n.name}, pid {n.pid}: {format_bytes(rss)} of {format_bytes(limit)})")
+            n.add_log(f"[nanny] {msg}")
+            logger.warning(msg)
+            n.kill("memory-limit")
+            return
+        if cfg["memory_pause"]:
+            paused = rss > cfg["memory_pause"] * limit
+            if paused != n.paused:
+                n.paused = paused
+                n.add_log(f"[nanny] {'paused' if paused else 'resumed'}: memory {format_bytes(rss)} "
+                          f"{'above' if paused else 'below'} {int(cfg['memory_pause'] * 100)}% of "
+                          f"{format_bytes(limit)}")
+                self._event(self.scheduler.set_paused, n.name, paused)
+
+    def _check_timeouts(self, n: Nanny, now: float) -> None:
+        """A run past its timeout (measured from its real start, on the board) stops the worker."""
+        for seq, (_ident, started) in n.board.running().items():
+            timeout = self.scheduler.timeout_of(seq)
+            if timeout is not None and now - started > timeout:
+                n.timed_out = (seq, now - started)
+                n.kill("timeout")
+                return
+
+    def _check_heartbeat(self, n: Nanny, now: float) -> None:
+        """No heartbeat for worker_ttl: dump every thread's stack first, then stop it."""
+        ttl = self.config["worker_ttl"]
+        beat = n.board.heartbeat() / 1e9
+        if not ttl or not beat or now - beat <= ttl:
+            return
+        if n.stacks_requested is None:
+            n.add_log(f"[nanny] no heartbeat for {now - beat:.1f} s (worker_ttl={ttl:g}); "
+                      f"dumping all thread stacks, then stopping it")
+            n.request_stacks()
+            n.stacks_requested = now
+        elif now - n.stacks_requested > 0.5:
+            n.kill("unresponsive")
 
     # --- deaths -----------------------------------------------------------------------
 

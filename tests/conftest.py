@@ -42,11 +42,28 @@ def no_leaks():
     shm = _shm()
     yield
     def new_children():
-        return [p for p in me.children(recursive=True) if p.pid not in children and p.status() != psutil.STATUS_ZOMBIE]
+        alive = []
+        for p in me.children(recursive=True):
+            try:
+                if p.pid not in children and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:     # gone (or reaped) while we looked
+                pass
+        return alive
+
+    def describe(p):
+        try:
+            return (p.pid, p.cmdline()[:3])
+        except psutil.Error:
+            return (p.pid, "exited")
     left = _settle(new_children)
+    described = [describe(p) for p in left]
     for p in left:
-        p.kill()
-    assert not left, f"test left child processes behind: {[(p.pid, p.cmdline()[:3]) for p in left]}"
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"test left child processes behind: {described}"
     left_threads = _settle(lambda: [t for t in threading.enumerate() if t not in threads and t.is_alive()])
     assert not left_threads, f"test left threads behind: {left_threads}"
     left_fds = _settle(lambda: _fds() - fds)

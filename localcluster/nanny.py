@@ -211,7 +211,7 @@ class Nanny:
     def sample(self, now: float) -> Optional[int]:
         """RSS of the worker and its children, bytes."""
         rss = _read_rss(self.pid)
-        if rss is None:
+        if not rss:   # gone, or being torn down (the kernel already freed its pages): keep the last real figure
             return self.memory
         if now - self._children_at > 1.0:
             self._children_at = now

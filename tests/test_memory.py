@@ -200,6 +200,7 @@ def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup):
         (death,) = c.deaths
         assert death.cause == "oom-killer" and death.signal == "SIGKILL" and death.tasks == (fut.key,)
         assert "out-of-memory killer" in death.message
+        assert death.memory > 50 * MiB and death.peak_memory >= death.memory   # a real figure, not the teardown
         # a plain kill -9 right after is not mistaken for the OOM killer
         wait_until(lambda: len(c.workers) == 1)
         (info,) = c.workers.values()

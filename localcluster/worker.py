@@ -225,12 +225,8 @@ class Worker:
                 self._reply(P.Skipped(run.seq))
                 continue
             board.start(row, ident, run.seq)
-            t0 = time.perf_counter()
             reply = self._run(run)
-            duration = time.perf_counter() - t0
             board.stop(row)
-            if isinstance(reply, P.Finished):
-                reply = P.Finished(reply.seq, reply.nbytes, reply.type_name, reply.data, duration)
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
                 self.cancelled.discard(run.seq)
                 self.store.free((run.key,))
@@ -247,6 +243,7 @@ class Worker:
 
     def _run(self, run: P.Run) -> Any:
         step = "unpickling the function"
+        t0 = time.perf_counter()
         try:
             fn = self.fns[run.fn_id]
             if isinstance(fn, bytes):
@@ -268,7 +265,7 @@ class Worker:
             return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what))
         self.store.put(run.key, result, payload.nbytes)
         data = payload if payload.nbytes <= INLINE_RESULT else None
-        return P.Finished(run.seq, payload.nbytes, type(result).__qualname__, data, 0.0)
+        return P.Finished(run.seq, payload.nbytes, type(result).__qualname__, data, time.perf_counter() - t0)
 
     def _flush(self) -> None:
         with self._out_lock:

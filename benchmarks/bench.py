@@ -123,7 +123,19 @@ class Peer:
         raise NotImplementedError
 
 
-class LocalClusterPeer(Peer):
+class ClientClusterPeer(Peer):
+    """A peer made of a client and the cluster it drives (localcluster, dask)."""
+    client = cluster = None
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.client = self.cluster = None
+
+
+class LocalClusterPeer(ClientClusterPeer):
     name = "localcluster"
 
     def __init__(self):
@@ -151,12 +163,6 @@ class LocalClusterPeer(Peer):
     def pool_pids(self):
         return {"workers": [w.pid for w in self.cluster.workers.values()], "nannies": []}
 
-    def close(self):
-        if self.client is not None:
-            self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
-        self.client = self.cluster = None
 
 
 class PPEPeer(Peer):
@@ -224,7 +230,7 @@ class LokyPeer(PPEPeer):
         self.ex = None
 
 
-class DaskPeer(Peer):
+class DaskPeer(ClientClusterPeer):
     name = "dask"
 
     def __init__(self):
@@ -265,12 +271,6 @@ class DaskPeer(Peer):
         nannies = sorted({psutil.Process(p).ppid() for p in workers} - {os.getpid()})
         return {"workers": workers, "nannies": nannies}
 
-    def close(self):
-        if self.client is not None:
-            self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
-        self.client = self.cluster = None
 
 
 PEER_CLASSES = {"localcluster": LocalClusterPeer, "ppe": PPEPeer, "loky": LokyPeer, "dask": DaskPeer,

@@ -54,6 +54,15 @@ def finish(s, key, data=None, nbytes=BIG, duration=0.005):
     ts = s.tasks[key]
     return s.finished(ts.worker, ts.seq, nbytes, "int", data, duration)
 
+def b_needs_a_from_w1():
+    """``a`` finished on w1, w1 paused, then ``b(a)`` submitted: b must run on w2."""
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    s.set_paused("w1", True)
+    return s, s.submit([spec("b", "a")])
+
+
 
 def fail(s, key, error=ERR):
     ts = s.tasks[key]
@@ -154,11 +163,7 @@ def test_small_result_in_parent_is_put_directly():
 
 
 def test_relay_error_fails_the_dependent():
-    s = sched("w1", "w2")
-    s.submit([spec("a")])
-    finish(s, "a")
-    s.set_paused("w1", True)
-    acts = s.submit([spec("b", "a")])
+    s, acts = b_needs_a_from_w1()
     (_, exp), = sends(acts, P.Export)
     acts = s.data("w1", exp.request, "a", None, ERR)
     seq_b = s.tasks["b"].seq
@@ -571,11 +576,7 @@ def test_small_result_kept_in_parent_survives_its_worker():
 
 
 def test_lost_dependency_pulls_back_the_waiting_dependent():
-    s = sched("w1", "w2")
-    s.submit([spec("a")])
-    finish(s, "a")
-    s.set_paused("w1", True)
-    acts = s.submit([spec("b", "a")])
+    s, acts = b_needs_a_from_w1()
     seq_b = s.tasks["b"].seq
     assert runs(acts) == [("b", "w2")] and sends(acts, P.Export)[0][0] == "w1"
     acts = s.worker_died(death("w1"), {})

@@ -10,6 +10,7 @@ its data freed on the workers.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -48,7 +49,7 @@ class Client:
         self._refs: dict[str, int] = {}
         # Re-entrant: a garbage collection inside _track may run Future.__del__ -> _untrack.
         self._refs_lock = threading.RLock()
-        self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (fn, fn_id, fn_bytes)
+        self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (ref to fn, fn_id, fn_bytes)
         self.cluster._clients.add(self)
         _clients[self.id] = self
 
@@ -99,8 +100,10 @@ class Client:
     # --- submitting -------------------------------------------------------------------
 
     def _function(self, fn: Callable) -> tuple[int, bytes]:
+        # Weakly held where the callable allows it: a cached bound method must not keep
+        # its object alive (CPython's test_no_stale_references), nor a closure its data.
         entry = self._fn_cache.get(id(fn))
-        if entry is not None and entry[0] is fn:
+        if entry is not None and entry[0]() is fn:
             self._fn_cache.move_to_end(id(fn))
             return entry[1], entry[2]
         try:
@@ -109,7 +112,11 @@ class Client:
             raise TypeError(f"could not pickle the function {serialize.describe(fn)}: "
                             f"{type(e).__name__}: {e}") from e
         fn_id = next(_fn_ids)
-        self._fn_cache[id(fn)] = (fn, fn_id, data)
+        try:
+            ref: Callable = weakref.ref(fn)
+        except TypeError:          # builtins, callable instances without __weakref__
+            ref = _Strong(fn)
+        self._fn_cache[id(fn)] = (ref, fn_id, data)
         if len(self._fn_cache) > 512:
             self._fn_cache.popitem(last=False)
         return fn_id, data
@@ -135,12 +142,11 @@ class Client:
             raise TypeError(f"could not pickle {where} of {_name(fn)}(): {type(e).__name__}: {e}. "
                             f"Pass something picklable, or create it inside the task.") from e
 
-    def _spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], pure: bool,
-              retries: int, timeout: Optional[float], priority: int) -> Spec:
+    def _spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: "_Options") -> Spec:
         fn_id, fn_bytes = self._function(fn)
         payload, deps = self._pickle_args(fn, args, kwargs)
         if key is None:
-            if pure:
+            if opts.pure:
                 # sha1 runs on the CPU's SHA instructions: ~2 GB/s, three times blake2b here.
                 # A key is an identity, not a security boundary.
                 h = hashlib.sha1(fn_bytes, usedforsecurity=False)
@@ -151,32 +157,47 @@ class Client:
                 key = f"{_name(fn)}-{h.hexdigest()}"
             else:
                 key = f"{_name(fn)}-{_PREFIX}{next(_unique):x}"
-        return Spec(key, fn_id, fn_bytes, payload, deps, priority, retries, timeout)
+        return Spec(key, fn_id, fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
+                    opts.workers, opts.loose)
 
     def _check(self) -> None:
         if self.status != "running":
             raise RuntimeError("this Client is closed")
         self.cluster._check_open()
 
-    def submit(self, fn: Callable, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
-               timeout: Optional[float] = None, priority: int = 0, **kwargs: Any) -> Future:
-        """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments are replaced by their values."""
+    def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
+               timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+               allow_other_workers: bool = False, **kwargs: Any) -> Future:
+        """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments are replaced by their values.
+
+        ``workers``: a worker name or names the task must run on (dask's meaning); with
+        ``allow_other_workers=True`` they are only preferred."""
+        return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
+                                priority=priority, workers=workers, allow_other_workers=allow_other_workers)
+
+    def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
+                    key: Optional[str] = None, pure: bool = True, retries: int = 0,
+                    timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+                    allow_other_workers: bool = False) -> Future:
+        """``submit`` with the function's arguments passed explicitly, for wrappers (the
+        Executor) whose callers may use keywords such as ``key`` or ``timeout`` for ``fn``."""
         if not callable(fn):
             raise TypeError(f"submit() needs a callable first, got {serialize.describe(fn)}")
-        _check_submit_options(key, retries, timeout, priority)
-        self._check()
-        spec = self._spec(fn, args, kwargs, key, pure, retries, timeout, priority)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {type(key).__name__}")
+        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers)
+        spec = self._spec(fn, tuple(args), dict(kwargs or {}), key, opts)
         return self._submit([spec])[0]
 
-    def map(self, fn: Callable, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
-            timeout: Optional[float] = None, priority: int = 0, **kwargs: Any) -> list[Future]:
+    def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
+            timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+            allow_other_workers: bool = False, **kwargs: Any) -> list[Future]:
         """``[submit(fn, *args, **kwargs) for args in zip(*iterables)]``, sent in batches."""
         if not callable(fn):
             raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
         if not iterables:
             raise TypeError("map() needs at least one iterable")
-        _check_submit_options(None, retries, timeout, priority)
-        self._check()
+        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers)
         items = list(zip(*iterables))
         if isinstance(key, (list, tuple)):
             if len(key) != len(items):
@@ -188,11 +209,20 @@ class Client:
             raise TypeError("map(key=...) takes a list of keys, or a string prefix")
         specs = []
         for args, k in zip(items, keys):
-            spec = self._spec(fn, args, kwargs, k, pure, retries, timeout, priority)
+            spec = self._spec(fn, args, kwargs, k, opts)
             if isinstance(key, str):
-                spec = Spec(f"{key}-{spec.key.rsplit('-', 1)[-1]}", *_spec_tail(spec))
+                spec = dataclasses.replace(spec, key=f"{key}-{spec.key.rsplit('-', 1)[-1]}")
             specs.append(spec)
         return self._submit(specs)
+
+    def _options(self, pure: Any, retries: Any, timeout: Any, priority: Any, workers: Any,
+                 allow_other_workers: Any) -> "_Options":
+        _check_submit_options(retries, timeout, priority)
+        if not isinstance(allow_other_workers, bool):
+            raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
+        self._check()
+        names = self.cluster.check_worker_names(workers) if workers is not None else None
+        return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
 
     def _submit(self, specs: list) -> list[Future]:
         cluster = self.cluster
@@ -342,19 +372,34 @@ class Client:
         return f"<Client {self.status} cluster={self.cluster!r}>"
 
 
-def _check_submit_options(key: Any, retries: Any, timeout: Any, priority: Any) -> None:
-    if key is not None and not isinstance(key, str):
-        raise TypeError(f"key must be a string, got {type(key).__name__}")
+class _Strong:
+    """A strong stand-in for ``weakref.ref`` (callables that cannot be weakly referenced)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    pure: bool
+    retries: int
+    timeout: Optional[float]
+    priority: int
+    workers: Optional[frozenset]
+    loose: bool
+
+
+def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries={retries!r}: expected an integer >= 0")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ValueError(f"timeout={timeout!r}: expected a number of seconds > 0, or None")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority={priority!r}: expected an integer")
-
-
-def _spec_tail(spec: Spec) -> tuple:
-    return (spec.fn_id, spec.fn, spec.args, spec.deps, spec.priority, spec.retries, spec.timeout)
 
 
 def _name(fn: Any) -> str:

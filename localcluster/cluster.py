@@ -151,6 +151,25 @@ class LocalCluster(Supervision):
                     tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads, list(n.history))
         return out
 
+    def check_worker_names(self, workers: Any) -> frozenset:
+        """``workers=`` as a set of names of this cluster's workers; a clear error otherwise."""
+        names = (workers,) if isinstance(workers, str) else workers
+        try:
+            names = frozenset(names)
+        except TypeError:
+            raise TypeError(f"workers={workers!r}: expected a worker name or a list of names "
+                            f"(as in cluster.workers)") from None
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"workers={workers!r}: expected a worker name or a non-empty list of names "
+                            f"(as in cluster.workers)")
+        with self._lock:
+            known = set(self._nannies)
+        unknown = sorted(names - known)
+        if unknown:
+            raise ValueError(f"workers={sorted(names)!r}: no running worker is called "
+                             f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
+        return names
+
     def scale(self, n: int, timeout: float = 60.0) -> None:
         """Grow or shrink to ``n`` workers; returns when they are up (or gone)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:

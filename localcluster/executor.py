@@ -28,7 +28,7 @@ class ClusterExecutor(cf.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            fut = self._client.submit(fn, *args, **self._kwargs, **kwargs)
+            fut = self._client.submit_call(fn, args, kwargs, **self._kwargs)
             self._futures.add(fut)
             return fut
 

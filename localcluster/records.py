@@ -51,6 +51,8 @@ class Spec:
     priority: int = 0
     retries: int = 0
     timeout: Optional[float] = None
+    workers: Optional[frozenset] = None     # names it may run on (None: any)
+    loose: bool = False                     # workers are a preference (allow_other_workers)
 
 
 class Task:

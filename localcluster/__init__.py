@@ -6,12 +6,12 @@ __version__ = "0.1.0"
 from . import config
 from .client import Client, Future, as_completed, wait
 from .cluster import LocalCluster, WorkerInfo
-from .death import (ClusterRestarted, KilledWorker, LostDataError, TaskError, TaskTimeoutError, WorkerDeath,
+from .death import (ClusterBroken, ClusterRestarted, KilledWorker, LostDataError, TaskError, TaskTimeoutError, WorkerDeath,
                     WorkerStartupError)
 from .diagnostics.progress import progress
 
 __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
-    "LostDataError", "TaskError", "WorkerStartupError", "ClusterRestarted", "WorkerInfo",
+    "LostDataError", "TaskError", "WorkerStartupError", "ClusterRestarted", "ClusterBroken", "WorkerInfo",
     "wait", "as_completed", "progress", "config", "__version__",
 ]

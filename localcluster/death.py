@@ -16,7 +16,7 @@ from typing import Optional
 from .config import format_bytes
 
 __all__ = [
-    "WorkerDeath", "KilledWorker", "TaskTimeoutError", "LostDataError", "TaskError",
+    "WorkerDeath", "KilledWorker", "TaskTimeoutError", "LostDataError", "TaskError", "ClusterBroken",
     "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread",
 ]
 
@@ -344,3 +344,25 @@ class WorkerStartupError(RuntimeError):
 
 class ClusterRestarted(CancelledError):
     """A pending task was forgotten because the cluster restarted or closed."""
+
+
+class ClusterBroken(RuntimeError):
+    """localcluster's own machinery failed (a bug in localcluster, not in the user's code).
+
+    Every pending future and every later call fails with it at once, never a hang;
+    ``traceback_text`` holds the internal traceback."""
+
+    def __init__(self, where: str, traceback_text: str):
+        self.where, self.traceback_text = where, traceback_text
+        super().__init__(where, traceback_text)
+
+    def __str__(self) -> str:
+        last = self.traceback_text.strip().splitlines()[-1] if self.traceback_text.strip() else "?"
+        return (f"localcluster's {self.where} failed ({last}). This is a bug in localcluster, not in your "
+                f"code. Every pending future and every later call on this cluster fails with this error; "
+                f"its workers were stopped. Create a new LocalCluster to go on, and please report this "
+                f"traceback with the output of client.get_versions() to the localcluster maintainers:\n"
+                f"{self.traceback_text.rstrip()}")
+
+    def __reduce__(self):
+        return (ClusterBroken, (self.where, self.traceback_text))

@@ -9,9 +9,10 @@ from .cluster import LocalCluster, WorkerInfo
 from .death import (ClusterBroken, ClusterRestarted, KilledWorker, LostDataError, TaskError, TaskTimeoutError, WorkerDeath,
                     WorkerStartupError)
 from .diagnostics.progress import progress
+from .store import StoreError
 
 __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
-    "LostDataError", "TaskError", "WorkerStartupError", "ClusterRestarted", "ClusterBroken", "WorkerInfo",
+    "LostDataError", "TaskError", "WorkerStartupError", "ClusterRestarted", "ClusterBroken", "StoreError", "WorkerInfo",
     "wait", "as_completed", "progress", "config", "__version__",
 ]

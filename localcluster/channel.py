@@ -7,6 +7,10 @@ written once into an anonymous ``memfd`` and its descriptor rides along with the
 frame (SCM_RIGHTS). The receiver maps it copy-on-write, so nothing is named in
 /dev/shm and nothing can leak: the memory is freed with the last mapping.
 
+Every out-of-band buffer is received as a ``PickleBuffer``, the type it was sent
+as, so whatever arrives (a Payload in a ``Data`` reply, say) can be sent on again
+as it is: a relay or a re-export never needs to know where its bytes came from.
+
 Frame layout (little endian)::
 
     u64 total | u32 n_buffers | u64 env_len | n_buffers x u64 (size, top bit = memfd) | envelope | inline buffers
@@ -27,7 +31,8 @@ import threading
 from collections import deque
 from typing import Any, Iterator
 
-MEMFD_THRESHOLD = 1 << 20
+from .protocol import MEMFD_THRESHOLD
+
 HAVE_MEMFD = hasattr(os, "memfd_create")
 _HEAD = struct.Struct("<QIQ")
 _SIZE = struct.Struct("<Q")
@@ -48,10 +53,14 @@ def _to_memfd(buf: memoryview) -> int:
         raise
 
 
-def _from_memfd(fd: int, size: int) -> memoryview:
+# Pre-faulting the mapping costs less than faulting page by page later, and it makes the
+# data count in the receiver's RSS at once, so memory supervision sees what a worker holds.
+_MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _from_memfd(fd: int, size: int) -> pickle.PickleBuffer:
     try:
-        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                                    prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return pickle.PickleBuffer(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ | mmap.PROT_WRITE))
     finally:
         os.close(fd)
 
@@ -128,7 +137,7 @@ class _Reader:
                 if s & _FD_FLAG:
                     bufs.append(_from_memfd(self.fds.popleft(), s & ~_FD_FLAG))
                 else:
-                    bufs.append(bytes(buf[p:p + s]))
+                    bufs.append(pickle.PickleBuffer(bytes(buf[p:p + s])))
                     p += s
             self.pos += total
             yield pickle.loads(env, buffers=bufs)
@@ -181,7 +190,11 @@ class BlockingChannel:
         return self.sock.fileno()
 
     def send(self, msg: Any) -> None:
-        chunks, fds = encode(msg)
+        self.send_frame(*encode(msg))
+
+    def send_frame(self, chunks: list, fds: list[int]) -> None:
+        """Send a frame made by :func:`encode` (encode first to tell a message that cannot be
+        pickled from a broken socket: nothing is written until the frame is whole)."""
         try:
             with self._lock:
                 n = _send_chunks(self.sock, chunks, fds)

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from . import serialize
 from .cluster import LocalCluster
 from .future import Future, _Stored, as_completed, wait  # noqa: F401 - re-exported
-from .scheduler import INLINE_RESULT, Spec
+from .protocol import INLINE_RESULT
+from .scheduler import Spec
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
 

@@ -7,6 +7,21 @@ import re
 import shutil
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss(pid: "int | str" = "self") -> "int | None":
+    """Resident set size of a process in bytes, from /proc (cheap: no psutil), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        if pid == "self" and not os.path.exists("/proc/self/statm"):  # pragma: no cover - not Linux
+            import resource
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return None
+
+
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -12,8 +12,14 @@ an old run can never be mistaken for the new one.
 from __future__ import annotations
 
 import operator
+import pickle
 from dataclasses import dataclass, fields
 from typing import Any, Optional
+
+# The size thresholds of the data path, in one place.
+INLINE_RESULT = 1 << 16      # results this small travel with Finished and are kept in the parent
+OUT_OF_BAND = 1 << 16        # pickle buffers this large leave the pickle stream
+MEMFD_THRESHOLD = 1 << 20    # out-of-band buffers this large cross as a memfd, not through the socket
 
 
 def _dc(cls: type) -> type:
@@ -36,8 +42,21 @@ def _dc(cls: type) -> type:
 class Payload:
     """User data pickled with cloudpickle; ``buffers`` are its out-of-band pickle-5 buffers."""
     meta: Any          # bytes, or a PickleBuffer when large (so it too leaves the stream)
-    buffers: tuple
+    buffers: tuple     # PickleBuffers, always: so a Payload can be sent on as it arrived
     nbytes: int
+
+
+def _payload_from_wire(meta: Any, buffers: tuple, nbytes: int) -> Payload:
+    # pickle hands a read-only out-of-band buffer back as a memoryview (READONLY_BUFFER);
+    # wrap it again, or the Payload could not be pickled out-of-band a second time.
+    if type(meta) is memoryview:
+        meta = pickle.PickleBuffer(meta)
+    if buffers and any(type(b) is not pickle.PickleBuffer for b in buffers):
+        buffers = tuple(b if type(b) is pickle.PickleBuffer else pickle.PickleBuffer(b) for b in buffers)
+    return Payload(meta, buffers, nbytes)
+
+
+Payload.__reduce__ = lambda self: (_payload_from_wire, (self.meta, self.buffers, self.nbytes))
 
 
 # --- parent -> worker ------------------------------------------------------------------

@@ -29,7 +29,6 @@ from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath
 from .records import Deliver, Resolve, Retire, Send, Spec, Task, WorkerState  # noqa: F401 - re-exported
 
-INLINE_RESULT = 1 << 16      # results this small travel with Finished and stay in the parent
 
 
 class Scheduler:

@@ -4,24 +4,70 @@ cloudpickle so that functions from ``__main__``, a notebook cell, a lambda or a
 closure travel; pickle protocol 5 so that large buffers (numpy arrays, bytes,
 bytearrays) stay out of the pickle stream and cross as shared memory.
 
+pickle keeps ``bytes`` and ``bytearray`` in the stream (its C pickler has no hook for
+them), so a large one at the top level is wrapped to travel as one out-of-band buffer
+like an array; a ``memoryview`` anywhere travels as its buffer (pickle refuses it).
+
 Futures inside arguments pickle as placeholders (``Future.__reduce__``): the
 parent records them as dependencies while pickling, the worker swaps each one
 for the value in its store while unpickling. Non-future objects pay nothing.
 """
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import threading
 import traceback
+from collections import ChainMap
 from typing import Any, Optional
 
 import cloudpickle
 
-from .protocol import Payload
+from .protocol import OUT_OF_BAND, Payload
 
-OUT_OF_BAND = 1 << 16        # buffers at least this large leave the pickle stream
 _local = threading.local()
+
+
+def _as_bytes(buf: Any) -> bytes:
+    return buf if type(buf) is bytes else bytes(buf)
+
+
+def _as_memoryview(buf: Any, fmt: str, shape: tuple) -> memoryview:
+    view = memoryview(buf)
+    return view if view.format == fmt and view.shape == shape else view.cast("B").cast(fmt, shape)
+
+
+def _reduce_memoryview(view: memoryview) -> tuple:
+    if not view.contiguous:
+        view = memoryview(view.tobytes(order="A")).cast(view.format, view.shape)
+    return (_as_memoryview, (pickle.PickleBuffer(view), view.format, view.shape))
+
+
+class _OutOfBand:
+    """A large top-level bytes or bytearray, pickled as one out-of-band buffer."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __reduce__(self) -> tuple:
+        return (_as_bytes if type(self.obj) is bytes else bytearray, (pickle.PickleBuffer(self.obj),))
+
+
+def _wrap(obj: Any) -> Any:
+    t = type(obj)
+    return _OutOfBand(obj) if (t is bytes or t is bytearray) and len(obj) >= OUT_OF_BAND else obj
+
+
+class _CPickler(pickle.Pickler):
+    """The C pickler (results going back to the parent), taught memoryviews."""
+    dispatch_table = {**copyreg.dispatch_table, memoryview: _reduce_memoryview}
+
+
+class _CloudPickler(cloudpickle.Pickler):
+    """cloudpickle, taught memoryviews as buffers (its own reduction copies them to bytes)."""
+    dispatch_table = ChainMap({memoryview: _reduce_memoryview}, cloudpickle.Pickler.dispatch_table)
 
 
 class _Reusable:
@@ -31,7 +77,7 @@ class _Reusable:
     def __init__(self) -> None:
         self.file = io.BytesIO()
         self.buffers: list = []
-        self.pickler = cloudpickle.Pickler(self.file, protocol=5, buffer_callback=self._keep)
+        self.pickler = _CloudPickler(self.file, protocol=5, buffer_callback=self._keep)
 
     def _keep(self, pb: pickle.PickleBuffer) -> bool:
         if pb.raw().nbytes >= OUT_OF_BAND:
@@ -58,16 +104,26 @@ def _pickler() -> _Reusable:
     return p
 
 
-def dumps(obj: Any) -> Payload:
-    meta, buffers = _pickler().dumps(obj)
+def _payload(meta: bytes, buffers: list) -> Payload:
     nbytes = len(meta) + sum(pb.raw().nbytes for pb in buffers)
     if len(meta) >= OUT_OF_BAND:
         meta = pickle.PickleBuffer(meta)
     return Payload(meta, tuple(buffers), nbytes)
 
 
+def dumps(obj: Any) -> Payload:
+    return _payload(*_pickler().dumps(_wrap(obj)))
+
+
 def loads(payload: Payload) -> Any:
     return pickle.loads(payload.meta, buffers=payload.buffers)
+
+
+def self_contained(payload: Payload) -> bool:
+    """True when the payload is a copy of its value rather than a view of its memory:
+    most of it is in the pickle stream (a non-contiguous array, many small objects)."""
+    meta = payload.meta
+    return (len(meta) if type(meta) is bytes else meta.raw().nbytes) >= OUT_OF_BAND
 
 
 def dumps_result(obj: Any) -> Payload:
@@ -82,14 +138,12 @@ def dumps_result(obj: Any) -> Payload:
             buffers.append(pb)
             return False
         return True
+    f = io.BytesIO()
     try:
-        meta = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+        _CPickler(f, protocol=5, buffer_callback=keep).dump(_wrap(obj))
     except Exception:
         return dumps(obj)
-    nbytes = len(meta) + sum(pb.raw().nbytes for pb in buffers)
-    if len(meta) >= OUT_OF_BAND:
-        meta = pickle.PickleBuffer(meta)
-    return Payload(meta, tuple(buffers), nbytes)
+    return _payload(f.getvalue(), buffers)
 
 
 def dumps_collecting(obj: Any) -> tuple[Payload, tuple]:

@@ -37,10 +37,9 @@ from typing import Any
 from . import protocol as P
 from . import serialize
 from .board import Board
-from .channel import BlockingChannel
-from .store import Store
+from .channel import BlockingChannel, encode
+from .store import Store, StoreError
 
-INLINE_RESULT = 1 << 16
 FLUSH_DELAY = 0.002
 
 BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
@@ -172,14 +171,20 @@ class Worker:
                 self._queue(run)
 
     def _export(self, msg: P.Export) -> None:
+        """Reply with the data of a key. A failure (reloading, pickling, framing) fails this
+        request with an error naming the key and the step; the worker carries on."""
+        step = "reading it from the store"
         try:
+            if msg.key not in self.store:
+                raise KeyError(f"worker {self.name!r} no longer holds {msg.key!r}")
             payload = self.store.payload(msg.key)
-            reply = P.Data(msg.request, msg.key, payload, None)
-        except BaseException as e:  # noqa: B902 - report, never die for a bad value
-            step = (f"pickling the data of {msg.key!r} to move it out of worker {self.name!r} failed"
-                    if msg.key in self.store else f"worker {self.name!r} no longer holds {msg.key!r}")
-            reply = P.Data(msg.request, msg.key, None, serialize.dumps_exception(e, step))
-        self.chan.send(reply)
+            step = "framing it for the channel"
+            frame = encode(P.Data(msg.request, msg.key, payload, None))
+        except Exception as e:
+            error = StoreError(f"sending the data of {msg.key!r} from worker {self.name!r} failed while "
+                               f"{step}: {type(e).__name__}: {e}")
+            frame = encode(P.Data(msg.request, msg.key, None, serialize.dumps_exception(error)))
+        self.chan.send_frame(*frame)
 
     # --- executor threads -------------------------------------------------------------
 
@@ -263,9 +268,10 @@ class Worker:
             if step == "pickling the result":
                 what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
             return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what))
-        self.store.put(run.key, result, payload.nbytes)
-        data = payload if payload.nbytes <= INLINE_RESULT else None
-        return P.Finished(run.seq, payload.nbytes, type(result).__qualname__, data, time.perf_counter() - t0)
+        type_name = type(result).__qualname__
+        self.store.put_result(run.key, result, payload)
+        data = payload if payload.nbytes <= P.INLINE_RESULT else None
+        return P.Finished(run.seq, payload.nbytes, type_name, data, time.perf_counter() - t0)
 
     def _flush(self) -> None:
         with self._out_lock:

@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import os
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -23,7 +22,6 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from . import serialize
 from .cluster import LocalCluster
 from .future import Future, _Stored, as_completed, wait  # noqa: F401 - re-exported
-from .protocol import INLINE_RESULT
 from .scheduler import Spec
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
@@ -226,40 +224,30 @@ class Client:
         return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
 
     def _submit(self, specs: list) -> list[Future]:
-        cluster = self.cluster
-        with cluster._lock:
-            futures = [Future(s.key, self) for s in specs]
-            post = cluster._apply(cluster.scheduler.submit(specs))
-        cluster._post(post)
-        return futures
+        return self.cluster.submit(specs, lambda: [Future(s.key, self) for s in specs])
 
-    def scatter(self, data: Any, broadcast: bool = False) -> Any:
-        """Put data on the workers; returns Futures (a list for a list, a dict for a dict)."""
+    def fail_pending(self, exc: BaseException) -> None:
+        """Fail every pending future of this client with ``exc`` (the cluster broke)."""
+        with self._refs_lock:
+            refs = [r for rs in self._futures.values() for r in rs]
+        for ref in refs:
+            fut = ref()
+            if fut is not None and not fut.done():
+                fut._fail(exc)
+
+    def scatter(self, data: Any, broadcast: bool = False, workers: Any = None) -> Any:
+        """Put data on the workers; returns Futures (a list for a list, a dict for a dict).
+        ``workers``: names to place it on; ``broadcast=True``: a copy on each of them (or on all)."""
         self._check()
+        if not isinstance(broadcast, bool):
+            raise TypeError(f"broadcast={broadcast!r}: expected True or False")
+        names = self.cluster.check_worker_names(workers) if workers is not None else None
         if isinstance(data, dict):
-            return dict(zip(data, self.scatter(list(data.values()), broadcast)))
-        if isinstance(data, (list, tuple, set, frozenset)):
-            items = list(data)
-            single = False
-        else:
-            items, single = [data], True
-        cluster = self.cluster
-        futures = []
-        with cluster._lock:
-            workers = sorted(cluster.scheduler.workers.values(),
-                             key=lambda w: (w.closing, len(w.has), w.name))
-            workers = [w.name for w in workers if not w.closing]
-            if not workers:
-                raise RuntimeError("no running worker to scatter to")
-            actions = []
-            for i, value in enumerate(items):
-                payload = serialize.dumps(value)
-                key = f"{type(value).__name__}-{_PREFIX}{next(_unique):x}"
-                targets = workers if broadcast else [workers[i % len(workers)]]
-                futures.append(Future(key, self))
-                actions += cluster.scheduler.scatter(key, payload, targets, payload.nbytes <= INLINE_RESULT)
-            post = cluster._apply(actions)
-        cluster._post(post)
+            return dict(zip(data, self.scatter(list(data.values()), broadcast, names)))
+        single = not isinstance(data, (list, tuple, set, frozenset))
+        values = [data] if single else list(data)
+        items = [(f"{type(v).__name__}-{_PREFIX}{next(_unique):x}", serialize.dumps(v)) for v in values]
+        futures = self.cluster.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
         return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
 
     def gather(self, futures: Any, errors: str = "raise") -> Any:
@@ -282,37 +270,17 @@ class Client:
                         f._result = _Stored(payload)
         return _rebuild(futures, errors)
 
-    def replicate(self, futures: Any, n: Optional[int] = None, timeout: float = 60.0) -> None:
-        """Keep copies of these futures' data on ``n`` workers (all when None)."""
-        cluster = self.cluster
-        keys = [f.key for f in _walk(futures) if isinstance(f, Future)]
-        cf.wait([f for f in _walk(futures) if isinstance(f, Future)], timeout)
-        with cluster._lock:
-            sched = cluster.scheduler
-            workers = [w for w in sched.workers.values() if not w.closing]
-            want = len(workers) if n is None else min(n, len(workers))
-            actions = []
-            for key in keys:
-                ts = sched.tasks.get(key)
-                if ts is None or ts.state != "memory":
-                    continue
-                for ws in sorted(workers, key=lambda w: (len(w.has), w.name)):
-                    if len(ts.who_has) + sum(1 for (k, _t) in sched.relaying if k == key) >= want:
-                        break
-                    if ws.name not in ts.who_has:
-                        actions += sched._relay(ts, ws)
-            post = cluster._apply(actions)
-        cluster._post(post)
-        deadline = time.monotonic() + timeout
-        with cluster._changed:
-            while any(k in keys for (k, _t) in cluster.scheduler.relaying):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("replicate() did not finish in time")
-                cluster._changed.wait(0.05)
+    def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
+        """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"replicate(n={n!r}): expected an integer >= 1, or None for every worker")
+        self._check()
+        fs = [f for f in _walk(futures) if isinstance(f, Future)]
+        cf.wait(fs, timeout)
+        self.cluster.replicate([f.key for f in fs], n, timeout)
 
     def cancel(self, futures: Any) -> None:
-        keys = [f.key for f in _walk(futures) if isinstance(f, Future)]
-        self.cluster._event(self.cluster.scheduler.cancel, keys)
+        self.cluster.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
 
     def restart(self, timeout: float = 60.0) -> "Client":
         """Stop every worker, forget every task (pending futures fail with ClusterRestarted),

@@ -27,6 +27,7 @@ socket to become writable.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures as cf
 import itertools
 import os
 import queue
@@ -35,6 +36,7 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from concurrent.futures import Future as _CfFuture
@@ -45,7 +47,7 @@ from . import config as _config
 from . import protocol as P
 from . import scheduler as S
 from .config import format_bytes
-from .death import ClusterRestarted, WorkerDeath, WorkerStartupError
+from .death import ClusterBroken, ClusterRestarted, WorkerDeath
 from .machine import available_memory, purge_stale_directories, usable_cpus
 from .nanny import Nanny, logger
 from .supervision import Supervision
@@ -110,7 +112,7 @@ class LocalCluster(Supervision):
         self._names = itertools.count()
         self._target = 0
         self._startup_failures: list[WorkerDeath] = []
-        self._broken: Optional[WorkerStartupError] = None
+        self._broken: Optional[Exception] = None    # WorkerStartupError or ClusterBroken: every call raises it
         self._respawn_at: list[float] = []
         self._clients: "weakref.WeakSet" = weakref.WeakSet()
         self._requests: dict[int, _CfFuture] = {}
@@ -199,9 +201,10 @@ class LocalCluster(Supervision):
                 self._status = "closed"
                 return
         self._status = "closed"
-        with self._lock:
-            post = self._apply(self.scheduler.clear(ClusterRestarted("the cluster was closed")))
-        self._post(post)
+        if not isinstance(self._broken, ClusterBroken):   # broken: futures already failed, state suspect
+            with self._lock:
+                post = self._apply(self.scheduler.clear(ClusterRestarted("the cluster was closed")))
+            self._post(post)
         for fut in list(self._requests.values()):
             if not fut.done():
                 fut.set_exception(ClusterRestarted("the cluster was closed"))
@@ -366,11 +369,67 @@ class LocalCluster(Supervision):
                     else:
                         fut.set_result(a.data)
 
-    def _event(self, fn: Callable, *args: Any) -> Any:
-        with self._lock:
-            result = fn(*args)
-            post = self._apply(result)
-        self._post(post)
+    def _event(self, fn: Callable, *args: Any, before: Optional[Callable[[], Any]] = None) -> Any:
+        """Run a scheduler event from any thread and carry out its actions. ``before()`` runs
+        first under the same lock (futures must exist before any answer can arrive); its
+        return value is returned. The scheduler is pure and gets only checked input, so any
+        exception here is a bug in localcluster: the cluster breaks, loudly, at once."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            with self._lock:
+                ret = before() if before is not None else None
+                post = self._apply(fn(*args))
+            self._post(post)
+        except Exception:
+            self._break("scheduler", traceback.format_exc())
+            raise self._broken from None
+        return ret
+
+    def _break(self, where: str, tb_text: str) -> None:
+        """An internal failure: every pending future and every later call fails with
+        ClusterBroken; the scheduler thread stops the workers and exits."""
+        if isinstance(self._broken, ClusterBroken):
+            return
+        logger.error("localcluster's %s failed; the cluster is broken:\n%s", where, tb_text)
+        self._broken = err = ClusterBroken(where, tb_text)
+        # The scheduler's state is suspect: fail the futures directly, not through it.
+        for client in list(self._clients):
+            client.fail_pending(err)
+        for fut in list(self._requests.values()):
+            if not fut.done():
+                fut.set_exception(err)
+        with self._changed:
+            self._changed.notify_all()
+        self._wake()
+
+    # --- public entry points for the client -------------------------------------------
+
+    def submit(self, specs: list, track: Callable[[], Any]) -> Any:
+        """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
+        return self._event(self.scheduler.submit, specs, before=track)
+
+    def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,
+                broadcast: bool = False) -> Any:
+        """Place ``[(key, Payload)]`` on workers (the scheduler chooses which)."""
+        return self._event(self.scheduler.scatter, items, workers, broadcast, before=track)
+
+    def cancel(self, keys: list) -> None:
+        self._event(self.scheduler.cancel, keys)
+
+    def replicate(self, keys: list, n: Optional[int], timeout: Optional[float]) -> None:
+        """Copies of these keys' data on ``n`` workers; returns when they have arrived."""
+        fut: _CfFuture = _CfFuture()
+
+        def ask() -> list:
+            req, actions = self.scheduler.replicate(keys, n)
+            self._requests[req] = fut
+            return actions
+        self._event(ask)
+        try:
+            fut.result(timeout)
+        except cf.TimeoutError:
+            raise TimeoutError(f"replicate() did not finish within {timeout:g} s") from None
 
     def _run_callback(self, fn: Callable, fut: Any) -> None:
         """Run a user's done-callback on the callbacks thread (started on first use)."""
@@ -410,17 +469,18 @@ class LocalCluster(Supervision):
 
     def fetch(self, keys: list) -> list[_CfFuture]:
         """Futures for the data (Payloads) of ``keys``, however far away it is."""
-        futs = []
-        with self._lock:
-            actions = []
+        futs: list = []
+
+        def ask() -> list:
+            actions: list = []
             for key in keys:
                 req, acts = self.scheduler.fetch(key)
                 fut: _CfFuture = _CfFuture()
                 self._requests[req] = fut
                 futs.append(fut)
                 actions += acts
-            post = self._apply(actions)
-        self._post(post)
+            return actions
+        self._event(ask)
         return futs
 
     # --- the scheduler thread ---------------------------------------------------------
@@ -438,6 +498,9 @@ class LocalCluster(Supervision):
                     next_tick = now + interval
                 if self._close_started and not self._nannies:
                     return
+                if isinstance(self._broken, ClusterBroken):   # broken from a user thread
+                    self._stop_all_workers()
+                    return
                 for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
                     kind, n = key.data
                     if kind == "wake":
@@ -454,10 +517,17 @@ class LocalCluster(Supervision):
                             self._changed.notify_all()
                     elif kind == "exit":
                         self._on_exit(n)
-        except BaseException:  # pragma: no cover - a bug here must be loud, not a hang
-            logger.exception("localcluster scheduler thread failed")
-            self._broken = self._broken or WorkerStartupError(())
-            raise
+        except BaseException:  # a bug here must be loud and fail everyone at once, never hang
+            self._break("scheduler thread", traceback.format_exc())
+            self._stop_all_workers()
+
+    def _stop_all_workers(self) -> None:
+        """After a break: kill and reap every worker; the thread then ends."""
+        for n in list(self._nannies.values()):
+            try:
+                self._force_reap(n)
+            except Exception:  # pragma: no cover - best effort: the cluster is already broken
+                logger.exception("could not reap %s", n.name)
 
     def _on_wake(self) -> None:
         try:

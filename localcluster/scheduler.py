@@ -36,7 +36,9 @@ class Scheduler:
         self.allowed_failures = allowed_failures
         self.tasks: dict[str, Task] = {}
         self.workers: dict[str, WorkerState] = {}
-        self._ready: list = []
+        self._ready: list = []                      # heap of ready tasks any worker may run
+        self._ready_on: dict[str, list] = {}        # worker -> heap of ready tasks restricted to it
+        self.gone: set = set()                      # names of workers that died (names are never reused)
         self._seq = itertools.count(1)
         self._order = itertools.count()
         self._request = itertools.count(1)
@@ -45,6 +47,7 @@ class Scheduler:
         # request id -> (key, holder worker, target worker or None for a client fetch, client request)
         self.exports: dict[int, tuple] = {}
         self.relaying: dict[tuple, int] = {}       # (key, target) -> request id
+        self.replicas: dict[int, set] = {}         # replicate request -> {(key, target)} still relaying
         self.avg_duration: Optional[float] = None
         self._deferring = False
 
@@ -121,7 +124,8 @@ class Scheduler:
         ws = self.workers.pop(death.worker, None)
         if ws is None:
             return []
-        out: list = []
+        self.gone.add(death.worker)
+        out: list = self._orphaned_restrictions(death.worker)
         lost: list = []
         for key in ws.has:
             ts = self.tasks.get(key)
@@ -169,6 +173,7 @@ class Scheduler:
             if target == death.worker:
                 del self.exports[req]
                 self.relaying.pop((key, target), None)
+                out += self._relay_done(key, target)
             elif holder == death.worker:
                 del self.exports[req]
                 ts = self.tasks.get(key)
@@ -176,6 +181,8 @@ class Scheduler:
                     self.relaying.pop((key, target), None)
                     if ts is not None and ts.state == "memory" and target in self.workers:
                         out += self._relay(ts, self.workers[target])
+                    if (key, target) not in self.relaying:
+                        out += self._relay_done(key, target)
                 elif ts is not None and ts.state == "memory":
                     out += self._fetch(ts, client)
                 elif ts is not None and ts.state in ("waiting", "ready", "processing"):
@@ -243,39 +250,113 @@ class Scheduler:
             out += self._make_ready_or_wait(ts)
         return out + self._assign()
 
-    def scatter(self, key: str, data: P.Payload, workers: list, keep_copy: bool) -> list:
-        ts = self.tasks.get(key)
-        if ts is None or ts.state == "released":
-            ts = self.tasks[key] = Task(key, None, next(self._order))
-        ts.wanted += 1
-        if ts.state == "memory":
-            return []
-        ts.state = "memory"
-        ts.nbytes = data.nbytes
-        ts.data = data if keep_copy else None
+    def scatter(self, items: list, workers: Optional[frozenset] = None, broadcast: bool = False) -> list:
+        """Data from the client: ``items`` is [(key, Payload)]. Each goes to the open worker
+        (among ``workers``, if given) holding the fewest keys, or to all of them with
+        ``broadcast``. Small values also stay here, and so does anything scattered while
+        no worker runs: it is sent to a worker when a task needs it."""
+        targets = sorted((w for w in self.workers.values() if not w.closing
+                          and (workers is None or w.name in workers)), key=lambda w: (len(w.has), w.name))
         out: list = []
-        for name in workers:
-            ts.who_has.add(name)
-            self.workers[name].has.add(key)
-            out.append(Send(name, P.Put(key, data)))
-        out.append(Resolve(key, "finished", ts.data))
+        for i, (key, data) in enumerate(items):
+            ts = self.tasks.get(key)
+            if ts is None or ts.state == "released":
+                ts = self.tasks[key] = Task(key, None, next(self._order))
+            ts.wanted += 1
+            if ts.state == "memory":
+                continue
+            ts.state = "memory"
+            ts.nbytes = data.nbytes
+            ts.data = data if data.nbytes <= P.INLINE_RESULT or not targets else None
+            for ws in (targets if broadcast or not targets else [targets[i % len(targets)]]):
+                ts.who_has.add(ws.name)
+                ws.has.add(key)
+                out.append(Send(ws.name, P.Put(key, data)))
+            out.append(Resolve(key, "finished", ts.data))
+        return out
+
+    def replicate(self, keys: list, n: Optional[int]) -> tuple[int, list]:
+        """Copies of each key's data on ``n`` open workers (all when None): (request id,
+        actions). The request is answered by a Deliver once every copy has arrived."""
+        req = next(self._request)
+        workers = sorted((w for w in self.workers.values() if not w.closing), key=lambda w: (len(w.has), w.name))
+        want = len(workers) if n is None else min(n, len(workers))
+        out: list = []
+        pending: set = set()
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is None or ts.state != "memory":
+                continue
+            copies = len(ts.who_has) + sum(1 for (k, _t) in self.relaying if k == key)
+            for ws in workers:
+                if copies >= want:
+                    break
+                if ws.name in ts.who_has or (key, ws.name) in self.relaying:
+                    continue
+                out += self._relay(ts, ws)
+                copies += 1
+                if (key, ws.name) in self.relaying:
+                    pending.add((key, ws.name))
+        if pending:
+            self.replicas[req] = pending
+        else:
+            out.append(Deliver(req, ""))
+        return req, out
+
+    def _relay_done(self, key: str, target: str, error: Any = None) -> list:
+        out: list = []
+        for req, pending in list(self.replicas.items()):
+            if (key, target) in pending:
+                pending.discard((key, target))
+                if error is not None:
+                    del self.replicas[req]
+                    out.append(Deliver(req, key, error=error))
+                elif not pending:
+                    del self.replicas[req]
+                    out.append(Deliver(req, key))
         return out
 
     def _make_ready_or_wait(self, ts: Task) -> list:
+        out: list = []
         ts.waiting_on = {d for d in ts.deps if self.tasks[d].state != "memory"}
         for d in list(ts.waiting_on):
             dts = self.tasks[d]
             if dts.state in ("erred", "lost"):
                 return self._fail(ts, dts.error)
             if dts.state == "released":   # needed again: bring it back
+                if dts.spec is None:       # scattered data cannot be recomputed
+                    return self._fail(ts, _gone(d))
                 dts.state = "waiting"
-                self._make_ready_or_wait(dts)
+                out += self._make_ready_or_wait(dts)
         if ts.waiting_on:
             ts.state = "waiting"
-            return []
+            return out
         ts.state = "ready"
-        heapq.heappush(self._ready, (-(ts.spec.priority if ts.spec else 0), ts.order, ts.key))
+        return out + self._push_ready(ts)
+
+    def _push_ready(self, ts: Task) -> list:
+        """Queue a ready task: on its workers' own queues when ``workers=`` restricts it,
+        else (or when a preference's workers are all gone) on the shared queue."""
+        entry = (-ts.spec.priority, ts.order, ts.key)
+        if ts.spec.workers:
+            live = [w for w in ts.spec.workers if w not in self.gone]
+            if live:
+                for w in live:
+                    heapq.heappush(self._ready_on.setdefault(w, []), entry)
+                return []
+            if not ts.spec.loose:
+                return self._fail(ts, _unplaceable(ts.key, ts.spec.workers))
+        heapq.heappush(self._ready, entry)
         return []
+
+    def _orphaned_restrictions(self, name: str) -> list:
+        """Ready tasks restricted to a worker that is gone: requeue those with no live worker left."""
+        out: list = []
+        for _p, _o, key in self._ready_on.pop(name, ()):
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state == "ready" and all(w in self.gone for w in ts.spec.workers):
+                out += self._push_ready(ts)
+        return out
 
     def batch(self) -> "_Batch":
         """``with scheduler.batch() as b: ...; actions += b.actions``: placement runs once
@@ -284,16 +365,24 @@ class Scheduler:
 
     def _assign(self) -> list:
         out: list = []
-        if not self._ready or self._deferring:
+        if self._deferring or not (self._ready or self._ready_on):
             return out
         open_workers = [w for w in self.workers.values() if not w.paused and not w.closing]
         if not open_workers:
             return out
         caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
+        for ws in open_workers:
+            heap = self._ready_on.get(ws.name)
+            while heap and caps[ws.name] > 0:
+                _prio, _order, key = heapq.heappop(heap)
+                ts = self.tasks.get(key)
+                if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
+                    caps[ws.name] -= 1
+                    out += self._run(ts, ws)
         while self._ready:
             _prio, _order, key = self._ready[0]
             ts = self.tasks.get(key)
-            if ts is None or ts.state != "ready":
+            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
                 heapq.heappop(self._ready)
                 continue
             ws = self._pick(ts, open_workers, caps)
@@ -489,6 +578,7 @@ class Scheduler:
             out.append(Deliver(client, key, payload, error))
         else:
             self.relaying.pop((key, target), None)
+            out += self._relay_done(key, target, error)
             tws = self.workers.get(target)
             if tws is not None and ts is not None:
                 if payload is not None:
@@ -587,8 +677,12 @@ class Scheduler:
         for req, entry in self.exports.items():
             if entry[3] is not None:
                 out.append(Deliver(req, entry[0], error=error))
+        for req in self.replicas:
+            out.append(Deliver(req, "", error=error))
         self.tasks.clear()
         self._ready.clear()
+        self._ready_on.clear()
+        self.replicas.clear()
         self.runs.clear()
         self.cancelled_runs.clear()
         self.exports.clear()
@@ -625,6 +719,14 @@ def blamed_runs(cause: str, running: dict, crashed_seq: Optional[int], timed_out
     if cause == "crash" and crashed_seq is not None:
         return {crashed_seq}
     return set(running)
+
+
+def _unplaceable(key: str, workers: frozenset) -> Exception:
+    names = ", ".join(sorted(workers))
+    return RuntimeError(f"task {key!r} may run only on {names} (workers=...), and no such worker is left: it "
+                        f"died or was retired, and worker names are never reused. Submit it again with "
+                        f"workers= naming a running worker (cluster.workers), or allow_other_workers=True "
+                        f"to treat workers= as a preference.")
 
 
 def _gone(key: str) -> Exception:

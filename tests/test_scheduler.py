@@ -15,13 +15,20 @@ ERR = b"pickled error"
 
 # --- helpers ---------------------------------------------------------------------------
 
-def spec(key, *deps, priority=0, retries=0, timeout=None, fn_id=1):
-    return Spec(key, fn_id, b"fn-bytes", ARGS, tuple(deps), priority, retries, timeout)
+def spec(key, *deps, priority=0, retries=0, timeout=None, fn_id=1, workers=None, loose=False):
+    return Spec(key, fn_id, b"fn-bytes", ARGS, tuple(deps), priority, retries, timeout,
+                frozenset(workers) if workers else None, loose)
 
 
 def death(worker, cause="signal", exitcode=-9):
     return WorkerDeath(worker=worker, pid=1234, cause=cause, exitcode=exitcode,
                        signal=signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None)
+
+
+def scatter(s, key, workers, small=False):
+    """Scatter to exactly these workers: (payload, actions). Large data keeps no copy in the parent."""
+    payload = dumps(2 if small else b"x" * (P.INLINE_RESULT + 1))
+    return payload, s.scatter([(key, payload)], frozenset(workers), broadcast=True)
 
 
 def sched(*workers, nthreads=1, allowed_failures=3):
@@ -588,8 +595,7 @@ def test_lost_dependency_pulls_back_the_waiting_dependent():
 
 def test_scattered_data_lost_with_its_only_worker():
     s = sched("w1", "w2")
-    payload = dumps(5)
-    acts = s.scatter("x", payload, ["w1"], keep_copy=False)
+    payload, acts = scatter(s, "x", ["w1"])
     assert sends(acts) == [("w1", P.Put("x", payload))] and resolves(acts)["x"].status == "finished"
     acts = s.submit([spec("b", "x")])
     assert runs(acts) == [("b", "w1")]
@@ -608,8 +614,8 @@ def test_scattered_data_lost_with_its_only_worker():
 
 def test_scattered_data_with_a_replica_or_parent_copy_survives():
     s = sched("w1", "w2")
-    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
-    s.scatter("y", dumps(2), ["w1"], keep_copy=True)
+    scatter(s, "x", ["w1", "w2"])
+    scatter(s, "y", ["w1"], small=True)
     acts = s.worker_died(death("w1"), {})
     assert not resolves(acts)
     assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"w2"}
@@ -652,7 +658,7 @@ def test_fetch_of_erred_and_unknown():
 
 def test_pending_fetch_from_dead_holder_goes_to_another_holder():
     s = sched("w1", "w2")
-    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    scatter(s, "x", ["w1", "w2"])
     req, acts = s.fetch("x")
     ((holder, exp),) = sends(acts, P.Export)
     other = ({"w1", "w2"} - {holder}).pop()
@@ -675,7 +681,7 @@ def test_pending_fetch_from_dead_only_holder_waits_for_recompute():
 
 def test_pending_fetch_of_scattered_data_from_its_dead_only_holder():
     s = sched("w1", "w2")
-    s.scatter("x", dumps(1), ["w1"], keep_copy=False)
+    scatter(s, "x", ["w1"])
     req, _ = s.fetch("x")
     acts = s.worker_died(death("w1"), {})
     (d,) = delivers(acts)
@@ -684,7 +690,7 @@ def test_pending_fetch_of_scattered_data_from_its_dead_only_holder():
 
 def test_relay_from_dead_holder_goes_to_another_holder():
     s = sched("w1", "w2", "w3")
-    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    scatter(s, "x", ["w1", "w2"])
     s.set_paused("w1", True)
     s.set_paused("w2", True)
     acts = s.submit([spec("b", "x")])
@@ -700,7 +706,7 @@ def test_relay_from_dead_holder_goes_to_another_holder():
 
 def test_late_data_from_dead_holder_is_ignored():
     s = sched("w1", "w2")
-    s.scatter("x", dumps(1), ["w1"], keep_copy=False)
+    scatter(s, "x", ["w1"])
     req, _ = s.fetch("x")
     s.worker_died(death("w1"), {})
     assert s.data("w1", req, "x", dumps(1), None) == []
@@ -737,7 +743,7 @@ def test_retire_moves_data_only_it_holds_then_retires():
     s = sched("w1", "w2")
     s.submit([spec("a")])
     finish(s, "a")
-    s.scatter("x", dumps(1), ["w1", "w2"], keep_copy=False)
+    scatter(s, "x", ["w1", "w2"])
     acts = s.retire("w1")
     assert not [a for a in acts if isinstance(a, Retire)]
     ((holder, exp),) = sends(acts, P.Export)
@@ -814,3 +820,90 @@ def test_blamed_runs_rules():
     assert blamed_runs("crash", board, None, None) == {1, 2}
     for cause in ("exit", "signal", "oom-killer", "memory-limit", "unresponsive"):
         assert blamed_runs(cause, board, None, None) == {1, 2}
+
+
+# --- placement you can ask for: workers= / allow_other_workers= -------------------------
+
+def test_restricted_task_runs_only_on_its_worker_and_blocks_nobody_else():
+    s = sched("w1", "w2")
+    acts = s.submit([spec(f"r{i}", workers={"w2"}) for i in range(6)] + [spec("free")])
+    placed = runs(acts)
+    assert all(w == "w2" for k, w in placed if k.startswith("r"))
+    assert ("free", "w1") in placed                    # not stuck behind the restricted backlog
+    held = [k for k in (f"r{i}" for i in range(6)) if s.tasks[k].state == "ready"]
+    assert held, "w2 is full: some restricted tasks must wait for it, not go to w1"
+    acts = finish(s, placed[0][0])
+    assert runs(acts) == [(held[0], "w2")]
+
+
+def test_loose_restriction_prefers_its_worker_then_falls_back_when_it_is_gone():
+    s = sched("w1", "w2")
+    acts = s.submit([spec("a", workers={"w2"}, loose=True)])
+    assert runs(acts) == [("a", "w2")]
+    acts = s.worker_died(death("w2"), {})               # died before starting it: no blame
+    assert runs(acts) == [("a", "w1")]
+
+
+def test_strict_restriction_to_a_dead_worker_fails_with_a_clear_error():
+    s = sched("w1", "w2")
+    s.submit([spec("a", workers={"w2"})])
+    acts = s.worker_died(death("w2"), {})
+    res = resolves(acts)["a"]
+    assert res.status == "error" and "may run only on w2" in str(res.value) and "allow_other_workers" in str(res.value)
+    acts = s.submit([spec("b", workers={"w2"})])        # a name that is gone for good
+    assert resolves(acts)["b"].status == "error" and not runs(acts)
+
+
+def test_scatter_places_on_the_least_loaded_worker_or_broadcasts():
+    s = sched("w1", "w2")
+    big = dumps(b"x" * (P.INLINE_RESULT + 1))
+    acts = s.scatter([("a", big), ("b", big)])
+    assert sorted(w for w, _m in sends(acts, P.Put)) == ["w1", "w2"]
+    assert resolves(acts)["a"].value is None            # large: no copy kept in the parent
+    acts = s.scatter([("c", big)], broadcast=True)
+    assert sorted(w for w, _m in sends(acts, P.Put)) == ["w1", "w2"]
+    acts = s.scatter([("d", big)], frozenset({"w2"}))
+    assert [w for w, _m in sends(acts, P.Put)] == ["w2"]
+
+
+def test_scatter_with_no_worker_keeps_the_data_and_sends_it_when_needed():
+    s = sched()
+    big = dumps(b"x" * (P.INLINE_RESULT + 1))
+    acts = s.scatter([("a", big)])
+    assert not sends(acts) and resolves(acts)["a"].status == "finished"
+    s.submit([spec("b", "a")])
+    acts = s.add_worker("w1", 1)
+    assert sends(acts, P.Put) == [("w1", P.Put("a", big))] and runs(acts) == [("b", "w1")]
+
+
+def test_replicate_answers_once_every_copy_has_arrived():
+    s = sched("w1", "w2", "w3")
+    payload, _ = scatter(s, "x", ["w1"])
+    req, acts = s.replicate(["x"], 3)
+    exports = sends(acts, P.Export)
+    assert [w for w, _m in exports] == ["w1", "w1"] and not delivers(acts)
+    first, second = (m.request for _w, m in exports)
+    acts = s.data("w1", first, "x", payload, None)
+    assert sends(acts, P.Put) and not delivers(acts)
+    acts = s.data("w1", second, "x", payload, None)
+    assert delivers(acts) == [Deliver(req, "x")]
+    assert s.tasks["x"].who_has == {"w1", "w2", "w3"}
+    req, acts = s.replicate(["x"], 2)                    # already enough copies: answered at once
+    assert delivers(acts) == [Deliver(req, "")]
+
+
+def test_replicate_fails_with_the_error_of_a_copy_that_could_not_be_made():
+    s = sched("w1", "w2")
+    scatter(s, "x", ["w1"])
+    req, acts = s.replicate(["x"], 2)
+    (_w, export), = sends(acts, P.Export)
+    acts = s.data("w1", export.request, "x", None, ERR)
+    assert delivers(acts) == [Deliver(req, "x", error=ERR)]
+
+
+def test_replicate_ends_when_the_target_dies():
+    s = sched("w1", "w2")
+    scatter(s, "x", ["w1"])
+    req, _acts = s.replicate(["x"], 2)
+    acts = s.worker_died(death("w2"), {})
+    assert Deliver(req, "x") in delivers(acts)

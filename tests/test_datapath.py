@@ -1,0 +1,209 @@
+"""Every byte arrives: one table of data kind x size x path, through real workers.
+
+Each cell makes a value, moves it along one path, and asserts the exact value that
+comes back (a content fingerprint computed where the value lands, and the value itself
+where it returns to the parent), that no worker died (except the one the path kills),
+and that nothing is left: no data memfd open in any worker, no managed or spilled bytes,
+no spill file, and (the autouse ``no_leaks`` fixture) no process, thread or fd here.
+
+``workers=`` forces each path: where data is scattered, where a result is made, and
+where its dependent runs, so the table covers every route deterministically.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import _data
+from _data import KINDS, SIZES, fingerprint, identity, make
+from localcluster import Client, LocalCluster, wait
+
+VALUES = [pytest.param(kind, n, id=f"{kind}-{label}") for kind in KINDS for label, n in SIZES.items()]
+VALUES.append(pytest.param("int", 0, id="int"))
+LARGE_ONLY = [pytest.param(kind, SIZES["50MB"], id=kind) for kind in KINDS]
+
+
+def wait_for(predicate, timeout=30.0):
+    """Poll state that another process changes and that no event announces."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def assert_same(got, expected):
+    assert type(got) is type(expected)
+    assert fingerprint(got) == fingerprint(expected)
+
+
+def names(cluster):
+    return sorted(cluster.workers)
+
+
+def settle(client, cluster, deaths_before=0):
+    """After a cell: no death beyond those the path caused, nothing held anywhere."""
+    gc.collect()
+    assert len(cluster.deaths) == deaths_before, [d.message for d in cluster.deaths]
+    wait_for(lambda: all(i.managed == 0 and i.spilled == 0 for i in cluster.workers.values()))
+    for name in names(cluster):
+        assert client.submit(_data.memfds_here, workers=[name], pure=False).result(30) == 0
+        spill_dir = os.path.join(cluster.local_directory, name)
+        assert not os.path.isdir(spill_dir) or os.listdir(spill_dir) == []
+
+
+def _warmed(cluster, client):
+    # The done-callbacks thread starts on first use: start it now, so that no cell sees a new thread.
+    client.submit(_data.warm_up, "numpy", pure=False).add_done_callback(lambda f: None)
+    for kind in ("pandas", "numpy"):
+        wait(client.map(_data.warm_up, [kind] * 4, pure=False), timeout=60)
+    return cluster, client
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
+        yield _warmed(cluster, client)
+
+
+@pytest.fixture(scope="module")
+def spilling():
+    """Workers that spill everything they hold within a heartbeat (target: 1 % of 1 GiB)."""
+    with LocalCluster(n_workers=2, memory_limit="1GiB", memory_target=0.01, forward_logs=False) as cluster, \
+            Client(cluster) as client:
+        yield _warmed(cluster, client)
+
+
+# --- the paths ---------------------------------------------------------------------------
+
+def scatter_then_task_on_holder(client, cluster, v):
+    w0, _w1 = names(cluster)
+    [f] = client.scatter([v], workers=[w0])
+    assert client.submit(fingerprint, f, workers=[w0]).result(60) == fingerprint(v)
+
+
+def scatter_then_task_on_other(client, cluster, v):
+    w0, w1 = names(cluster)
+    [f] = client.scatter([v], workers=[w0])
+    assert client.submit(fingerprint, f, workers=[w1]).result(60) == fingerprint(v)
+
+
+def result_feeds_dependent_on_other(client, cluster, v, kind, n):
+    w0, w1 = names(cluster)
+    r = client.submit(make, kind, n, workers=[w0])
+    assert client.submit(fingerprint, r, workers=[w1]).result(60) == fingerprint(v)
+
+
+def gather(client, cluster, v, kind, n):
+    w0, _w1 = names(cluster)
+    r = client.submit(make, kind, n, workers=[w0])
+    assert_same(client.gather([r])[0], v)
+    assert_same(r.result(60), v)
+
+
+def broadcast(client, cluster, v):
+    [f] = client.scatter([v], broadcast=True)
+    for name in names(cluster):
+        assert client.submit(fingerprint, f, workers=[name], pure=False).result(60) == fingerprint(v)
+
+
+def executor_map(client, cluster, v):
+    ex = client.get_executor()
+    assert_same(list(ex.map(identity, [v], timeout=60))[0], v)
+    assert list(ex.map(fingerprint, [v], timeout=60)) == [fingerprint(v)]
+    ex.shutdown()
+
+
+PATHS = {
+    "scatter-holder": scatter_then_task_on_holder,
+    "scatter-other": scatter_then_task_on_other,
+    "result-dependent": result_feeds_dependent_on_other,
+    "gather": gather,
+    "broadcast": broadcast,
+    "executor-map": executor_map,
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("kind,n", VALUES)
+def test_data_path(pair, path, kind, n):
+    cluster, client = pair
+    v = make(kind, n)
+    fn = PATHS[path]
+    if fn in (result_feeds_dependent_on_other, gather):
+        fn(client, cluster, v, kind, n)
+    else:
+        fn(client, cluster, v)
+    settle(client, cluster)
+
+
+@pytest.mark.parametrize("kind,n", VALUES)
+def test_spill_reload_and_send_on(spilling, kind, n):
+    cluster, client = spilling
+    w0, w1 = names(cluster)
+    v = make(kind, n)
+    r = client.submit(make, kind, n, workers=[w0])
+    wait([r], timeout=60)
+    wait_for(lambda: cluster.workers[w0].spilled > 0)
+    assert client.submit(fingerprint, r, workers=[w0], pure=False).result(60) == fingerprint(v)   # reload
+    assert client.submit(fingerprint, r, workers=[w1], pure=False).result(60) == fingerprint(v)   # send on
+    assert_same(r.result(60), v)
+    del r
+    settle(client, cluster)
+
+
+def kill(cluster, name):
+    os.kill(cluster.workers[name].pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind,n", VALUES)
+def test_replicate_then_kill_a_holder(kind, n):
+    """Scattered data cannot be recomputed: only the replica can answer after the kill."""
+    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
+        w0, w1 = names(cluster)
+        v = make(kind, n)
+        [f] = client.scatter([v], workers=[w0])
+        client.replicate([f], n=2)
+        kill(cluster, w0)
+        assert client.submit(fingerprint, f, workers=[w1]).result(60) == fingerprint(v)
+        assert_same(f.result(60), v)
+        assert [d.cause for d in cluster.deaths] == ["signal"]
+
+
+@pytest.mark.parametrize("kind,n", VALUES)
+def test_recompute_from_lineage_after_the_holder_is_killed(kind, n):
+    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
+        w0, w1 = names(cluster)
+        v = make(kind, n)
+        r = client.submit(make, kind, n, workers=[w0], allow_other_workers=True)
+        wait([r], timeout=60)
+        kill(cluster, w0)
+        assert client.submit(fingerprint, r, workers=[w1]).result(60) == fingerprint(v)
+        assert_same(r.result(60), v)
+        assert [d.cause for d in cluster.deaths] == ["signal"]
+
+
+# --- memory accounting: what a worker says it holds is what its RSS grew by -------------------
+
+@pytest.mark.parametrize("how", ["result", "scattered"])
+@pytest.mark.parametrize("kind,n", LARGE_ONLY)
+def test_managed_memory_matches_rss_growth(kind, n, how):
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        (w,) = names(cluster)
+        client.submit(_data.warm_up, kind, pure=False).result(60)
+        before = client.submit(_data.rss_here, pure=False).result(60)
+        if how == "result":
+            held = client.submit(make, kind, n)
+        else:
+            [held] = client.scatter([make(kind, n)])
+        wait([held], timeout=60)
+        after = client.submit(_data.rss_here, pure=False).result(60)
+        managed = cluster.workers[w].managed
+        growth = after - before
+        assert abs(managed - growth) <= 0.10 * growth + 5 * (1 << 20), (managed, growth)
+        assert client.submit(fingerprint, held).result(60) == fingerprint(make(kind, n))

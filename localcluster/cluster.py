@@ -588,6 +588,8 @@ class LocalCluster(Supervision):
                         actions += sched.skipped(n.name, m.seq)
                     elif t is P.Data:
                         actions += sched.data(n.name, m.request, m.key, m.data, m.error)
+                    elif t is P.Stored:
+                        actions += sched.stored(m.ack)
                     elif t is P.Ready:
                         n.ready, n.versions = True, m.versions
                         n.sample(time.monotonic())

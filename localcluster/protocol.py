@@ -74,9 +74,11 @@ class Run:
 
 @_dc
 class Put:
-    """Store data under ``key`` (a scattered value, or a dependency relayed from another worker)."""
+    """Store data under ``key`` (a scattered value, or a dependency relayed from another worker).
+    ``ack``: when not 0, answer :class:`Stored` with it once stored (``replicate`` waits for that)."""
     key: str
     data: Payload
+    ack: int = 0
 
 
 @_dc
@@ -145,10 +147,8 @@ class Data:
 
 @_dc
 class Stored:
-    """The worker's managed memory changed: bytes held in memory and spilled to disk."""
-    managed: int
-    spilled: int
-    spilled_keys: int
+    """Reply to a :class:`Put` that asked for an acknowledgement: the data is in the store."""
+    ack: int
 
 
 @_dc

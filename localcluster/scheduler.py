@@ -47,7 +47,8 @@ class Scheduler:
         # request id -> (key, holder worker, target worker or None for a client fetch, client request)
         self.exports: dict[int, tuple] = {}
         self.relaying: dict[tuple, int] = {}       # (key, target) -> request id
-        self.replicas: dict[int, set] = {}         # replicate request -> {(key, target)} still relaying
+        self.replicas: dict[int, set] = {}         # replicate request -> {(key, target)} not yet stored
+        self.unacked: dict[int, tuple] = {}        # ack id of a Put -> (key, target), until Stored
         self.avg_duration: Optional[float] = None
         self._deferring = False
 
@@ -126,6 +127,10 @@ class Scheduler:
             return []
         self.gone.add(death.worker)
         out: list = self._orphaned_restrictions(death.worker)
+        for ack, (key, target) in list(self.unacked.items()):
+            if target == death.worker:
+                del self.unacked[ack]
+                out += self._relay_done(key, target)
         lost: list = []
         for key in ws.has:
             ts = self.tasks.get(key)
@@ -282,7 +287,7 @@ class Scheduler:
         workers = sorted((w for w in self.workers.values() if not w.closing), key=lambda w: (len(w.has), w.name))
         want = len(workers) if n is None else min(n, len(workers))
         out: list = []
-        pending: set = set()
+        pending = self.replicas[req] = set()    # registered first: _relay asks for acks for these
         for key in keys:
             ts = self.tasks.get(key)
             if ts is None or ts.state != "memory":
@@ -293,15 +298,26 @@ class Scheduler:
                     break
                 if ws.name in ts.who_has or (key, ws.name) in self.relaying:
                     continue
+                pending.add((key, ws.name))
                 out += self._relay(ts, ws)
                 copies += 1
-                if (key, ws.name) in self.relaying:
-                    pending.add((key, ws.name))
-        if pending:
-            self.replicas[req] = pending
-        else:
+        if not pending:
+            del self.replicas[req]
             out.append(Deliver(req, ""))
         return req, out
+
+    def stored(self, ack: int) -> list:
+        """A worker acknowledged a Put: a copy that ``replicate`` waits for exists."""
+        entry = self.unacked.pop(ack, None)
+        return self._relay_done(*entry) if entry else []
+
+    def _put(self, key: str, target: str, data: P.Payload) -> Send:
+        """Put data on a worker, asking for an acknowledgement when a replicate waits for it."""
+        ack = 0
+        if any((key, target) in pending for pending in self.replicas.values()):
+            ack = next(self._request)
+            self.unacked[ack] = (key, target)
+        return Send(target, P.Put(key, data, ack))
 
     def _relay_done(self, key: str, target: str, error: Any = None) -> list:
         out: list = []
@@ -425,7 +441,7 @@ class Scheduler:
         if ts.data is not None:
             ts.who_has.add(target.name)
             target.has.add(ts.key)
-            return [Send(target.name, P.Put(ts.key, ts.data))]
+            return [self._put(ts.key, target.name, ts.data)]
         if (ts.key, target.name) in self.relaying or not ts.who_has:
             return []
         holder = min(ts.who_has, key=lambda w: len(self.workers[w].processing) if w in self.workers else 0)
@@ -578,13 +594,14 @@ class Scheduler:
             out.append(Deliver(client, key, payload, error))
         else:
             self.relaying.pop((key, target), None)
-            out += self._relay_done(key, target, error)
             tws = self.workers.get(target)
+            if payload is None or tws is None or ts is None:
+                out += self._relay_done(key, target, error)
             if tws is not None and ts is not None:
                 if payload is not None:
                     ts.who_has.add(target)
                     tws.has.add(key)
-                    out.append(Send(target, P.Put(key, payload)))
+                    out.append(self._put(key, target, payload))
                 else:
                     for dkey in list(ts.dependents):
                         dts = self.tasks.get(dkey)
@@ -683,6 +700,7 @@ class Scheduler:
         self._ready.clear()
         self._ready_on.clear()
         self.replicas.clear()
+        self.unacked.clear()
         self.runs.clear()
         self.cancelled_runs.clear()
         self.exports.clear()

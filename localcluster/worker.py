@@ -143,6 +143,8 @@ class Worker:
                 self._queue(msg)
         elif isinstance(msg, P.Put):
             self.store.put_payload(msg.key, msg.data)
+            if msg.ack:
+                self.chan.send(P.Stored(msg.ack))
             self._arrived(msg.key)
         elif isinstance(msg, P.Export):
             self._export(msg)

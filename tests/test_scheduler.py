@@ -883,10 +883,14 @@ def test_replicate_answers_once_every_copy_has_arrived():
     exports = sends(acts, P.Export)
     assert [w for w, _m in exports] == ["w1", "w1"] and not delivers(acts)
     first, second = (m.request for _w, m in exports)
-    acts = s.data("w1", first, "x", payload, None)
-    assert sends(acts, P.Put) and not delivers(acts)
-    acts = s.data("w1", second, "x", payload, None)
-    assert delivers(acts) == [Deliver(req, "x")]
+    puts = []
+    for request in (first, second):
+        acts = s.data("w1", request, "x", payload, None)
+        (_w, put), = sends(acts, P.Put)
+        assert put.ack and not delivers(acts)           # sent is not stored: wait for the worker
+        puts.append(put)
+    assert not delivers(s.stored(puts[0].ack))
+    assert delivers(s.stored(puts[1].ack)) == [Deliver(req, "x")]
     assert s.tasks["x"].who_has == {"w1", "w2", "w3"}
     req, acts = s.replicate(["x"], 2)                    # already enough copies: answered at once
     assert delivers(acts) == [Deliver(req, "")]
@@ -905,5 +909,18 @@ def test_replicate_ends_when_the_target_dies():
     s = sched("w1", "w2")
     scatter(s, "x", ["w1"])
     req, _acts = s.replicate(["x"], 2)
-    acts = s.worker_died(death("w2"), {})
+    acts = s.worker_died(death("w2"), {})                # while the copy was being exported
     assert Deliver(req, "x") in delivers(acts)
+    s.add_worker("w3", 1)
+    req, acts = s.replicate(["x"], 2)
+    (_w, export), = sends(acts, P.Export)
+    (_w, put), = sends(s.data("w1", export.request, "x", dumps(1), None), P.Put)
+    acts = s.worker_died(death("w3"), {})                # after the Put, before Stored
+    assert Deliver(req, "x") in delivers(acts)
+
+
+def test_a_relay_for_a_dependency_asks_for_no_acknowledgement():
+    s, acts = b_needs_a_from_w1()
+    (_w, export), = sends(acts, P.Export)
+    (_w, put), = sends(s.data("w1", export.request, "a", dumps(1), None), P.Put)
+    assert put.ack == 0

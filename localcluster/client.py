@@ -220,7 +220,7 @@ class Client:
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
         self._check()
-        names = self.cluster.check_worker_names(workers) if workers is not None else None
+        names = self.cluster.check_worker_names(workers, not allow_other_workers) if workers is not None else None
         return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
 
     def _submit(self, specs: list) -> list[Future]:
@@ -235,13 +235,18 @@ class Client:
             if fut is not None and not fut.done():
                 fut._fail(exc)
 
-    def scatter(self, data: Any, broadcast: bool = False, workers: Any = None) -> Any:
+    def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
+                allow_other_workers: bool = False) -> Any:
         """Put data on the workers; returns Futures (a list for a list, a dict for a dict).
-        ``workers``: names to place it on; ``broadcast=True``: a copy on each of them (or on all)."""
+        ``workers``: names to place it on; ``broadcast=True``: a copy on each of them (or on all);
+        ``allow_other_workers=True``: any worker when none of ``workers`` is running."""
         self._check()
-        if not isinstance(broadcast, bool):
-            raise TypeError(f"broadcast={broadcast!r}: expected True or False")
-        names = self.cluster.check_worker_names(workers) if workers is not None else None
+        for flag, value in (("broadcast", broadcast), ("allow_other_workers", allow_other_workers)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag}={value!r}: expected True or False")
+        names = self.cluster.check_worker_names(workers, not allow_other_workers) if workers is not None else None
+        if names is not None and allow_other_workers and not names & set(self.cluster.workers):
+            names = None
         if isinstance(data, dict):
             return dict(zip(data, self.scatter(list(data.values()), broadcast, names)))
         single = not isinstance(data, (list, tuple, set, frozenset))

@@ -153,8 +153,9 @@ class LocalCluster(Supervision):
                     tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads, list(n.history))
         return out
 
-    def check_worker_names(self, workers: Any) -> frozenset:
-        """``workers=`` as a set of names of this cluster's workers; a clear error otherwise."""
+    def check_worker_names(self, workers: Any, strict: bool = True) -> frozenset:
+        """``workers=`` as a set of names of this cluster's workers; a clear error otherwise.
+        ``strict=False`` (a mere preference: allow_other_workers) accepts names no longer running."""
         names = (workers,) if isinstance(workers, str) else workers
         try:
             names = frozenset(names)
@@ -167,7 +168,7 @@ class LocalCluster(Supervision):
         with self._lock:
             known = set(self._nannies)
         unknown = sorted(names - known)
-        if unknown:
+        if unknown and strict:
             raise ValueError(f"workers={sorted(names)!r}: no running worker is called "
                              f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
         return names

@@ -43,11 +43,12 @@ class ClusterExecutor(cf.Executor):
                 self._futures.add(f)
 
         def results() -> Iterator:
+            # No local holds a future or a result across a yield: once the caller drops a
+            # result it is freed (CPython's test_free_reference).
             try:
                 fs.reverse()
                 while fs:
-                    f = fs.pop()
-                    yield f.result() if end is None else f.result(end - time.monotonic())
+                    yield _result_or_cancel(fs.pop(), None if end is None else end - time.monotonic())
             finally:
                 for f in fs:
                     f.cancel()
@@ -62,3 +63,11 @@ class ClusterExecutor(cf.Executor):
                 f.cancel()
         if wait:
             cf.wait(futures)
+
+
+def _result_or_cancel(fut: Any, timeout: Optional[float]) -> Any:
+    try:
+        return fut.result(timeout)
+    finally:
+        fut.cancel()
+        del fut

@@ -297,8 +297,8 @@ class LocalCluster(Supervision):
                 if self._broken is not None:
                     raise self._broken
                 ready = sum(1 for x in self._nannies.values() if x.ready and not x.reason)
-                alive = len(self._nannies)
-                if ready >= n and alive == ready:
+                alive = len(self._nannies)       # a retiring worker counts until it is gone
+                if ready == alive == n:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:

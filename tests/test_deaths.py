@@ -256,18 +256,20 @@ def test_startup_failure_stops_retrying_with_a_clear_error():
 
 def test_requested_deaths_on_scale_down_and_close():
     with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
-        big = cl.scatter(bytes(200_000))           # too large to keep a copy in the parent
-        holder = next(iter(c.scheduler.tasks[big.key].who_has))
-        c.scale(1)
+        holder, other = sorted(c.workers)
+        [big] = cl.scatter([bytes(200_000)], workers=[holder])    # too large to keep a copy in the parent
+        ballast = cl.scatter([bytes(200_000), bytes(200_001)], workers=[other])
+        c.scale(1)                                  # retires the worker holding fewer keys: the holder
         assert len(c.workers) == 1
-        assert [d.cause for d in c.deaths] == ["requested"]
+        assert [(d.worker, d.cause) for d in c.deaths] == [(holder, "requested")]
         assert cl.submit(len, big).result(30) == 200_000     # data moved before the worker left
         deaths = c.deaths
+        gathered = [len(v) for v in cl.gather(ballast)]
         c.scale(2)
         assert len(c.workers) == 2
     assert [d.cause for d in deaths] == ["requested"] * 3
     assert all(d.blamed == () for d in deaths)
-    assert holder in {d.worker for d in deaths} or True
+    assert deaths[0].worker == holder and gathered == [200_000, 200_001]
 
 
 def test_results_lost_with_a_worker_are_recomputed_from_lineage(client, cluster):

@@ -13,6 +13,7 @@ import os
 import numpy as np
 import psutil
 import pytest
+from _util import wait_for
 
 import localcluster
 from localcluster import ClusterBroken, Client, LocalCluster, StoreError, WorkerStartupError
@@ -155,10 +156,7 @@ def test_a_reload_that_fails_names_the_key_and_the_step():
         (name,) = cluster.workers
         f = client.submit(big, 7, key="spilled-7")
         f.result(30)
-        deadline = __import__("time").monotonic() + 30
-        while cluster.workers[name].spilled == 0:    # written by the worker's heartbeat: nothing to wait on
-            assert __import__("time").monotonic() < deadline
-            __import__("time").sleep(0.01)
+        wait_for(lambda: cluster.workers[name].spilled > 0)   # the worker's heartbeat spills: no event
         with pytest.raises(StoreError, match=r"reloading 'spilled-7' from its spill file .* injected"):
             client.submit(first, f, pure=False).result(timeout=30)
         assert client.submit(inc, 1).result(30) == 2        # the worker is alive and serving

@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from _util import wait_for
 
 import localcluster
 from localcluster import Client, LocalCluster, TaskError, as_completed, config, wait
@@ -34,15 +35,6 @@ def div(a, b):
 
 def getpid(*_):
     return os.getpid()
-
-
-def wait_for(predicate, timeout=10.0):
-    """For state another process changes with no event we can wait on (GC on a worker)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 class Unpicklable(Exception):

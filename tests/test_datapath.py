@@ -15,26 +15,16 @@ import gc
 import os
 import signal
 
-import numpy as np
 import pytest
 
 import _data
+from _util import wait_for
 from _data import KINDS, SIZES, fingerprint, identity, make
 from localcluster import Client, LocalCluster, wait
 
 VALUES = [pytest.param(kind, n, id=f"{kind}-{label}") for kind in KINDS for label, n in SIZES.items()]
 VALUES.append(pytest.param("int", 0, id="int"))
 LARGE_ONLY = [pytest.param(kind, SIZES["50MB"], id=kind) for kind in KINDS]
-
-
-def wait_for(predicate, timeout=30.0):
-    """Poll state that another process changes and that no event announces."""
-    import time
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def assert_same(got, expected):

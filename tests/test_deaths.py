@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from _util import wait_for
 
 from localcluster import (Client, ClusterRestarted, KilledWorker, LocalCluster, LostDataError,
                           TaskTimeoutError, WorkerStartupError)
@@ -168,14 +169,7 @@ def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig):
     assert "killed from outside" in death.message and sig.name in death.message
     assert cluster.scheduler.tasks[fut.key].suspicious == 1
     assert time.monotonic() - t0 < 10
-    wait_until(lambda: len(cluster.workers) == 2)
-
-
-def wait_until(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+    wait_for(lambda: len(cluster.workers) == 2)
 
 
 def test_killed_worker_after_allowed_failures_names_every_death():
@@ -231,10 +225,10 @@ def test_exit_from_a_non_task_thread_is_exit():
         return 1
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
         assert cl.submit(exit_soon).result(30) == 1
-        wait_until(lambda: len(c.deaths) == 1)
+        wait_for(lambda: len(c.deaths) == 1)
         (death,) = c.deaths
         assert death.cause == "exit" and death.exitcode == 4 and death.tasks == ()
-        wait_until(lambda: len(c.workers) == 1 and all(i.status == "running" for i in c.workers.values()))
+        wait_for(lambda: len(c.workers) == 1 and all(i.status == "running" for i in c.workers.values()))
         assert cl.submit(inc, 1).result(30) == 2
 
 
@@ -277,7 +271,7 @@ def test_results_lost_with_a_worker_are_recomputed_from_lineage(client, cluster)
     x.result(30)
     holder = next(iter(cluster.scheduler.tasks[x.key].who_has))
     os.kill(cluster.workers[holder].pid, signal.SIGKILL)
-    wait_until(lambda: len(cluster.deaths) == 1)
+    wait_for(lambda: len(cluster.deaths) == 1)
     assert client.submit(len, x).result(30) == 300_000
     assert len(x.result(30)) == 300_000
 
@@ -286,7 +280,7 @@ def test_scattered_data_lost_raises_lost_data_error(client, cluster):
     data = client.scatter(bytes(300_000))
     (holder,) = cluster.scheduler.tasks[data.key].who_has
     os.kill(cluster.workers[holder].pid, signal.SIGKILL)
-    wait_until(lambda: len(cluster.deaths) == 1)
+    wait_for(lambda: len(cluster.deaths) == 1)
     with pytest.raises(LostDataError, match="replicate") as info:
         data.result(30)
     assert info.value.key == data.key and info.value.worker == holder
@@ -300,7 +294,7 @@ def test_replicate_survives_one_death(client, cluster):
     client.replicate(data, n=2)
     assert len(cluster.scheduler.tasks[data.key].who_has) == 2
     os.kill(cluster.workers[sorted(cluster.workers)[0]].pid, signal.SIGKILL)
-    wait_until(lambda: len(cluster.deaths) == 1)
+    wait_for(lambda: len(cluster.deaths) == 1)
     assert len(data.result(30)) == 300_000
     assert client.submit(len, data).result(30) == 300_000
 
@@ -330,12 +324,12 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
         return 1
     with LocalCluster(n_workers=1, forward_logs=True) as c, Client(c) as cl:
         cl.submit(chatty).result(30)
-        wait_until(lambda: any("raw write" in l for lines in cl.get_worker_logs().values() for l in lines))
+        wait_for(lambda: any("raw write" in l for lines in cl.get_worker_logs().values() for l in lines))
         logs = cl.get_worker_logs()
         (name,) = logs
         assert "hello from print" in logs[name] and "raw write to fd 2" in logs[name]
         os.kill(c.workers[name].pid, signal.SIGKILL)
-        wait_until(lambda: len(c.deaths) == 1)
+        wait_for(lambda: len(c.deaths) == 1)
         assert "hello from print" in cl.get_worker_logs()[name]        # dead workers' logs stay
         assert "hello from print" in c.deaths[0].log_tail
     err = capfd.readouterr().err

@@ -7,6 +7,7 @@ import stat
 import time
 
 import pytest
+from _util import wait_for
 
 from localcluster import Client, KilledWorker, LocalCluster, config
 from localcluster.cluster import available_memory
@@ -14,13 +15,6 @@ from localcluster.cluster import available_memory
 np = pytest.importorskip("numpy")
 MiB = 2 ** 20
 pytestmark = pytest.mark.timeout(120)
-
-
-def wait_until(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 def block(i, mib=40):
@@ -74,7 +68,7 @@ def test_worker_over_the_limit_is_killed_with_figures(caplog):
 def test_results_spill_to_disk_instead_of_killing_the_worker():
     with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:
         futs = cl.map(block, range(12))
-        wait_until(lambda: all(f.done() for f in futs))
+        wait_for(lambda: all(f.done() for f in futs))
         (info,) = c.workers.values()
         assert info.spilled >= 4 * 40 * MiB and info.managed <= 0.6 * 400 * MiB
         spill_dir = os.path.join(c.local_directory, info.name)
@@ -93,12 +87,12 @@ def test_spill_directory_removed_after_the_worker_crashes(tmp_path):
     with LocalCluster(n_workers=1, memory_limit=200 * MiB, local_directory=str(tmp_path),
                       forward_logs=False) as c, Client(c) as cl:
         futs = cl.map(block, range(5))
-        wait_until(lambda: all(f.done() for f in futs))
+        wait_for(lambda: all(f.done() for f in futs))
         (info,) = c.workers.values()
         spill_dir = os.path.join(c.local_directory, info.name)
         assert os.listdir(spill_dir)
         os.kill(info.pid, signal.SIGKILL)
-        wait_until(lambda: len(c.deaths) == 1)
+        wait_for(lambda: len(c.deaths) == 1)
         assert not os.path.exists(spill_dir)
         assert [f.result(60)[0] for f in futs] == [0, 1, 2, 3, 4]     # recomputed from lineage
     assert os.listdir(tmp_path) == []
@@ -114,7 +108,7 @@ def hog_then_release(mib, seconds):
 def test_paused_worker_receives_no_tasks_until_it_recovers():
     with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:
         cl.submit(hog_then_release, 300, 1.5).result(30)     # pause at 320 MiB, terminate at 380
-        wait_until(lambda: next(iter(c.workers.values())).status == "paused")
+        wait_for(lambda: next(iter(c.workers.values())).status == "paused")
         later = cl.submit(sum, [1, 2])
         with c._lock:
             assert c.scheduler.tasks[later.key].state == "ready"          # held back, not sent
@@ -137,7 +131,7 @@ def test_workers_offer_themselves_to_the_oom_killer(cluster):
 def test_workers_report_memory_and_history(client, cluster):
     held = client.submit(block, 1, 20)
     held.result(30)
-    wait_until(lambda: all(len(i.memory_history) >= 3 for i in cluster.workers.values()))
+    wait_for(lambda: all(len(i.memory_history) >= 3 for i in cluster.workers.values()))
     for info in cluster.workers.values():
         assert info.memory > 10 * MiB and info.status == "running"
         t, rss = info.memory_history[-1]
@@ -202,8 +196,8 @@ def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup):
         assert "out-of-memory killer" in death.message
         assert death.memory > 50 * MiB and death.peak_memory >= death.memory   # a real figure, not the teardown
         # a plain kill -9 right after is not mistaken for the OOM killer
-        wait_until(lambda: len(c.workers) == 1)
+        wait_for(lambda: len(c.workers) == 1)
         (info,) = c.workers.values()
         os.kill(info.pid, signal.SIGKILL)
-        wait_until(lambda: len(c.deaths) == 2)
+        wait_for(lambda: len(c.deaths) == 2)
         assert c.deaths[1].cause == "signal"

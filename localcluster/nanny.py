@@ -201,12 +201,13 @@ class Nanny:
         return not eof
 
     def add_log(self, line: str, forward: bool = False) -> None:
-        self.log.append(line)
+        # forwarded before it is kept: a line readers find in ``log`` is already on stderr
         if forward and self.forward_logs:
             try:
                 sys.stderr.write(f"[{self.name}] {line}\n")
             except Exception:  # pragma: no cover - a closed stderr must not kill the loop
                 pass
+        self.log.append(line)
 
     def sample(self, now: float) -> Optional[int]:
         """RSS of the worker and its children, bytes."""

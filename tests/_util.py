@@ -13,3 +13,34 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.01)
+
+
+def block_until(path: str, timeout: float = 60.0) -> None:
+    """Run inside a task: return once the test creates the marker file ``path``. A task
+    released at the moment the test chooses, instead of a sleep the test must race."""
+    import os
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"marker {path} never appeared")
+        time.sleep(0.005)
+
+
+def release(path) -> None:
+    """Create the marker file that ``block_until`` waits for."""
+    open(path, "w").close()
+
+
+def wait_running(cluster, key, timeout: float = 30.0):
+    """Until ``key`` is executing on a worker (read from the worker's status board, which
+    the worker writes as it calls the function); returns that worker's nanny."""
+    found = []
+    def running():
+        with cluster._lock:
+            for n in cluster._nannies.values():
+                if any(cluster.scheduler.key_of(seq) == key for seq in n.board.running()):
+                    found.append(n)
+                    return True
+        return False
+    wait_for(running, timeout)
+    return found[0]

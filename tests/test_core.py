@@ -383,14 +383,17 @@ def test_submit_validation(client, bad, match):
         client.submit(42)
 
 
-def slow_ident(_):
-    time.sleep(0.2)
+_THREE = threading.Barrier(3, timeout=30)     # one per worker process: passes once three threads wait in it
+
+
+def meet_ident(_):
+    _THREE.wait()
     return threading.get_ident()
 
 
 def test_threads_per_worker():
     with LocalCluster(n_workers=1, threads_per_worker=3, forward_logs=False) as c, Client(c) as cl:
-        assert len(set(cl.gather(cl.map(slow_ident, range(3), pure=False)))) == 3
+        assert len(set(cl.gather(cl.map(meet_ident, range(3), pure=False)))) == 3
 
 
 def test_done_callback_may_fetch_a_large_result(client):

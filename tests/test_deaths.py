@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from _util import wait_for
+from _util import block_until, release, wait_for, wait_running
 
 from localcluster import (Client, ClusterRestarted, KilledWorker, LocalCluster, LostDataError,
                           TaskTimeoutError, WorkerStartupError)
@@ -131,44 +131,34 @@ def test_crash_table(fragile, point, how):
     assert client.submit(inc, 1).result(30) == 2     # the cluster keeps computing
 
 
-def test_crash_blames_only_the_task_on_the_crashing_thread():
+def test_crash_blames_only_the_task_on_the_crashing_thread(tmp_path):
+    marker = str(tmp_path / "go")
     with LocalCluster(n_workers=1, threads_per_worker=2, allowed_failures=0, forward_logs=False) as c, \
             Client(c) as cl:
-        slow = cl.submit(time.sleep, 1.0, pure=False)
+        slow = cl.submit(block_until, marker, pure=False)    # still running when its neighbour crashes
         wait_running(c, slow.key)
         crash = cl.submit(at_call, "segfault")
         with pytest.raises(KilledWorker):
             crash.result(30)
         (death,) = c.deaths
         assert set(death.tasks) == {slow.key, crash.key} and death.blamed == (crash.key,)
+        release(marker)
         assert slow.result(30) is None                 # rescheduled, not blamed
 
 
-def wait_running(cluster, key, timeout=20.0):
-    """Until ``key`` is executing on a worker (read from the worker's status board)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with cluster._lock:
-            for n in cluster._nannies.values():
-                for seq in n.board.running():
-                    if cluster.scheduler.key_of(seq) == key:
-                        return n
-        time.sleep(0.005)
-    raise AssertionError(f"{key} never started")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig):
-    fut = client.submit(time.sleep, 0.5, pure=False)
+def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig, tmp_path):
+    marker = str(tmp_path / "go")
+    fut = client.submit(block_until, marker, pure=False)
     n = wait_running(cluster, fut.key)
-    t0 = time.monotonic()
     os.kill(n.pid, sig)
+    wait_for(lambda: len(cluster.deaths) == 1)
+    release(marker)
     assert fut.result(30) is None
     (death,) = cluster.deaths
     assert death.cause == "signal" and death.signal == sig.name and death.tasks == (fut.key,)
     assert "killed from outside" in death.message and sig.name in death.message
     assert cluster.scheduler.tasks[fut.key].suspicious == 1
-    assert time.monotonic() - t0 < 10
     wait_for(lambda: len(cluster.workers) == 2)
 
 
@@ -189,16 +179,20 @@ def test_killed_worker_after_allowed_failures_names_every_death():
         assert cl.submit(inc, 1).result(30) == 2
 
 
-def test_timeout_kills_worker_and_spares_neighbours():
+def test_timeout_kills_worker_and_spares_neighbours(tmp_path):
+    marker = str(tmp_path / "go")
     with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
-        neighbour = cl.submit(time.sleep, 0.8, pure=False)
-        late = cl.submit(time.sleep, 30, timeout=0.3, pure=False)
+        neighbour = cl.submit(block_until, marker, pure=False)    # running when the kill comes
+        wait_running(c, neighbour.key)
+        late = cl.submit(time.sleep, 300, timeout=0.3, pure=False)
         with pytest.raises(TaskTimeoutError) as info:
-            late.result(30)
-        assert info.value.timeout == 0.3 and 0.3 <= info.value.elapsed < 5
+            late.result(60)
+        assert info.value.timeout == 0.3 and info.value.elapsed >= 0.3
         assert "past its timeout of 0.3 s" in str(info.value)
         (death,) = c.deaths
-        assert death.cause == "timeout" and late.key in death.tasks and death.blamed == ()
+        assert death.cause == "timeout" and set(death.tasks) == {late.key, neighbour.key}
+        assert death.blamed == ()
+        release(marker)
         assert neighbour.result(30) is None
         assert c.scheduler.tasks[neighbour.key].suspicious == 0
 
@@ -237,7 +231,6 @@ def broken_initializer():
 
 
 def test_startup_failure_stops_retrying_with_a_clear_error():
-    t0 = time.monotonic()
     with pytest.raises(WorkerStartupError) as info:
         LocalCluster(n_workers=1, initializer=broken_initializer, forward_logs=False)
     text = str(info.value)
@@ -245,7 +238,6 @@ def test_startup_failure_stops_retrying_with_a_clear_error():
     deaths = info.value.deaths
     assert len(deaths) == 3 and all(d.cause == "exception" and d.exitcode == 1 for d in deaths)
     assert "s3fs" in deaths[0].message
-    assert time.monotonic() - t0 < 30
 
 
 def test_requested_deaths_on_scale_down_and_close():
@@ -336,14 +328,16 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
     assert f"[{name}] hello from print" in err and f"[{name}] raw write to fd 2" in err
 
 
-def test_dump_stacks_of_live_workers(client):
+def test_dump_stacks_of_live_workers(client, tmp_path):
     cluster = client.cluster
-    fut = client.submit(time.sleep, 2, pure=False)
+    marker = str(tmp_path / "go")
+    fut = client.submit(block_until, marker, pure=False)
     wait_running(cluster, fut.key)
     stacks = client.dump_stacks()
+    release(marker)
     assert len(stacks) == 2 and all("Current thread" in s for s in stacks.values())
     assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
-    assert cluster.deaths == []
+    assert fut.result(30) is None and cluster.deaths == []
 
 
 def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(fragile):

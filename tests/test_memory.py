@@ -7,7 +7,7 @@ import stat
 import time
 
 import pytest
-from _util import wait_for
+from _util import block_until, release, wait_for
 
 from localcluster import Client, KilledWorker, LocalCluster, config
 from localcluster.cluster import available_memory
@@ -98,20 +98,26 @@ def test_spill_directory_removed_after_the_worker_crashes(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def hog_then_release(mib, seconds):
+def hog_until(mib, marker):
+    """Hold ``mib`` outside any task until the test creates ``marker``."""
     import builtins, threading
     builtins._hog = np.ones(mib * MiB // 8)
-    threading.Timer(seconds, lambda: delattr(builtins, "_hog")).start()
+    def free():
+        block_until(marker)
+        del builtins._hog
+    threading.Thread(target=free, daemon=True).start()
     return os.getpid()
 
 
-def test_paused_worker_receives_no_tasks_until_it_recovers():
+def test_paused_worker_receives_no_tasks_until_it_recovers(tmp_path):
+    marker = str(tmp_path / "free")
     with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:
-        cl.submit(hog_then_release, 300, 1.5).result(30)     # pause at 320 MiB, terminate at 380
+        cl.submit(hog_until, 300, marker).result(30)     # pause at 320 MiB, terminate at 380
         wait_for(lambda: next(iter(c.workers.values())).status == "paused")
         later = cl.submit(sum, [1, 2])
         with c._lock:
             assert c.scheduler.tasks[later.key].state == "ready"          # held back, not sent
+        release(marker)
         name = next(iter(c.workers))
         assert later.result(30) == 3
         assert next(iter(c.workers.values())).status == "running"

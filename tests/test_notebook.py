@@ -19,7 +19,10 @@ CELLS = [
     "from localcluster import Client\nclient = Client(n_workers=2)",
     "def cube(x):\n    return x ** 3\n\nclass Box:\n    def __init__(self, v):\n        self.v = v\n\n"
     "print(client.submit(lambda b: cube(b.v), Box(3)).result(30))",
-    "import time\nclient.submit(print, 'hello from a worker').result(30)\ntime.sleep(0.3)",
+    "import sys, time\nclient.submit(print, 'hello from a worker').result(30)\n"
+    "while not any('hello from a worker' in l for ls in client.get_worker_logs().values() for l in ls):\n"
+    "    time.sleep(0.01)\n"
+    "sys.stderr.flush()",
     "client.close()",
 ]
 

@@ -2,7 +2,9 @@
 writes and the parent reads, with no message and no syscall.
 
 Row 0 is the worker's: heartbeat (monotonic ns), managed bytes, spilled bytes,
-spilled keys. Row i >= 1 belongs to executor thread i: its thread ident, the
+spilled keys, and a version that makes the three store figures one consistent read (a
+seqlock: odd while the worker writes them; a spill moves bytes from managed to spilled,
+and a reader must never see them gone from both). Row i >= 1 belongs to executor thread i: its thread ident, the
 ``seq`` of the run it is executing (0 when idle) and when that run started.
 
 This is how a death is blamed on the right task without an acknowledgement
@@ -15,7 +17,7 @@ import mmap
 import os
 import time
 
-_COLS = 4
+_COLS = 5
 
 
 class Board:
@@ -34,8 +36,11 @@ class Board:
         self.slots[0] = time.monotonic_ns()
 
     def set_store(self, managed: int, spilled: int, nkeys: int) -> None:
+        """Called with the store's lock held: one writer at a time."""
         s = self.slots
+        s[4] += 1
         s[1], s[2], s[3] = managed, spilled, nkeys
+        s[4] += 1
 
     def start(self, row: int, ident: int, seq: int) -> None:
         base = row * _COLS
@@ -51,7 +56,12 @@ class Board:
 
     def store(self) -> tuple[int, int, int]:
         s = self.slots
-        return s[1], s[2], s[3]
+        for _ in range(10_000):    # bounded: a worker killed mid-write leaves the version odd
+            version = s[4]
+            figures = s[1], s[2], s[3]
+            if version % 2 == 0 and s[4] == version:
+                break
+        return figures
 
     def running(self) -> dict[int, tuple[int, float]]:
         """seq -> (thread ident, start time in monotonic seconds)."""

@@ -9,7 +9,8 @@ Data flow::
     scheduler thread: selector.select([channels, pidfds, log pipes, wake-up pipe], tick)
          │   channel readable  -> worker messages -> Scheduler events
          │   pidfd readable    -> Nanny.reap -> classify -> WorkerDeath -> Scheduler.worker_died
-         │   log pipe readable -> Nanny.read_logs (bounded buffer, forwarded to stderr)
+         │   output pipe readable -> OutputStream.read (into the bounded log; stdout and
+         │                           stderr forwarded to the same stream, crash dumps held back)
          │   wake-up pipe      -> commands (spawn, scale, restart, close), released keys
          └── tick (memory_sample_interval): memory samples -> pause / terminate,
              task timeouts and heartbeats read from each worker's status board
@@ -47,7 +48,7 @@ from . import config as _config
 from . import protocol as P
 from . import scheduler as S
 from .config import format_bytes
-from .death import ClusterBroken, ClusterRestarted, WorkerDeath
+from .death import ClusterBroken, ClusterClosed, ClusterRestarted, WorkerDeath
 from .machine import available_memory, purge_stale_directories, usable_cpus
 from .nanny import Nanny, logger
 from .supervision import Supervision
@@ -204,11 +205,11 @@ class LocalCluster(Supervision):
         self._status = "closed"
         if not isinstance(self._broken, ClusterBroken):   # broken: futures already failed, state suspect
             with self._lock:
-                post = self._apply(self.scheduler.clear(ClusterRestarted("the cluster was closed")))
+                post = self._apply(self.scheduler.clear(ClusterClosed("the cluster was closed")))
             self._post(post)
         for fut in list(self._requests.values()):
             if not fut.done():
-                fut.set_exception(ClusterRestarted("the cluster was closed"))
+                fut.set_exception(ClusterClosed("the cluster was closed"))
         for n in list(self._nannies.values()):
             self._force_reap(n)
         if self._callback_thread is not None:
@@ -228,8 +229,10 @@ class LocalCluster(Supervision):
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<LocalCluster {self._status}: {len(self._nannies)} workers, {self.threads_per_worker} "
-                f"threads each, memory_limit={format_bytes(self.memory_limit) if self.memory_limit else None}>")
+        workers, threads = len(self._nannies), self.threads_per_worker
+        return (f"<LocalCluster {self._status}: {workers} worker{'s' if workers != 1 else ''}, {threads} "
+                f"thread{'s' if threads != 1 else ''} each, "
+                f"memory_limit={format_bytes(self.memory_limit) if self.memory_limit else None}>")
 
     def get_logs(self, n: Optional[int] = None) -> dict[str, list]:
         with self._lock:
@@ -408,7 +411,37 @@ class LocalCluster(Supervision):
 
     def submit(self, specs: list, track: Callable[[], Any]) -> Any:
         """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
+        if not self._nannies and self._status == "running" and specs:
+            # legitimate (scale up later), but a silent wait is the worst way to find out
+            logger.warning("localcluster: %s submitted while the cluster has no worker; %s until "
+                           "cluster.scale(n) starts one", f"{len(specs)} tasks" if len(specs) > 1 else
+                           f"task {specs[0].key!r}", "they wait" if len(specs) > 1 else "it waits")
         return self._event(self.scheduler.submit, specs, before=track)
+
+    def why_pending(self, key: str) -> str:
+        """Why ``key``'s future is not done yet, in words (for a TimeoutError)."""
+        with self._lock:
+            where = self.scheduler.whereabouts(key)
+            n = self._nannies.get(where.worker) if where.worker else None
+            started = n.board.running().get(where.seq) if n is not None and n.board is not None else None
+        task = f"task {key!r}"
+        if where.state == "processing" and started is not None:
+            return f"{task} is still running on {where.worker} (started {time.monotonic() - started[1]:.1f} s ago)"
+        if where.state == "processing":
+            return f"{task} is sent to {where.worker} and queued there behind the tasks it is running"
+        if where.state == "waiting":
+            shown = ", ".join(map(repr, where.waiting_for[:3])) + (", ..." if len(where.waiting_for) > 3 else "")
+            count = len(where.waiting_for)
+            return f"{task} is waiting for {count} {'dependency' if count == 1 else 'dependencies'} ({shown})"
+        if where.state == "ready" and where.workers == 0:
+            return f"{task} is queued: no worker is running (call cluster.scale(n) to start some)"
+        if where.state == "ready" and where.paused == where.workers:
+            return f"{task} is queued: every worker is paused because its memory is above memory_pause"
+        if where.state == "ready" and where.restricted_to is not None:
+            return f"{task} is queued for workers {sorted(where.restricted_to)}, which are busy"
+        if where.state == "ready":
+            return f"{task} is queued: every worker thread is busy with earlier tasks"
+        return f"{task} is {where.state}"
 
     def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,
                 broadcast: bool = False) -> Any:
@@ -512,8 +545,8 @@ class LocalCluster(Supervision):
                         if mask & selectors.EVENT_READ:
                             self._on_readable(n)
                     elif kind == "log":
-                        if not n.read_logs():
-                            self._unregister(n.log_fd)
+                        if not n.read():
+                            self._unregister(n.fd)
                         with self._changed:
                             self._changed.notify_all()
                     elif kind == "exit":
@@ -593,8 +626,15 @@ class LocalCluster(Supervision):
                         actions += sched.stored(m.ack)
                     elif t is P.Ready:
                         n.ready, n.versions = True, m.versions
-                        n.sample(time.monotonic())
-                        self._startup_failures.clear()
+                        too_small = self._limit_too_small(n, n.sample(time.monotonic()))
+                        if too_small and self._status == "starting":
+                            self._broken = ValueError(too_small)    # the constructor raises it
+                            n.stop()
+                        elif too_small:     # scaling up: a failed start (_maybe_respawn), never a loop
+                            n.add_log(f"[nanny] {too_small}")
+                            n.kill("memory-limit")
+                        else:
+                            self._startup_failures.clear()
                         if n.reason is None:
                             actions += sched.add_worker(n.name, n.nthreads)
                         self._changed.notify_all()
@@ -604,6 +644,18 @@ class LocalCluster(Supervision):
             if n.cork and n.chan is not None:
                 self._send(n, [])
         self._post(post)
+
+    def _limit_too_small(self, n: Nanny, rss: Optional[int]) -> Optional[str]:
+        """Why ``memory_limit`` cannot work, if a worker that runs nothing yet already
+        crosses the pause or terminate fraction of it (it would be paused or killed forever)."""
+        limit, cfg = self.memory_limit, self.config
+        fraction = min((f for f in (cfg["memory_pause"], cfg["memory_terminate"]) if f), default=None)
+        if not limit or not rss or fraction is None or rss <= fraction * limit:
+            return None
+        return (f"memory_limit={format_bytes(limit)} is too small: an idle worker needs {format_bytes(rss)} "
+                f"({n.name}, pid {n.pid}, running no task), above {fraction:.0%} of the limit, where workers "
+                f"are paused or killed. Use memory_limit of at least {format_bytes(int(rss / fraction) + 1)} "
+                f"plus what the tasks hold, \"auto\", or None for no limit.")
 
     def _unregister(self, fileobj: Any) -> None:
         try:
@@ -620,7 +672,8 @@ class LocalCluster(Supervision):
         with self._lock:
             self._nannies[name] = n
         self._selector.register(n.chan, selectors.EVENT_READ, ("chan", n))
-        self._selector.register(n.log_fd, selectors.EVENT_READ, ("log", n))
+        for stream in n.outputs:
+            self._selector.register(stream.fd, selectors.EVENT_READ, ("log", stream))
         if n.sentinel is not None:
             self._selector.register(n.sentinel, selectors.EVENT_READ, ("exit", n))
 

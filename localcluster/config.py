@@ -133,6 +133,17 @@ def _bool(key: str) -> Callable[[Any], Any]:
     return check
 
 
+def _forward_logs(value: Any) -> Any:
+    """True: worker prints, each to the same stream, and one line per death; "all": also
+    faulthandler's full dumps; False: nothing."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return "all"
+    try:
+        return _bool("forward_logs")(value)
+    except ValueError:
+        raise _bad("forward_logs", value, "True, False or 'all'") from None
+
+
 def _directory(value: Any) -> Any:
     if value is None or value == "":
         return None
@@ -147,7 +158,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "memory_limit": _memory_limit,
     "allowed_failures": _int("allowed_failures", 0),
     "local_directory": _directory,
-    "forward_logs": _bool("forward_logs"),
+    "forward_logs": _forward_logs,
     "worker_ttl": _seconds("worker_ttl", allow_none=True),
     "memory_target": _fraction("memory_target"),
     "memory_pause": _fraction("memory_pause"),

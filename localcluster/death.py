@@ -7,6 +7,7 @@ functions turn them into a cause, a blame and a sentence for the user.
 """
 from __future__ import annotations
 
+import os
 import re
 import signal as _signal
 from concurrent.futures import CancelledError
@@ -17,6 +18,7 @@ from .config import format_bytes
 
 __all__ = [
     "WorkerDeath", "KilledWorker", "TaskTimeoutError", "LostDataError", "TaskError", "ClusterBroken",
+    "ClusterRestarted", "ClusterClosed", "WorkerStartupError",
     "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread",
 ]
 
@@ -79,6 +81,36 @@ def classify(exitcode: Optional[int], nanny_reason: Optional[str] = None,
 _CURRENT = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*?\])? \(most recent call first\):")
 
 
+_PACKAGE_FILE = f'File "{os.path.dirname(os.path.abspath(__file__))}{os.sep}'
+_BOOTSTRAP = re.compile(r'(threading\.py", line \d+ in (run|_bootstrap|_bootstrap_inner)|File "<string>", line \d+ in <module>)$')
+
+
+def _internal(frame_line: str) -> bool:
+    """A frame of localcluster's own worker loop or of the thread machinery under it."""
+    return _PACKAGE_FILE in frame_line or bool(_BOOTSTRAP.search(frame_line.rstrip()))
+
+
+def _user_frames(lines: list[str]) -> list[str]:
+    """Drop localcluster's own frames (all of them kept if nothing else is left)."""
+    kept = [l for l in lines if not (l.strip().startswith("File ") and _internal(l))]
+    return kept if any(l.strip().startswith("File ") for l in kept) else lines
+
+
+def thread_stack(log_lines: list[str], ident: int) -> Optional[str]:
+    """Thread ``ident``'s block in the newest faulthandler dump in ``log_lines`` (as asked
+    for with SIGUSR1 before a timeout kill), without localcluster's own frames."""
+    for i in range(len(log_lines) - 1, -1, -1):
+        m = _CURRENT.match(log_lines[i].strip())
+        if m and int(m.group(1), 16) & 0x7FFFFFFFFFFFFFFF == ident & 0x7FFFFFFFFFFFFFFF:
+            block = [log_lines[i]]
+            for line in log_lines[i + 1:i + 400]:
+                if not (line.strip().startswith("File ") or line.strip().startswith("<")):
+                    break
+                block.append(line)
+            return "\n".join(_user_frames(block)) if len(block) > 1 else None
+    return None
+
+
 def crash_stack(log_lines: list[str]) -> Optional[str]:
     """The crashing thread's stack from the last faulthandler report in a worker's output:
     the "Fatal Python error" line and the "Current thread" block (other threads stay in the log)."""
@@ -101,7 +133,7 @@ def crash_stack(log_lines: list[str]) -> Optional[str]:
             if not s or not (s.startswith("File ") or s.startswith("<")):
                 break
             out.append(line)
-    return "\n".join(out).rstrip() if len(out) > 1 else log_lines[start]
+    return "\n".join(_user_frames(out)).rstrip() if len(out) > 1 else log_lines[start]
 
 
 def crashing_thread(stack: Optional[str]) -> Optional[int]:
@@ -133,9 +165,16 @@ def top_frames(stack: Optional[str], n: int = 3) -> list[str]:
     return frames[:n]
 
 
+# Said where the user holds the future (a death record, KilledWorker), never by the replay itself.
+REPLAY_HINT = {
+    "crash": "Replay it in a throwaway process with client.recreate_error_locally(future).",
+    "exit-in-task": "Replay it in a throwaway process with client.recreate_error_locally(future).",
+}
+
 _ADVICE = {
     "requested": "Nothing to do: the cluster asked for this (close, scale down or restart).",
-    "exit": "A task or library called os._exit()/sys.exit() outside a task; look for it in the tasks listed.",
+    "exit": "Something in the worker ended the process outside any task: a thread a task started, an "
+            "atexit hook, or a library calling os._exit(). Look for it in the code the tasks run.",
     "exception": "localcluster's own worker code failed; the traceback is in the death's log_tail. "
                  "Check that the worker can import what the tasks need (client.get_versions(check=True)).",
     "memory-limit": "Give each worker more memory (LocalCluster(memory_limit=...)), use fewer workers, "
@@ -143,11 +182,12 @@ _ADVICE = {
     "oom-killer": "The machine ran out of memory. Set a memory_limit so localcluster stops the worker "
                   "first, use fewer workers, or make the task's pieces smaller.",
     "crash": "This is a bug in compiled code (a C extension, ctypes, or a library built for another "
-             "version); the stack shows where. Try client.recreate_error_locally(future) to replay it in "
-             "a throwaway process.",
+             "version); the stack shows where.",
     "signal": "Something outside localcluster killed the worker (kill, a job scheduler, a container "
               "limit). The task may not be at fault.",
     "timeout": "The task ran past its timeout; raise submit(..., timeout=...) or make the task faster.",
+    "exit-in-task": "One of these tasks, or a library it called, ended the process (os._exit(), or "
+                    "sys.exit() from a thread of its own). A sys.exit() in the task itself only fails that task.",
     "unresponsive": "A task held the interpreter (GIL) or blocked the worker for too long; the stacks of "
                     "all threads were written to the worker's log just before. Raise worker_ttl if the "
                     "task is simply slow.",
@@ -176,21 +216,34 @@ class WorkerDeath:
     def __str__(self) -> str:
         return self.message
 
-    def summary(self) -> str:
-        """One line for ``KilledWorker``'s message."""
-        parts = [f"{self.worker} (pid {self.pid}): {self.cause}"]
+    def _facts(self) -> list[str]:
+        parts = [self.cause]
         if self.signal:
             parts.append(self.signal)
         elif self.exitcode is not None:
             parts.append(f"exit code {self.exitcode}")
         if self.memory is not None:
             mem = f"memory {format_bytes(self.memory)}"
-            if self.peak_memory:
+            if self.peak_memory and self.peak_memory > self.memory:
                 mem += f" (peak {format_bytes(self.peak_memory)})"
             if self.memory_limit:
                 mem += f" of {format_bytes(self.memory_limit)} limit"
             parts.append(mem)
-        line = ", ".join(parts)
+        return parts
+
+    def headline(self, lead: str = "") -> str:
+        """The one console line a death gets by default: who, cause, signal, tasks, memory."""
+        facts = self._facts()
+        if self.tasks:
+            shown = ", ".join(map(repr, self.tasks[:3]))
+            more = f" and {len(self.tasks) - 3} more" if len(self.tasks) > 3 else ""
+            facts.insert(len(facts) - (self.memory is not None), f"running {shown}{more}")
+        return (f"localcluster: {lead}{self.worker} (pid {self.pid}) died: {', '.join(facts)}. "
+                f"Details in cluster.deaths[-1].message")
+
+    def summary(self) -> str:
+        """One line for ``KilledWorker``'s message."""
+        line = f"{self.worker} (pid {self.pid}): " + ", ".join(self._facts())
         frames = top_frames(self.stack, 2)
         if frames:
             line += "\n      crashed in: " + "\n                  ".join(frames)
@@ -199,8 +252,9 @@ class WorkerDeath:
 
 def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], tasks: tuple,
                   memory: Optional[int], peak: Optional[int], limit: Optional[int],
-                  stack: Optional[str], detail: Optional[str] = None) -> str:
-    """The one-paragraph explanation stored in ``WorkerDeath.message``."""
+                  stack: Optional[str], detail: Optional[str] = None, replay_hint: bool = True) -> str:
+    """The one-paragraph explanation stored in ``WorkerDeath.message``. ``replay_hint``: whether
+    to suggest ``recreate_error_locally`` (not when the replay itself is what died)."""
     who = f"Worker {worker!r} (pid {pid})"
     sig = signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
     running = f" while running {', '.join(map(repr, tasks))}" if tasks else ""
@@ -212,8 +266,10 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         mem += f" against a limit of {format_bytes(limit)}." if limit else " (no memory limit set)."
     if cause == "requested":
         head = f"{who} was stopped by the cluster as requested."
+    elif cause == "exit" and tasks:
+        head = f"{who} exited with code {exitcode} while running {', '.join(map(repr, tasks))}."
     elif cause == "exit":
-        head = f"{who} exited by itself with exit code {exitcode}{running}."
+        head = f"{who} exited with code {exitcode} while running no task."
     elif cause == "exception":
         head = f"{who} failed in localcluster's own code (exit code {exitcode}){running}."
     elif cause == "memory-limit":
@@ -235,7 +291,15 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         head = f"{who} died ({describe_exit(exitcode)}){running}."
     if detail:
         head += " " + detail
-    return head + mem + " " + _ADVICE[cause]
+    topic = advice_topic(cause, tasks)
+    advice = _ADVICE[topic]
+    if replay_hint and topic in REPLAY_HINT:
+        advice += " " + REPLAY_HINT[topic]
+    return head + mem + " " + advice
+
+
+def advice_topic(cause: str, tasks: tuple) -> str:
+    return "exit-in-task" if cause == "exit" and tasks else cause
 
 
 # --- errors a task (or its future) can end with --------------------------------------
@@ -256,10 +320,10 @@ class KilledWorker(Exception):
                  f"(allowed_failures={self.allowed_failures}), so it is given up:"]
         for i, d in enumerate(self.deaths, 1):
             lines.append(f"  {i}. {d.summary()}")
-        causes = {d.cause for d in self.deaths}
-        advice = " ".join(_ADVICE[c] for c in CAUSES if c in causes and c != "requested")
+        topics = list(dict.fromkeys(advice_topic(d.cause, d.tasks) for d in self.deaths if d.cause != "requested"))
+        advice = [_ADVICE[t] for t in topics] + list(dict.fromkeys(REPLAY_HINT[t] for t in topics if t in REPLAY_HINT))
         if advice:
-            lines.append(advice)
+            lines.append(" ".join(advice))
         lines.append("Each death is in cluster.deaths and KilledWorker.deaths, with the log tail.")
         return "\n".join(lines)
 
@@ -270,18 +334,23 @@ class KilledWorker(Exception):
 class TaskTimeoutError(TimeoutError):
     """A task ran past its ``timeout``; its worker was stopped to interrupt it."""
 
-    def __init__(self, task: str, timeout: float, elapsed: float, worker: Optional[str] = None):
-        self.task, self.timeout, self.elapsed, self.worker = task, timeout, elapsed, worker
-        super().__init__(task, timeout, elapsed, worker)
+    def __init__(self, task: str, timeout: float, elapsed: float, worker: Optional[str] = None,
+                 stack: Optional[str] = None):
+        self.task, self.timeout, self.elapsed, self.worker, self.stack = task, timeout, elapsed, worker, stack
+        super().__init__(task, timeout, elapsed, worker, stack)
 
     def __str__(self) -> str:
         where = f" on worker {self.worker!r}" if self.worker else ""
-        return (f"Task {self.task!r} ran for {self.elapsed:.2f} s{where}, past its timeout of "
+        text = (f"Task {self.task!r} ran for {self.elapsed:.2f} s{where}, past its timeout of "
                 f"{self.timeout:g} s, so its worker was stopped to interrupt it. Raise "
                 f"submit(..., timeout=...) or split the work into smaller tasks.")
+        if self.stack:
+            text += "\nWhere it was when stopped (most recent call first):\n" + "\n".join(
+                "  " + l.strip() for l in self.stack.splitlines()[1:])
+        return text
 
     def __reduce__(self):
-        return (TaskTimeoutError, (self.task, self.timeout, self.elapsed, self.worker))
+        return (TaskTimeoutError, (self.task, self.timeout, self.elapsed, self.worker, self.stack))
 
 
 class LostDataError(Exception):
@@ -336,6 +405,11 @@ class WorkerStartupError(RuntimeError):
         if last is None:
             return head
         tail = "\n".join(last.log_tail[-15:])
+        if last.cause == "memory-limit" and last.memory and last.memory_limit:
+            return (f"{head} Each was killed for memory while running no task: the last one, {last.worker!r} "
+                    f"(pid {last.pid}), used {format_bytes(last.memory)} idle against a memory_limit of "
+                    f"{format_bytes(last.memory_limit)}. Raise memory_limit (or use None), or load less "
+                    f"in the workers' initializer, and create the cluster again.")
         return (f"{head} The last one, {last.worker!r} (pid {last.pid}), ended with "
                 f"{signal_name(-last.exitcode) if last.exitcode and last.exitcode < 0 else f'exit code {last.exitcode}'}"
                 f". Its last output:\n{tail}\nFix the start-up error above (an initializer that raises, a broken "
@@ -343,7 +417,11 @@ class WorkerStartupError(RuntimeError):
 
 
 class ClusterRestarted(CancelledError):
-    """A pending task was forgotten because the cluster restarted or closed."""
+    """A pending task was forgotten because the cluster restarted (``client.restart()``)."""
+
+
+class ClusterClosed(CancelledError):
+    """A pending task was forgotten because the cluster closed."""
 
 
 class ClusterBroken(RuntimeError):

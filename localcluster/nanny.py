@@ -22,10 +22,11 @@ import subprocess
 import sys
 import time
 from collections import deque
-from typing import Optional
+from typing import Any, Optional
 
 from .board import Board
 from .channel import Channel
+from .output import OutputStream
 from .worker import BOOT
 
 logger = logging.getLogger("localcluster")
@@ -93,7 +94,7 @@ def read_oom_count(paths: list[str]) -> dict[str, int]:
 
 class Nanny:
     def __init__(self, name: str, nthreads: int, memory_limit: Optional[int], settings: dict,
-                 spill_dir: Optional[str], initializer: Optional[str], forward_logs: bool, log_lines: int):
+                 spill_dir: Optional[str], initializer: Optional[str], forward_logs: Any, log_lines: int):
         self.name = name
         self.nthreads = nthreads
         self.memory_limit = memory_limit
@@ -102,12 +103,11 @@ class Nanny:
         self.initializer = initializer
         self.forward_logs = forward_logs
         self.log: deque[str] = deque(maxlen=log_lines)
-        self._partial = b""
         self.proc: Optional[subprocess.Popen] = None
         self.pid = 0
         self.chan: Optional[Channel] = None
         self.sentinel: Optional[int] = None
-        self.log_fd: Optional[int] = None
+        self.outputs: list[OutputStream] = []     # the worker's stdout and stderr pipes
         self.board: Optional[Board] = None
         self.ready = False
         self.versions: dict = {}
@@ -120,6 +120,8 @@ class Nanny:
         self.history: deque = deque(maxlen=MEMORY_HISTORY)
         self.paused = False
         self.stacks_requested: Optional[float] = None
+        self.dump_mark: Optional[int] = None    # lines_seen when stacks were asked for before a kill
+        self.lines_seen = 0                     # lines ever kept (the log itself is bounded)
         self.exitcode: Optional[int] = None
         self.next_sample = 0.0                    # monotonic time of the next memory sample
         self.cork: list = []                      # messages held back while the worker is busy
@@ -154,7 +156,7 @@ class Nanny:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT, json.dumps(cfg)],
                 pass_fds=(child_sock.fileno(), self.board.fd),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, env=env,
             )
         finally:
@@ -162,8 +164,9 @@ class Nanny:
         self.pid = self.proc.pid
         self.started = time.monotonic()
         self.chan = Channel(parent_sock)
-        self.log_fd = self.proc.stdout.fileno()
-        os.set_blocking(self.log_fd, False)
+        forward = {True: "output", "all": "all"}.get(self.forward_logs)
+        self.outputs = [OutputStream(pipe.fileno(), name, self.add_log, forward, f"[{self.name}] ")
+                        for pipe, name in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr"))]
         try:
             self.sentinel = os.pidfd_open(self.pid)
         except (AttributeError, OSError):  # pragma: no cover - not Linux >= 5.3
@@ -174,40 +177,16 @@ class Nanny:
 
     # --- while it runs ---------------------------------------------------------------
 
-    def read_logs(self) -> bool:
-        """Take what the worker wrote; False at EOF."""
-        eof = False
-        chunks = []
-        while True:
-            try:
-                data = os.read(self.log_fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                eof = True
-                break
-            if not data:
-                eof = True
-                break
-            chunks.append(data)
-        if chunks or (eof and self._partial):
-            data = self._partial + b"".join(chunks)
-            lines = data.split(b"\n")
-            self._partial = b"" if eof else lines.pop()
-            for raw in lines:
-                if eof and not raw and raw is lines[-1]:
-                    continue
-                self.add_log(raw.decode(errors="replace"), forward=True)
-        return not eof
-
-    def add_log(self, line: str, forward: bool = False) -> None:
-        # forwarded before it is kept: a line readers find in ``log`` is already on stderr
-        if forward and self.forward_logs:
-            try:
-                sys.stderr.write(f"[{self.name}] {line}\n")
-            except Exception:  # pragma: no cover - a closed stderr must not kill the loop
-                pass
+    def add_log(self, line: str) -> None:
+        """A line of the worker's output, or of the nanny's own (pause, resume, kill)."""
         self.log.append(line)
+        self.lines_seen += 1
+
+    def dump_complete(self, mark: int) -> bool:
+        """Whether a stack dump asked for when ``lines_seen`` was ``mark`` has fully arrived:
+        faulthandler writes the main thread last, and its outermost frame is the ``python -c`` line."""
+        new = min(self.lines_seen - mark, len(self.log))
+        return any(self.log[-i].strip().startswith('File "<string>"') for i in range(1, new + 1))
 
     def sample(self, now: float) -> Optional[int]:
         """RSS of the worker and its children, bytes."""
@@ -278,7 +257,8 @@ class Nanny:
             os.killpg(self.pid, signal.SIGKILL)   # its own children, started by tasks
         except (ProcessLookupError, PermissionError):
             pass
-        self.read_logs()
+        for stream in self.outputs:
+            stream.read()
         return code
 
     def oom_evidence(self) -> bool:
@@ -293,7 +273,9 @@ class Nanny:
                 setattr(self, fd_attr, None)
         if self.chan is not None:
             self.chan.close()
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self.proc is not None:
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         if self.board is not None:
             self.board.close()

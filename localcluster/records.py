@@ -55,6 +55,18 @@ class Spec:
     loose: bool = False                     # workers are a preference (allow_other_workers)
 
 
+@dataclass(frozen=True, slots=True)
+class Whereabouts:
+    """Where a task stands, for a message that says why its future is not done yet."""
+    state: str                          # a Task state, or "unknown"
+    worker: Optional[str] = None        # processing: where it was sent
+    seq: int = 0                        # processing: the run, to find its start on the worker's board
+    waiting_for: tuple = ()             # waiting: the dependencies not in memory yet
+    workers: int = 0                    # workers the scheduler knows (able to run tasks)
+    paused: int = 0                     # of which paused for memory
+    restricted_to: Optional[frozenset] = None
+
+
 class Task:
     __slots__ = ("key", "state", "spec", "deps", "dependents", "waiting_on", "who_has", "worker",
                  "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",

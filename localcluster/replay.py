@@ -95,5 +95,6 @@ def _replay_in_subprocess(key: str, fn: Any, args: tuple, kwargs: dict, timeout:
     death = WorkerDeath(worker="replay", pid=proc.pid, cause=cause, exitcode=code,
                         signal=signal_name(-code) if code < 0 else None, tasks=(key,), stack=stack,
                         log_tail=tuple(lines[-50:]), time=time.time(),
-                        message=death_message("replay", proc.pid, cause, code, (key,), None, None, None, stack))
+                        message=death_message("replay", proc.pid, cause, code, (key,), None, None, None, stack,
+                                              replay_hint=False))
     raise ReplayedDeath(key, death)

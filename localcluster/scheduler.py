@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath
-from .records import Deliver, Resolve, Retire, Send, Spec, Task, WorkerState  # noqa: F401 - re-exported
+from .records import Deliver, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState  # noqa: F401 - re-exported
 
 
 
@@ -64,6 +64,16 @@ class Scheduler:
             return None
         ts = self.tasks.get(run[0])
         return ts.spec.timeout if ts is not None and ts.spec is not None else None
+
+    def whereabouts(self, key: str) -> Whereabouts:
+        ts = self.tasks.get(key)
+        if ts is None:
+            return Whereabouts("unknown")
+        live = [ws for ws in self.workers.values() if not ws.closing]
+        return Whereabouts(ts.state, ts.worker if ts.state == "processing" else None,
+                           ts.seq if ts.state == "processing" else 0, tuple(sorted(ts.waiting_on)),
+                           len(live), sum(ws.paused for ws in live),
+                           ts.spec.workers if ts.spec is not None and not ts.spec.loose else None)
 
     def _capacity(self, ws: WorkerState) -> int:
         """Runs a worker may hold: its threads plus a prefetch sized by how short tasks are,
@@ -158,7 +168,8 @@ class Scheduler:
                 continue
             ts.worker = None
             if timed_out and seq == timed_out[0]:
-                out += self._fail(ts, TaskTimeoutError(key, ts.spec.timeout, timed_out[1], death.worker))
+                out += self._fail(ts, TaskTimeoutError(key, ts.spec.timeout, timed_out[1], death.worker,
+                                                             death.stack))
                 continue
             if seq in blamed:
                 ts.suspicious += 1

@@ -8,6 +8,7 @@ A mixin of LocalCluster: it shares the cluster's lock, scheduler and nannies.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import time
@@ -16,11 +17,12 @@ from typing import Optional
 from . import scheduler as S
 from .config import format_bytes
 from .death import (WorkerDeath, WorkerStartupError, classify, crash_stack, crashing_thread,
-                    death_message, signal_name)
+                    death_message, signal_name, thread_stack)
 from .nanny import Nanny, logger
 
 STARTUP_RETRIES = 3
 STOP_GRACE = 2.0
+STACK_GRACE = 1.0   # longest wait for the stack dump a timeout kill asks for first
 
 
 class Supervision:
@@ -35,7 +37,11 @@ class Supervision:
             if n.exitcode is not None:
                 continue
             if n.kill_at is not None and now > n.kill_at:
-                n.kill(None)       # it ignored Stop for STOP_GRACE seconds
+                n.kill(None)       # it ignored Stop for STOP_GRACE seconds, or its dump never came
+                continue
+            if n.dump_mark is not None and n.dump_complete(n.dump_mark):
+                n.dump_mark = None
+                n.kill(None)       # the timeout's kill, once the stacks are in the log
                 continue
             if not n.ready or n.reason:
                 continue
@@ -58,10 +64,9 @@ class Supervision:
         if not limit or rss is None:
             return
         if cfg["memory_terminate"] and rss > cfg["memory_terminate"] * limit:
-            msg = (f"Worker exceeded {int(cfg['memory_terminate'] * 100)}% memory budget. Restarting "
-                   f"({n.name}, pid {n.pid}: {format_bytes(rss)} of {format_bytes(limit)})")
-            n.add_log(f"[nanny] {msg}")
-            logger.warning(msg)
+            # the death's own console line follows at once: this one stays in the log
+            n.add_log(f"[nanny] Worker exceeded {int(cfg['memory_terminate'] * 100)}% memory budget. "
+                      f"Restarting ({n.name}, pid {n.pid}: {format_bytes(rss)} of {format_bytes(limit)})")
             n.kill("memory-limit")
             return
         if cfg["memory_pause"]:
@@ -74,12 +79,16 @@ class Supervision:
                 self._event(self.scheduler.set_paused, n.name, paused)
 
     def _check_timeouts(self, n: Nanny, now: float) -> None:
-        """A run past its timeout (measured from its real start, on the board) stops the worker."""
+        """A run past its timeout (measured from its real start, on the board) stops the worker,
+        after faulthandler has written where every thread was: the death shows where it waited."""
         for seq, (_ident, started) in n.board.running().items():
             timeout = self.scheduler.timeout_of(seq)
             if timeout is not None and now - started > timeout:
                 n.timed_out = (seq, now - started)
-                n.kill("timeout")
+                n.reason = "timeout"
+                n.dump_mark = n.lines_seen
+                n.kill_at = now + STACK_GRACE
+                n.request_stacks()
                 return
 
     def _check_heartbeat(self, n: Nanny, now: float) -> None:
@@ -111,7 +120,7 @@ class Supervision:
                     break
                 self._on_messages(n, msgs)
         exitcode = n.reap()
-        for fileobj in (n.chan, n.log_fd, n.sentinel):
+        for fileobj in (n.chan, n.sentinel, *(stream.fd for stream in n.outputs)):
             if fileobj is not None:
                 self._unregister(fileobj)
         if n.spill_dir:   # its spilled data died with it; nothing may outlive it on disk
@@ -123,13 +132,19 @@ class Supervision:
             self._changed.notify_all()
         n.close()
         if death.cause != "requested":
-            logger.warning(death.message)
+            # one line on the console by default; the whole story is in the death and the exception
+            lead = (f"Worker exceeded {int(self.config['memory_terminate'] * 100)}% memory budget. Restarting. "
+                    if death.cause == "memory-limit" else "")
+            logger.log(logging.WARNING if self.config["forward_logs"] else logging.INFO, death.headline(lead))
         self._maybe_respawn(n, death)
 
     def _record_death(self, n: Nanny, exitcode: int) -> WorkerDeath:
         running = n.board.running()
         lines = list(n.log)
         stack = crash_stack(lines) if exitcode is not None and exitcode < 0 else None
+        if n.reason in ("timeout", "unresponsive"):     # the stacks asked for before the kill
+            seq = n.timed_out[0] if n.timed_out else min(running, default=None)
+            stack = thread_stack(lines, running[seq][0]) if seq in running else None
         cause = classify(exitcode, n.reason, oom_evidence=n.oom_evidence() if exitcode == -signal.SIGKILL else False,
                          machinery_error=bool(n.fatal) or not n.ready)
         crashed_seq = None
@@ -169,7 +184,9 @@ class Supervision:
     def _maybe_respawn(self, n: Nanny, death: WorkerDeath) -> None:
         if self._status in ("closing", "closed") or death.cause == "requested":
             return
-        if not n.ready:
+        # killed for memory while running nothing: respawning cannot help, so it counts
+        # as a failed start and the loop ends in WorkerStartupError, never forever
+        if not n.ready or (death.cause == "memory-limit" and not death.tasks):
             self._startup_failures.append(death)
             if len(self._startup_failures) >= STARTUP_RETRIES:
                 self._broken = WorkerStartupError(tuple(self._startup_failures))

@@ -162,6 +162,7 @@ def test_replicate_then_kill_a_holder(kind, n):
         kill(cluster, w0)
         assert client.submit(fingerprint, f, workers=[w1]).result(60) == fingerprint(v)
         assert_same(f.result(60), v)
+        wait_for(lambda: len(cluster.deaths) == 1)     # an inline value never needed the death to be known
         assert [d.cause for d in cluster.deaths] == ["signal"]
 
 
@@ -175,6 +176,7 @@ def test_recompute_from_lineage_after_the_holder_is_killed(kind, n):
         kill(cluster, w0)
         assert client.submit(fingerprint, r, workers=[w1]).result(60) == fingerprint(v)
         assert_same(r.result(60), v)
+        wait_for(lambda: len(cluster.deaths) == 1)     # an inline value never needed the death to be known
         assert [d.cause for d in cluster.deaths] == ["signal"]
 
 

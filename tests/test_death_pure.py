@@ -1,15 +1,19 @@
 """The death taxonomy and configuration as pure functions: no processes, no sleeps."""
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 
 import pytest
 
+import localcluster
 from localcluster import config
 from localcluster.death import (CAUSES, KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath,
                                 classify, crash_stack, crashing_thread, death_message, describe_exit,
-                                signal_name, top_frames)
+                                signal_name, thread_stack, top_frames)
+
+PKG = os.path.dirname(localcluster.__file__)     # where this checkout's worker.py frames point
 
 SEGV, BUS, ILL, FPE, ABRT = (-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE,
                              -signal.SIGABRT)
@@ -17,23 +21,23 @@ KILL, TERM, INT = -signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT
 
 # What CPython's faulthandler writes (all_threads=True) when a task segfaults, with a
 # line of task output before it and the interpreter's epilogue after it.
-FAULTHANDLER = """\
+FAULTHANDLER = f"""\
 computing row 17
 Fatal Python error: Segmentation fault
 
 Thread 0x00007f3b2a7fc640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
-  File "/work/main/localcluster/worker.py", line 230 in _beat
+  File "{PKG}/worker.py", line 230 in _beat
   File "/usr/lib/python3.11/threading.py", line 975 in run
 
 Current thread 0x00007f3b2affd640 (most recent call first):
   File "/home/me/job.py", line 3 in f
   File "/home/me/job.py", line 7 in g
-  File "/work/main/localcluster/worker.py", line 190 in _run
+  File "{PKG}/worker.py", line 190 in _run
   File "/usr/lib/python3.11/threading.py", line 975 in run
 
 Thread 0x00007f3b2c1a5740 (most recent call first):
-  File "/work/main/localcluster/worker.py", line 95 in main
+  File "{PKG}/worker.py", line 95 in main
 
 Extension modules: numpy.core._multiarray_umath (total: 1)""".splitlines()
 CRASH_TID = 0x00007F3B2AFFD640
@@ -149,10 +153,20 @@ def test_crashing_thread_with_thread_name():
 def test_top_frames():
     stack = crash_stack(FAULTHANDLER)
     assert top_frames(stack, 2) == ['File "/home/me/job.py", line 3 in f', 'File "/home/me/job.py", line 7 in g']
-    assert len(top_frames(stack)) == 3
+    assert len(top_frames(stack)) == 2      # localcluster's worker loop and the thread bootstrap are dropped
+    assert "worker.py" not in stack and "threading.py" not in stack
     assert top_frames("\n".join(FAULTHANDLER), 10)[-1].endswith("in run")   # stops at the block's end
     assert len(top_frames("\n".join(FAULTHANDLER), 10)) == 4
     assert top_frames(None) == [] and top_frames("no stack here") == []
+
+
+def test_thread_stack_is_one_threads_block_from_the_newest_dump():
+    older = ["Thread 0x00007f3b2a7fc640 (most recent call first):", '  File "/old.py", line 1 in old', ""]
+    stack = thread_stack(older + FAULTHANDLER, 0x00007F3B2A7FC640)
+    assert stack.splitlines() == ["Thread 0x00007f3b2a7fc640 (most recent call first):",
+                                  '  File "/usr/lib/python3.11/threading.py", line 320 in wait']
+    assert thread_stack(FAULTHANDLER, CRASH_TID).count("job.py") == 2
+    assert thread_stack(FAULTHANDLER, 0x1234) is None
 
 
 # --- the messages -----------------------------------------------------------------------

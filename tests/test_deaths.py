@@ -324,8 +324,9 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
         wait_for(lambda: len(c.deaths) == 1)
         assert "hello from print" in cl.get_worker_logs()[name]        # dead workers' logs stay
         assert "hello from print" in c.deaths[0].log_tail
-    err = capfd.readouterr().err
-    assert f"[{name}] hello from print" in err and f"[{name}] raw write to fd 2" in err
+    out, err = capfd.readouterr()
+    assert f"[{name}] hello from print" in out and f"[{name}] raw write to fd 2" in err   # each to its own stream
+    assert "hello from print" not in err and "raw write" not in out
 
 
 def test_dump_stacks_of_live_workers(client, tmp_path):

@@ -1,6 +1,7 @@
 """Memory: limits, spilling, pausing, the nanny's kill, and the kernel's OOM killer."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import stat
@@ -48,6 +49,7 @@ def test_bad_memory_limit(bad):
 
 
 def test_worker_over_the_limit_is_killed_with_figures(caplog):
+    caplog.set_level(logging.INFO, logger="localcluster")    # forward_logs=False: the line is INFO, not WARNING
     limit = 300 * MiB
     with LocalCluster(n_workers=1, memory_limit=limit, allowed_failures=0, forward_logs=False) as c, \
             Client(c) as cl:

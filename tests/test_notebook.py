@@ -19,10 +19,12 @@ CELLS = [
     "from localcluster import Client\nclient = Client(n_workers=2)",
     "def cube(x):\n    return x ** 3\n\nclass Box:\n    def __init__(self, v):\n        self.v = v\n\n"
     "print(client.submit(lambda b: cube(b.v), Box(3)).result(30))",
-    "import sys, time\nclient.submit(print, 'hello from a worker').result(30)\n"
-    "while not any('hello from a worker' in l for ls in client.get_worker_logs().values() for l in ls):\n"
+    "import sys, time\n"
+    "def warn():\n    print('a warning from a worker', file=sys.stderr)\n\n"
+    "client.submit(print, 'hello from a worker').result(30)\nclient.submit(warn).result(30)\n"
+    "while sum(('from a worker' in l) for ls in client.get_worker_logs().values() for l in ls) < 2:\n"
     "    time.sleep(0.01)\n"
-    "sys.stderr.flush()",
+    "sys.stdout.flush(); sys.stderr.flush()",
     "client.close()",
 ]
 
@@ -44,5 +46,8 @@ def test_notebook_cells():
     assert proc.returncode == 0, proc.stderr
     outputs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert any(o.get("name") == "stdout" and o["text"] == "27\n" for o in outputs[1])
-    assert any(o.get("name") == "stderr" and "] hello from a worker" in o["text"] for o in outputs[2])
+    # a worker's print stays stdout (not red in the notebook); its stderr stays stderr
+    assert any(o.get("name") == "stdout" and "] hello from a worker" in o["text"] for o in outputs[2])
+    assert any(o.get("name") == "stderr" and "] a warning from a worker" in o["text"] for o in outputs[2])
+    assert not any(o.get("name") == "stderr" and "hello from a worker" in o["text"] for o in outputs[2])
     assert not any(o.get("output_type") == "error" for cell in outputs for o in cell)

@@ -1,0 +1,218 @@
+"""What a user reads when something goes wrong: quiet by default, never circular, never
+silent, never a restart loop. Each test asserts the text or behaviour the user sees."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import inspect
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from _util import block_until, release, wait_running
+
+import localcluster
+from localcluster import (Client, ClusterClosed, KilledWorker, LocalCluster, ReplayedDeath, TaskTimeoutError,
+                          WorkerStartupError)
+
+pytestmark = pytest.mark.timeout(90)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(localcluster.__file__)))
+
+
+def run_script(tmp_path, body: str, timeout: float = 80) -> subprocess.CompletedProcess:
+    """``body`` as a user's script, run by a fresh interpreter with default settings."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env=env)
+
+
+# --- 1. a limit below what an idle worker needs --------------------------------------------
+
+def test_a_limit_below_an_idle_worker_is_refused_at_construction():
+    with pytest.raises(ValueError) as info:
+        LocalCluster(n_workers=1, memory_limit="1KiB")
+    text = str(info.value)
+    assert "memory_limit=1.00 KiB is too small" in text
+    idle = re.search(r"an idle worker needs ([\d.]+) MiB", text)
+    assert idle and 5 < float(idle.group(1)) < 500          # the measured footprint of a real worker
+    assert "at least" in text and "None for no limit" in text
+
+
+def test_scaling_up_under_a_tiny_limit_ends_in_startup_error_not_a_loop():
+    with LocalCluster(n_workers=0, memory_limit="1KiB", forward_logs=False) as c:
+        with pytest.raises(WorkerStartupError) as info:
+            c.scale(1)
+        deaths = info.value.deaths
+        assert len(deaths) == 3 and all(d.cause == "memory-limit" and d.tasks == () for d in deaths)
+        assert "killed for memory while running no task" in str(info.value)
+        assert "1.00 KiB" in str(info.value)
+        assert len(c.deaths) == 3                  # and no fourth: the loop stopped
+
+
+# --- 2. one line per death by default ------------------------------------------------------
+
+SEGFAULT_SCRIPT = """
+    from localcluster import LocalCluster, Client
+
+    def crash():
+        import ctypes
+        ctypes.string_at(0)
+
+    if __name__ == "__main__":
+        with LocalCluster(n_workers=2{extra}) as cluster, Client(cluster) as client:
+            client.submit(crash).result(60)
+"""
+
+
+def test_a_segfault_prints_one_line_per_death_and_the_exception(tmp_path):
+    proc = run_script(tmp_path, SEGFAULT_SCRIPT.format(extra=""))
+    assert proc.returncode == 1
+    err = proc.stderr.splitlines()
+    before = err[:err.index("Traceback (most recent call last):")]
+    deaths = [l for l in before if "died: crash, SIGSEGV" in l]
+    assert len(deaths) == 4                                   # allowed_failures=3 by default
+    assert len(before) <= 2 * len(deaths), before
+    assert "Fatal Python error" not in proc.stderr and "Thread 0x" not in proc.stderr
+    assert all("running 'crash-" in l and "memory" in l and "(pid " in l for l in deaths)
+    assert "KilledWorker" in err[-1] or any(l.startswith("localcluster.death.KilledWorker") for l in err)
+
+
+def test_forward_logs_all_shows_the_full_dump(tmp_path):
+    proc = run_script(tmp_path, SEGFAULT_SCRIPT.format(extra=', forward_logs="all"'))
+    assert proc.returncode == 1
+    assert "Fatal Python error: Segmentation fault" in proc.stderr and "Current thread 0x" in proc.stderr
+
+
+def crash():
+    import ctypes
+    ctypes.string_at(0)
+
+
+def test_the_death_keeps_only_the_task_thread_without_localclusters_frames():
+    with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
+        with pytest.raises(KilledWorker):
+            cl.submit(crash).result(30)
+        (death,) = c.deaths
+    assert "in crash" in death.stack and "string_at" in death.stack
+    assert "localcluster" + os.sep not in death.stack and "_bootstrap" not in death.stack
+    assert death.stack.count("thread 0x") + death.stack.count("Thread 0x") == 1     # one thread: the task's
+    tail = "\n".join(death.log_tail)
+    assert "_heartbeat" in tail and "Thread 0x" in tail      # the full dump stays in the log tail
+
+
+# --- 3. a timeout says where the task was --------------------------------------------------
+
+def wait_forever():
+    threading.Event().wait()
+
+
+def test_a_timeout_death_carries_the_stack_where_the_task_waited():
+    with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        with pytest.raises(TaskTimeoutError) as info:
+            cl.submit(wait_forever, timeout=0.5).result(60)
+        (death,) = c.deaths
+    assert death.cause == "timeout"
+    assert "in wait_forever" in death.stack and re.search(r"threading\.py\", line \d+ in wait", death.stack)
+    text = str(info.value)
+    assert info.value.stack == death.stack
+    assert "Where it was when stopped" in text and "in wait_forever" in text
+
+
+# --- 4. advice that fits where it is raised; every error importable -------------------------
+
+def test_replayed_death_does_not_advise_what_was_just_called():
+    with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
+        fut = cl.submit(crash)
+        with pytest.raises(KilledWorker) as killed:
+            fut.result(30)
+        assert "recreate_error_locally" in str(killed.value)     # where the user holds the future
+        with pytest.raises(ReplayedDeath) as info:
+            cl.recreate_error_locally(fut)
+    assert "recreate_error_locally" not in str(info.value)
+    assert "SIGSEGV" in str(info.value)
+
+
+def test_every_error_a_user_can_receive_is_exported():
+    import importlib
+    import pkgutil
+    defined = set()
+    for mod in pkgutil.walk_packages(localcluster.__path__, "localcluster."):
+        module = importlib.import_module(mod.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__:
+                defined.add(name)
+    assert defined and defined <= set(localcluster.__all__), defined - set(localcluster.__all__)
+    assert all(getattr(localcluster, name) is not None for name in defined)
+
+
+# --- 5. os._exit inside a task is said as it happened --------------------------------------
+
+def exit_three():
+    os._exit(3)
+
+
+def test_exit_inside_a_task_names_the_code_and_the_task():
+    with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
+        fut = cl.submit(exit_three)
+        with pytest.raises(KilledWorker):
+            fut.result(30)
+        (death,) = c.deaths
+    assert death.cause == "exit"
+    assert f"exited with code 3 while running {fut.key!r}" in death.message
+    assert "outside a task" not in death.message and "outside any task" not in death.message
+
+
+# --- 8 and 9. a TimeoutError says why; no worker is never silent ---------------------------
+
+def test_result_timeout_says_the_task_is_running_and_where(client, tmp_path):
+    marker = str(tmp_path / "go")
+    fut = client.submit(block_until, marker, pure=False)
+    n = wait_running(client.cluster, fut.key)
+    dependent = client.submit(len, [fut])
+    with pytest.raises(cf.TimeoutError, match=rf"task {re.escape(repr(fut.key))} is still running on "
+                                              rf"{n.name} \(started [\d.]+ s ago\)"):
+        fut.result(timeout=0.05)
+    with pytest.raises(cf.TimeoutError, match=r"is waiting for 1 dependency \('block_until-"):
+        dependent.result(timeout=0.05)
+    release(marker)
+    assert dependent.result(30) == 1
+
+
+def test_no_worker_warns_on_submit_and_the_timeout_says_why(caplog):
+    with LocalCluster(n_workers=0, forward_logs=False) as c, Client(c) as cl:
+        with caplog.at_level(logging.WARNING, logger="localcluster"):
+            fut = cl.submit(sum, [1, 2])
+            cl.map(abs, [-1, -2, -3])
+        warnings = [r.getMessage() for r in caplog.records if "no worker" in r.getMessage()]
+        assert len(warnings) == 2                                # one per call, not one per task
+        assert fut.key in warnings[0] and "3 tasks" in warnings[1] and "cluster.scale(n)" in warnings[0]
+        with pytest.raises(cf.TimeoutError, match="is queued: no worker is running"):
+            fut.result(timeout=0.05)
+        c.scale(1)
+        assert fut.result(30) == 3
+
+
+# --- 10. closing has its own error -----------------------------------------------------------
+
+def test_pending_work_at_close_gets_cluster_closed(tmp_path):
+    marker = str(tmp_path / "never")
+    c = LocalCluster(n_workers=1, forward_logs=False)
+    cl = Client(c)
+    fut = cl.submit(block_until, marker, pure=False)
+    c.close()
+    with pytest.raises(ClusterClosed, match="closed") as info:
+        fut.result(10)
+    assert isinstance(info.value, cf.CancelledError)
+    cl.close()
+
+
+def test_repr_counts_in_good_english():
+    with LocalCluster(n_workers=1, forward_logs=False) as c:
+        assert "1 worker, 1 thread each" in repr(c)

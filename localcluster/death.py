@@ -372,11 +372,14 @@ class LostDataError(Exception):
 
 
 class TaskError(Exception):
-    """Stands in for an exception that could not be pickled; keeps its type name,
-    message and the formatted remote traceback."""
+    """Stands in for an exception the caller cannot receive as itself: one that could not be
+    pickled or rebuilt (type name, message and remote traceback are kept), or a SystemExit or
+    KeyboardInterrupt raised inside a task, kept in ``original`` so it never ends the caller."""
 
-    def __init__(self, type_name: str, message: str, traceback_text: str = "", step: str = ""):
+    def __init__(self, type_name: str, message: str, traceback_text: str = "", step: str = "",
+                 original: Optional[BaseException] = None):
         self.type_name, self.message, self.traceback_text, self.step = type_name, message, traceback_text, step
+        self.original = original
         super().__init__(type_name, message, traceback_text, step)
 
     def __str__(self) -> str:
@@ -388,7 +391,7 @@ class TaskError(Exception):
         return s
 
     def __reduce__(self):
-        return (TaskError, (self.type_name, self.message, self.traceback_text, self.step))
+        return (TaskError, (self.type_name, self.message, self.traceback_text, self.step, self.original))
 
 
 class WorkerStartupError(RuntimeError):

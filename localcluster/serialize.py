@@ -191,36 +191,116 @@ def pickle_function(fn: Any) -> bytes:
 
 
 # --- exceptions -----------------------------------------------------------------------
+#
+# On the wire: (head, body, traceback). head is plain strings, always readable: type name,
+# message, formatted traceback, step, and why the body is missing if it is. body is the
+# exception pickled so that a class whose __init__ does not take its own args (a
+# ``BadRecord(rec, why)`` that calls ``super().__init__(message)``) still comes back as
+# itself, so ``except BadRecord`` works. Only when even that fails does a TaskError stand in.
+
+def _default_reduce(cls: type) -> bool:
+    return cls.__reduce__ is BaseException.__reduce__ and cls.__reduce_ex__ is object.__reduce_ex__
+
+
+def _rebuild_exception(cls: type, args: tuple, state: Optional[dict], cause: Any, context: Any,
+                       suppress: bool) -> BaseException:
+    """pickle's way first (``cls(*args)``), then, when __init__ refuses those args, the
+    instance is made without calling it: ``__new__``, its args and its ``__dict__``."""
+    try:
+        exc = cls(*args)
+    except Exception:
+        exc = cls.__new__(cls, *args)
+        exc.args = args
+    if state:
+        exc.__dict__.update(state)
+    exc.__cause__, exc.__context__, exc.__suppress_context__ = cause, context, suppress
+    return exc
+
+
+class _ExceptionPickler(cloudpickle.Pickler):
+    chained = True      # False: drop __cause__/__context__ (a second try, when the chain cannot pickle)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, BaseException) and _default_reduce(type(obj)):
+            chain = (obj.__cause__, obj.__context__) if self.chained else (None, None)
+            return (_rebuild_exception, (type(obj), obj.args, getattr(obj, "__dict__", None) or None, *chain,
+                                         obj.__suppress_context__))
+        return super().reducer_override(obj)
+
+
+def _pickle_exception(exc: BaseException, chained: bool) -> bytes:
+    f = io.BytesIO()
+    p = _ExceptionPickler(f, protocol=5)
+    p.chained = chained
+    p.dump(exc)
+    return f.getvalue()
+
 
 def dumps_exception(exc: BaseException, step: str = "") -> bytes:
-    """Pickle ``exc`` with its traceback (tblib). If it cannot be pickled, a TaskError
-    that keeps the type name, message and formatted traceback stands in."""
-    from .death import TaskError
+    """``exc`` with its traceback (tblib) and, beside it, what a stand-in needs if the
+    parent cannot rebuild it."""
     tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         from tblib import Traceback
         tb = Traceback(exc.__traceback__).to_dict() if exc.__traceback__ else None
     except Exception:  # pragma: no cover - tblib failing must not hide the real error
         tb = None
-    try:
-        data = cloudpickle.dumps((exc, tb, step), protocol=5)
-        pickle.loads(data)  # an exception can pickle yet fail to unpickle (bad __init__ signature)
-        return data
-    except Exception as e:
-        why = f"the exception could not be pickled ({type(e).__name__}: {e})"
-        stand_in = TaskError(_qualname(type(exc)), str(exc), tb_text, f"{step}; {why}" if step else why)
-        return cloudpickle.dumps((stand_in, None, step), protocol=5)
+    body, why = None, ""
+    for chained in (True, False):
+        try:
+            body = _pickle_exception(exc, chained)
+            break
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+    head = (_qualname(type(exc)), _message(exc), tb_text, step, why)
+    return pickle.dumps((head, body, tb), protocol=5)
 
 
 def loads_exception(data: bytes) -> BaseException:
-    exc, tb, _step = pickle.loads(data)
+    from .death import TaskError
+    (type_name, message, tb_text, step, why), body, tb = pickle.loads(data)
+    if body is None:
+        return TaskError(type_name, message, tb_text, _join(step, f"the exception could not be pickled on the "
+                                                                 f"worker ({why})"))
+    try:
+        exc = pickle.loads(body)
+    except Exception as e:
+        return TaskError(type_name, message, tb_text, _join(
+            step, f"the exception could not be unpickled in the parent ({type(e).__name__}: {e}). Pass every "
+                  f"argument of its __init__ to super().__init__(...) so it can be rebuilt, and make sure "
+                  f"the parent can import its class"))
     if tb is not None:
         try:
             from tblib import Traceback
             exc = exc.with_traceback(Traceback.from_dict(tb).as_traceback())
         except Exception:  # pragma: no cover
             pass
+    if not isinstance(exc, Exception):
+        # SystemExit or KeyboardInterrupt from a task must not end or interrupt the caller
+        return TaskError(type_name, _stopping(exc, tb_text), tb_text, step, original=exc)
     return exc
+
+
+def _stopping(exc: BaseException, tb_text: str) -> str:
+    frames = [l.strip() for l in tb_text.splitlines() if l.strip().startswith("File ")]
+    where = f" at {frames[-1]}" if frames else ""
+    if isinstance(exc, SystemExit):
+        what = f"the task called sys.exit({exc.code!r}) (SystemExit, exit code {exc.code!r}){where}"
+    else:
+        what = f"{type(exc).__name__} was raised inside the task{where}"
+    return (f"{what}. It fails only this task: the caller gets this TaskError, and .original holds the "
+            f"{type(exc).__name__}")
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the error itself
+        return f"<{type(exc).__name__} whose str() fails>"
+
+
+def _join(step: str, why: str) -> str:
+    return f"{step}; {why}" if step else why
 
 
 def restate(exc: BaseException, step: str) -> BaseException:

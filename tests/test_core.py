@@ -137,8 +137,9 @@ def test_argument_that_fails_to_unpickle_on_worker(client, cluster):
 def test_systemexit_and_keyboardinterrupt_are_task_errors(client, cluster, exc):
     def boom():
         raise exc
-    with pytest.raises(type(exc)):
+    with pytest.raises(TaskError) as info:      # never the caller's own SystemExit / KeyboardInterrupt
         client.submit(boom).result(10)
+    assert type(info.value.original) is type(exc)
     assert client.submit(inc, 1).result(10) == 2
     assert cluster.deaths == []
 

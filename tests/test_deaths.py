@@ -11,7 +11,7 @@ import psutil
 import pytest
 from _util import block_until, release, wait_for, wait_running
 
-from localcluster import (Client, ClusterRestarted, KilledWorker, LocalCluster, LostDataError,
+from localcluster import (Client, ClusterRestarted, KilledWorker, LocalCluster, LostDataError, TaskError,
                           TaskTimeoutError, WorkerStartupError)
 
 pytestmark = pytest.mark.timeout(90)
@@ -69,7 +69,7 @@ def at_pickle_result(how):
 EXPECT = {
     # failure: (exception the future raises, cause of the death or None, signal)
     "raise": (ValueError, None, None),
-    "sys.exit": (SystemExit, None, None),
+    "sys.exit": (TaskError, None, None),         # wrapped: a task must not end the caller
     "os._exit": (KilledWorker, "exit", None),
     "segfault": (KilledWorker, "crash", "SIGSEGV"),
     "abort": (KilledWorker, "crash", "SIGABRT"),

@@ -111,9 +111,10 @@ def thread_stack(log_lines: list[str], ident: int) -> Optional[str]:
     return None
 
 
-def crash_stack(log_lines: list[str]) -> Optional[str]:
+def crash_stack(log_lines: list[str], all_threads: bool = False) -> Optional[str]:
     """The crashing thread's stack from the last faulthandler report in a worker's output:
-    the "Fatal Python error" line and the "Current thread" block (other threads stay in the log)."""
+    the "Fatal Python error" line and the "Current thread" block without localcluster's own
+    frames (other threads stay in the log). ``all_threads``: the whole report, as written."""
     start = None
     for i in range(len(log_lines) - 1, -1, -1):
         if log_lines[i].startswith("Fatal Python error"):
@@ -121,6 +122,12 @@ def crash_stack(log_lines: list[str]) -> Optional[str]:
             break
     if start is None:
         return None
+    if all_threads:
+        end = start + 1
+        while end < len(log_lines) and end - start < 2000 and (
+                not log_lines[end].strip() or log_lines[end].startswith(" ") or _CURRENT.match(log_lines[end])):
+            end += 1
+        return "\n".join(log_lines[start:end]).rstrip()
     out = [log_lines[start]]
     inside = False
     for line in log_lines[start + 1:start + 400]:

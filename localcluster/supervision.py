@@ -141,7 +141,8 @@ class Supervision:
     def _record_death(self, n: Nanny, exitcode: int) -> WorkerDeath:
         running = n.board.running()
         lines = list(n.log)
-        stack = crash_stack(lines) if exitcode is not None and exitcode < 0 else None
+        full = self.config["forward_logs"] == "all"      # asked for everything: every thread, every frame
+        stack = crash_stack(lines, all_threads=full) if exitcode is not None and exitcode < 0 else None
         if n.reason in ("timeout", "unresponsive"):     # the stacks asked for before the kill
             seq = n.timed_out[0] if n.timed_out else min(running, default=None)
             stack = thread_stack(lines, running[seq][0]) if seq in running else None

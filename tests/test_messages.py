@@ -107,6 +107,15 @@ def test_the_death_keeps_only_the_task_thread_without_localclusters_frames():
     assert "_heartbeat" in tail and "Thread 0x" in tail      # the full dump stays in the log tail
 
 
+def test_forward_logs_all_keeps_every_thread_in_the_stack():
+    with LocalCluster(n_workers=1, allowed_failures=0, forward_logs="all") as c, Client(c) as cl:
+        with pytest.raises(KilledWorker):
+            cl.submit(crash).result(30)
+        (death,) = c.deaths
+    assert death.stack.startswith("Fatal Python error") and "Current thread 0x" in death.stack
+    assert "_heartbeat" in death.stack and "in crash" in death.stack
+
+
 # --- 3. a timeout says where the task was --------------------------------------------------
 
 def wait_forever():

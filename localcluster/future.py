@@ -54,33 +54,30 @@ class Future(cf.Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            value = super().result(timeout)
-        except cf.TimeoutError:
-            if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
-                raise
-            raise self._timed_out("result", timeout) from None
+        value = self._within(super().result, timeout)
         if type(value) is _Stored:
             value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
         return value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        try:
-            exc = super().exception(timeout)
-        except cf.TimeoutError:
-            if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
-                raise
-            raise self._timed_out("exception", timeout) from None
+        exc = self._within(super().exception, timeout)
         if exc is None and self._lost is not None:
             return self._lost
         return exc
 
-    def _timed_out(self, method: str, timeout: Optional[float]) -> cf.TimeoutError:
+    def _within(self, wait: Callable, timeout: Optional[float]) -> Any:
+        """``wait(timeout)``; a timeout says why the task is not done (running where, waiting
+        for what, or queued with no worker) instead of an empty TimeoutError."""
         try:
-            why = self.client.cluster.why_pending(self.key)
-        except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
-            why = f"task {self.key!r} is not done"
-        return cf.TimeoutError(f"{method}(timeout={timeout:g}) timed out: {why}")
+            return wait(timeout)
+        except cf.TimeoutError:
+            if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
+                raise
+            try:
+                why = self.client.cluster.why_pending(self.key)
+            except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
+                why = f"task {self.key!r} is not done"
+            raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
 
     def _materialize(self, stored: _Stored, timeout: Optional[float]) -> Any:
         with self._condition:

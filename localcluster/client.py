@@ -89,7 +89,7 @@ class Client:
             elif status in ("error", "lost"):
                 if exc is None:
                     from .cluster import _as_exception
-                    exc = _as_exception(value)
+                    exc = _as_exception(value, key)
                 if status == "lost":
                     fut._lost = exc
                 fut._fail(exc)

@@ -369,7 +369,7 @@ class LocalCluster(Supervision):
                 fut = self._requests.pop(a.request, None)
                 if fut is not None and not fut.done():
                     if a.error is not None:
-                        fut.set_exception(_as_exception(a.error))
+                        fut.set_exception(_as_exception(a.error, a.key))
                     else:
                         fut.set_result(a.data)
 
@@ -727,11 +727,11 @@ class LocalCluster(Supervision):
         self._call(begin).result()
         self._wait_for_workers(self._target, timeout)
 
-def _as_exception(error: Any) -> BaseException:
+def _as_exception(error: Any, key: Optional[str] = None) -> BaseException:
     if isinstance(error, BaseException):
         return error
     from .serialize import loads_exception
-    return loads_exception(error)
+    return loads_exception(error, key)
 
 
 @atexit.register

@@ -256,7 +256,8 @@ def dumps_exception(exc: BaseException, step: str = "") -> bytes:
     return pickle.dumps((head, body, tb), protocol=5)
 
 
-def loads_exception(data: bytes) -> BaseException:
+def loads_exception(data: bytes, key: Optional[str] = None) -> BaseException:
+    """The exception a task ended with (``key``: that task, for the message of a stand-in)."""
     from .death import TaskError
     (type_name, message, tb_text, step, why), body, tb = pickle.loads(data)
     if body is None:
@@ -277,17 +278,18 @@ def loads_exception(data: bytes) -> BaseException:
             pass
     if not isinstance(exc, Exception):
         # SystemExit or KeyboardInterrupt from a task must not end or interrupt the caller
-        return TaskError(type_name, _stopping(exc, tb_text), tb_text, step, original=exc)
+        return TaskError(type_name, _stopping(exc, tb_text, key), tb_text, step, original=exc)
     return exc
 
 
-def _stopping(exc: BaseException, tb_text: str) -> str:
+def _stopping(exc: BaseException, tb_text: str, key: Optional[str]) -> str:
     frames = [l.strip() for l in tb_text.splitlines() if l.strip().startswith("File ")]
     where = f" at {frames[-1]}" if frames else ""
+    task = f"task {key!r}" if key else "the task"
     if isinstance(exc, SystemExit):
-        what = f"the task called sys.exit({exc.code!r}) (SystemExit, exit code {exc.code!r}){where}"
+        what = f"{task} called sys.exit({exc.code!r}) (SystemExit, exit code {exc.code!r}){where}"
     else:
-        what = f"{type(exc).__name__} was raised inside the task{where}"
+        what = f"{type(exc).__name__} was raised inside {task}{where}"
     return (f"{what}. It fails only this task: the caller gets this TaskError, and .original holds the "
             f"{type(exc).__name__}")
 

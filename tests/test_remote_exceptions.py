@@ -97,10 +97,12 @@ def test_an_exception_the_parent_cannot_rebuild_says_so(client):
 
 @pytest.mark.parametrize("kind, name", [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")])
 def test_a_stopping_exception_from_a_task_is_wrapped(client, kind, name):
+    fut = client.submit(raise_stop, kind)
     with pytest.raises(TaskError) as info:
-        client.submit(raise_stop, kind).result(30)
+        fut.result(30)
     err = info.value
     assert type(err.original).__name__ == name and name in str(err) and "raise_stop" in str(err)
+    assert f"task {fut.key!r}" in str(err)
     if kind == "exit":
         assert err.original.code == 3 and "sys.exit(3)" in str(err) and "exit code 3" in str(err)
     assert client.submit(abs, -1).result(30) == 1          # the worker carries on

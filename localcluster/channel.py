@@ -206,12 +206,6 @@ class BlockingChannel:
             for fd in fds:
                 os.close(fd)
 
-    def recv(self) -> Any:
-        while not self._pending:
-            _recv_into(self.sock, self._reader)
-            self._pending.extend(self._reader.messages())
-        return self._pending.popleft()
-
     def recv_all(self) -> list:
         """Block until at least one whole message; return every whole message read so far."""
         while not self._pending:

@@ -203,7 +203,7 @@ _ADVICE = {
 
 @dataclass(frozen=True)
 class WorkerDeath:
-    """One worker death, expected or not. See DESIGN.md's taxonomy."""
+    """One worker death, expected or not. ``cause`` is one of CAUSES, from ``classify``; the README lists them."""
     worker: str
     pid: int
     cause: str

@@ -26,12 +26,12 @@ from typing import Any, Optional
 
 from .board import Board
 from .channel import Channel
+from .machine import rss as read_rss
 from .output import OutputStream
 from .worker import BOOT
 
 logger = logging.getLogger("localcluster")
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WORKER_ENV = {
     # dask's pre-spawn environment: return freed memory to the OS promptly, and do
     # not let every worker start one BLAS thread per core.
@@ -41,14 +41,6 @@ _WORKER_ENV = {
     "OPENBLAS_NUM_THREADS": "1",
 }
 MEMORY_HISTORY = 3000   # samples kept per worker (a minute at 20 ms)
-
-
-def _read_rss(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def oom_counters(pid: Optional[int] = None) -> list[str]:
@@ -190,7 +182,7 @@ class Nanny:
 
     def sample(self, now: float) -> Optional[int]:
         """RSS of the worker and its children, bytes."""
-        rss = _read_rss(self.pid)
+        rss = read_rss(self.pid)
         if not rss:   # gone, or being torn down (the kernel already freed its pages): keep the last real figure
             return self.memory
         if now - self._children_at > 1.0:
@@ -198,7 +190,7 @@ class Nanny:
             self._refresh_children()
             self._refresh_oom_baseline(now)
         for child in self._children:
-            r = _read_rss(child)
+            r = read_rss(child)
             if r is not None:
                 rss += r
         self.memory = rss

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from . import serialize
 from .cluster import LocalCluster
 from .future import Future, _Stored, as_completed, wait  # noqa: F401 - re-exported
-from .scheduler import Spec
+from .records import Spec
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
 

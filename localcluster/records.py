@@ -56,6 +56,15 @@ class Spec:
 
 
 @dataclass(frozen=True, slots=True)
+class Export:
+    """Data asked of a holder: relayed to ``target``, or delivered to a client fetch."""
+    key: str
+    holder: str
+    target: Optional[str]               # None: a client fetch
+    client_request: Optional[int]       # the fetch to deliver to (None for a relay)
+
+
+@dataclass(frozen=True, slots=True)
 class Whereabouts:
     """Where a task stands, for a message that says why its future is not done yet."""
     state: str                          # a Task state, or "unknown"

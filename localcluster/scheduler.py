@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath
-from .records import Deliver, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState  # noqa: F401 - re-exported
+from .records import Deliver, Export, Resolve, Retire, Send, Task, Whereabouts, WorkerState
 
 
 
@@ -45,7 +45,7 @@ class Scheduler:
         self.runs: dict[int, tuple[str, str]] = {}   # seq -> (key, worker)
         self.cancelled_runs: dict[int, str] = {}    # seq -> key, until the worker answers
         # request id -> (key, holder worker, target worker or None for a client fetch, client request)
-        self.exports: dict[int, tuple] = {}
+        self.exports: dict[int, Export] = {}
         self.relaying: dict[tuple, int] = {}       # (key, target) -> request id
         self.replicas: dict[int, set] = {}         # replicate request -> {(key, target)} not yet stored
         self.unacked: dict[int, tuple] = {}        # ack id of a Put -> (key, target), until Stored
@@ -110,7 +110,7 @@ class Scheduler:
         (that data is relayed to another worker first)."""
         if not ws.closing or ws.processing:
             return []
-        if any(e[1] == ws.name for e in self.exports.values()):
+        if any(e.holder == ws.name for e in self.exports.values()):
             return []
         others = [w for w in self.workers.values() if not w.closing]
         out: list = []
@@ -120,7 +120,7 @@ class Scheduler:
                 if ts.who_has == {ws.name} and ts.data is None and (ts.wanted or ts.dependents):
                     target = min(others, key=lambda w: (len(w.has), w.name))
                     out += self._relay(ts, target)
-        if out or any(e[1] == ws.name for e in self.exports.values()):
+        if out or any(e.holder == ws.name for e in self.exports.values()):
             return out
         return [Retire(ws.name)]
 
@@ -185,7 +185,8 @@ class Scheduler:
             if ts.state == "waiting":
                 out += self._make_ready_or_wait(ts)
         # relays and fetches that depended on it
-        for req, (key, holder, target, client) in list(self.exports.items()):
+        for req, export in list(self.exports.items()):
+            key, holder, target, client = export.key, export.holder, export.target, export.client_request
             if target == death.worker:
                 del self.exports[req]
                 self.relaying.pop((key, target), None)
@@ -457,7 +458,7 @@ class Scheduler:
             return []
         holder = min(ts.who_has, key=lambda w: len(self.workers[w].processing) if w in self.workers else 0)
         req = next(self._request)
-        self.exports[req] = (ts.key, holder, target.name, None)
+        self.exports[req] = Export(ts.key, holder, target.name, None)
         self.relaying[(ts.key, target.name)] = req
         return [Send(holder, P.Export(ts.key, req))]
 
@@ -590,7 +591,7 @@ class Scheduler:
         if ts.data is not None:
             return [Deliver(req, ts.key, ts.data)]
         holder = min(ts.who_has, key=lambda w: len(self.workers[w].processing))
-        self.exports[req] = (ts.key, holder, None, req)
+        self.exports[req] = Export(ts.key, holder, None, req)
         return [Send(holder, P.Export(ts.key, req))]
 
     def data(self, worker: str, request: int, key: str, payload: Optional[P.Payload],
@@ -598,7 +599,7 @@ class Scheduler:
         entry = self.exports.pop(request, None)
         if entry is None:
             return []
-        _key, holder, target, client = entry
+        holder, target, client = entry.holder, entry.target, entry.client_request
         out: list = []
         ts = self.tasks.get(key)
         if target is None:
@@ -703,8 +704,8 @@ class Scheduler:
             for req in ts.fetchers:
                 out.append(Deliver(req, ts.key, error=error))
         for req, entry in self.exports.items():
-            if entry[3] is not None:
-                out.append(Deliver(req, entry[0], error=error))
+            if entry.client_request is not None:
+                out.append(Deliver(req, entry.key, error=error))
         for req in self.replicas:
             out.append(Deliver(req, "", error=error))
         self.tasks.clear()

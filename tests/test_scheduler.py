@@ -5,7 +5,8 @@ from concurrent.futures import CancelledError
 
 from localcluster import protocol as P
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
-from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send, Spec, blamed_runs
+from localcluster.records import Spec
+from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send, blamed_runs
 from localcluster.serialize import dumps
 
 ARGS = dumps(((), {}))
@@ -773,7 +774,7 @@ def test_retire_target_dies_data_moved_elsewhere():
     s.submit([spec("a")])
     finish(s, "a")
     ((_, exp),) = sends(s.retire("w1"), P.Export)
-    target = s.exports[exp.request][2]
+    target = s.exports[exp.request].target
     acts = s.worker_died(death(target), {})
     assert Retire("w1") not in acts                 # a still lives only on w1, w-other is up
     ((holder, exp2),) = sends(acts, P.Export)

@@ -17,16 +17,17 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional
 
+from . import future as _future
 from . import serialize
 from .cluster import LocalCluster
-from .future import Future, _Stored, as_completed, wait  # noqa: F401 - re-exported
+from .future import Future, as_completed, wait  # noqa: F401 - re-exported
+from .future import walk as _walk
 from .records import Spec
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
 
-_clients: "weakref.WeakValueDictionary[str, Client]" = weakref.WeakValueDictionary()
 _fn_ids = itertools.count(1)
 _unique = itertools.count()
 _PREFIX = os.urandom(4).hex()
@@ -46,22 +47,24 @@ class Client:
         self.status = "running"
         self._futures: dict[str, list] = {}     # key -> weakrefs of Futures
         self._refs: dict[str, int] = {}
-        # Re-entrant: a garbage collection inside _track may run Future.__del__ -> _untrack.
+        # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
         self._refs_lock = threading.RLock()
         self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (ref to fn, fn_id, fn_bytes)
-        self.cluster._clients.add(self)
-        _clients[self.id] = self
+        self.cluster.attach(self)
+        _future.register_client(self)
 
     # --- bookkeeping of futures -------------------------------------------------------
 
-    def _track(self, fut: Future) -> None:
+    def track(self, fut: Future) -> None:
+        """A new Future of ``fut.key`` (the Future calls this as it is made)."""
         key = fut.key
         with self._refs_lock:
             self._futures.setdefault(key, []).append(weakref.ref(fut))
             self._refs[key] = self._refs.get(key, 0) + 1
 
-    def _untrack(self, key: str) -> None:
-        # Runs inside the garbage collector, on any thread: hand the key off, never block on the cluster.
+    def untrack(self, key: str) -> None:
+        """A Future of ``key`` was garbage-collected; the last one releases the key.
+        Runs inside the garbage collector, on any thread: hand the key off, never block."""
         with self._refs_lock:
             n = self._refs.get(key, 0) - 1
             if n > 0:
@@ -69,13 +72,11 @@ class Client:
                 return
             self._refs.pop(key, None)
             self._futures.pop(key, None)
-        cluster = self.cluster
-        if cluster._status in ("running", "starting"):
-            # No wake-up: the scheduler thread frees released keys on its next tick or
-            # message. Waking it for every garbage-collected future costs a GIL round trip.
-            cluster._released.append(key)
+        self.cluster.release(key)
 
-    def _resolve(self, key: str, status: str, value: Any) -> None:
+    def resolve(self, key: str, status: str, value: Any) -> None:
+        """The cluster says how ``key``'s task ended: finished (value: the payload, or None
+        while the data stays on a worker), error or lost (value: the exception), cancelled."""
         refs = self._futures.get(key)
         if not refs:
             return
@@ -85,16 +86,13 @@ class Client:
             if fut is None or fut.done():
                 continue
             if status == "finished":
-                fut._finish(value)
+                _future.finish(fut, value)
             elif status in ("error", "lost"):
                 if exc is None:
-                    from .cluster import _as_exception
-                    exc = _as_exception(value, key)
-                if status == "lost":
-                    fut._lost = exc
-                fut._fail(exc)
+                    exc = value if isinstance(value, BaseException) else serialize.loads_exception(value, key)
+                _future.fail(fut, exc, lost=status == "lost")
             else:
-                fut._cancelled()
+                _future.mark_cancelled(fut)
 
     # --- submitting -------------------------------------------------------------------
 
@@ -162,7 +160,7 @@ class Client:
     def _check(self) -> None:
         if self.status != "running":
             raise RuntimeError("this Client is closed")
-        self.cluster._check_open()
+        self.cluster.check_open()
 
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
@@ -233,7 +231,7 @@ class Client:
         for ref in refs:
             fut = ref()
             if fut is not None and not fut.done():
-                fut._fail(exc)
+                _future.fail(fut, exc)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False) -> Any:
@@ -261,8 +259,7 @@ class Client:
             raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
         cf.wait(flat)
-        lazy = [f for f in flat if not f.cancelled() and f._exception is None
-                and type(f._result) is _Stored and f._result.payload is None]
+        lazy = [f for f in flat if _future.needs_fetch(f)]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.cluster.fetch([f.key for f in lazy])
             for f, ff in zip(lazy, fetched):
@@ -270,9 +267,7 @@ class Client:
                     payload = ff.result()
                 except BaseException:
                     continue
-                with f._condition:
-                    if type(f._result) is _Stored:
-                        f._result = _Stored(payload)
+                _future.prefill(f, payload)
         return _rebuild(futures, errors)
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
@@ -297,8 +292,7 @@ class Client:
     def get_versions(self, check: bool = False) -> dict:
         from .worker import versions
         mine = versions()
-        with self.cluster._lock:
-            theirs = {n.name: dict(n.versions) for n in self.cluster._nannies.values() if n.ready}
+        theirs = self.cluster.worker_versions()
         if check:
             bad = []
             for name, v in theirs.items():
@@ -332,7 +326,7 @@ class Client:
         if self.status == "closed":
             return
         self.status = "closed"
-        _clients.pop(self.id, None)
+        _future.unregister_client(self)
         if self._owns_cluster:
             self.cluster.close()
 
@@ -379,17 +373,6 @@ def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
 def _name(fn: Any) -> str:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return "lambda" if name == "<lambda>" else name
-
-
-def _walk(obj: Any) -> Iterator:
-    if isinstance(obj, Future):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _walk(obj=v)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            yield from _walk(v)
 
 
 _SKIP = object()

@@ -51,6 +51,7 @@ from .config import format_bytes
 from .death import ClusterBroken, ClusterClosed, ClusterRestarted, WorkerDeath
 from .machine import available_memory, purge_stale_directories, usable_cpus
 from .nanny import Nanny, logger
+from .records import Spec
 from .supervision import Supervision
 _live_clusters: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 
@@ -270,6 +271,53 @@ class LocalCluster(Supervision):
                                     f"0x{ident:016x} (most recent call first) running task {key!r}:")
         return text
 
+    # --- for the client and its futures ------------------------------------------------
+
+    def attach(self, client: Any) -> None:
+        """``client`` hears how tasks end (``client.resolve``) and is failed if the cluster breaks."""
+        self._clients.add(client)
+
+    def release(self, key: str) -> None:
+        """The last Future of ``key`` is gone. Any thread, even inside the garbage collector:
+        no lock and no wake-up; the scheduler thread frees released keys on its next tick."""
+        if self._status in ("running", "starting"):
+            self._released.append(key)
+
+    def acquire(self, key: str, make: Callable[[], Any]) -> Any:
+        """One more Future of ``key`` (one unpickled in this process), made by ``make()``
+        under the lock and resolved at once if the task has ended; None if the key is gone."""
+        with self._lock:
+            ts = self.scheduler.tasks.get(key)
+            if ts is None:
+                return None
+            ts.wanted += 1
+            fut = make()
+            if ts.state == "memory":
+                post = [S.Resolve(key, "finished", ts.data)]
+            elif ts.state in ("erred", "lost"):
+                post = [S.Resolve(key, "lost" if ts.state == "lost" else "error", ts.error)]
+            else:
+                post = []
+        self._post(post)
+        return fut
+
+    def task_spec(self, key: str) -> Optional[Spec]:
+        """The Spec ``key`` was submitted with, while the cluster still knows it."""
+        with self._lock:
+            ts = self.scheduler.tasks.get(key)
+            return ts.spec if ts is not None else None
+
+    def worker_versions(self) -> dict[str, dict]:
+        with self._lock:
+            return {n.name: dict(n.versions) for n in self._nannies.values() if n.ready}
+
+    def on_scheduler_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def check_open(self) -> None:
+        """Raise if the cluster is closed or broken."""
+        self._check_open()
+
     # --- calls into the scheduler thread ------------------------------------------------
 
     def _check_open(self) -> None:
@@ -364,7 +412,7 @@ class LocalCluster(Supervision):
         for a in post:
             if type(a) is S.Resolve:
                 for client in clients:
-                    client._resolve(a.key, a.status, a.value)
+                    client.resolve(a.key, a.status, a.value)
             else:
                 fut = self._requests.pop(a.request, None)
                 if fut is not None and not fut.done():
@@ -465,7 +513,7 @@ class LocalCluster(Supervision):
         except cf.TimeoutError:
             raise TimeoutError(f"replicate() did not finish within {timeout:g} s") from None
 
-    def _run_callback(self, fn: Callable, fut: Any) -> None:
+    def run_callback(self, fn: Callable, fut: Any) -> None:
         """Run a user's done-callback on the callbacks thread (started on first use)."""
         with self._lock:
             if self._callback_thread is None:

@@ -5,7 +5,10 @@ A :class:`Future` is a ``concurrent.futures.Future``: ``concurrent.futures.wait`
 task ends; a small result arrived with it and is unpickled on the first
 ``result()``, a large one stays on its worker until ``result()`` fetches it.
 When the last Future of a key is garbage-collected, the key is released and its
-data freed on the workers (see ``Client._untrack``).
+data freed on the workers (``Client.untrack``).
+
+The client resolves its futures through the module functions below (``finish``,
+``fail``, ``mark_cancelled``), not through the Future's own internals.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+import weakref
+
 from . import serialize
 
 __all__ = ["Future", "wait", "as_completed"]
@@ -22,6 +27,16 @@ __all__ = ["Future", "wait", "as_completed"]
 if TYPE_CHECKING:
     from .client import Client
 
+# Clients by id: a Future pickled in this process names its client, and comes back to it.
+_clients: "weakref.WeakValueDictionary[str, Client]" = weakref.WeakValueDictionary()
+
+
+def register_client(client: "Client") -> None:
+    _clients[client.id] = client
+
+
+def unregister_client(client: "Client") -> None:
+    _clients.pop(client.id, None)
 
 
 class _Stored:
@@ -40,7 +55,7 @@ class Future(cf.Future):
         self.key = key
         self.client = client
         self._lost: Optional[BaseException] = None
-        client._track(self)
+        client.track(self)
 
     @property
     def status(self) -> str:
@@ -111,8 +126,8 @@ class Future(cf.Future):
         cluster = self.client.cluster
 
         def call(fut: "Future") -> None:
-            if threading.current_thread() is cluster._thread:
-                cluster._run_callback(fn, fut)
+            if cluster.on_scheduler_thread():
+                cluster.run_callback(fn, fut)
             else:
                 fn(fut)
         super().add_done_callback(call)
@@ -124,7 +139,7 @@ class Future(cf.Future):
         return self.cancelled()
 
     def __reduce__(self):
-        return serialize.future_reduce(self.key)
+        return serialize.future_reduce(self.key, self.client.id)
 
     def __repr__(self) -> str:
         return f"<Future: {self.status}, key: {self.key}>"
@@ -132,37 +147,73 @@ class Future(cf.Future):
     def __del__(self) -> None:
         client = self.__dict__.get("client")
         if client is not None:
-            client._untrack(self.key)
-
-    # called by the client on resolution
-    def _finish(self, payload: Any) -> None:
-        try:
-            self.set_result(_Stored(payload))
-        except cf.InvalidStateError:   # already resolved (a racing cancel or restart)
-            pass
-
-    def _fail(self, exc: BaseException) -> None:
-        try:
-            self.set_exception(exc)
-        except cf.InvalidStateError:
-            pass
-
-    def _cancelled(self) -> None:
-        if cf.Future.cancel(self):
-            self.set_running_or_notify_cancel()
+            client.untrack(self.key)
 
 
-def _future_from_key(key: str) -> Future:
-    """A Future unpickled in the parent (a task returned futures): attach it to a client."""
-    from .client import _clients
-    for client in list(_clients.values()):
-        if client.status == "running":
-            with client.cluster._lock:
-                ts = client.cluster.scheduler.tasks.get(key)
-                if ts is not None:
-                    ts.wanted += 1       # the new Future holds a reference like any other
-                    return Future(key, client)
-    raise ValueError(f"future {key!r} is not known to any running Client")
+# --- how the client resolves a Future, and reads what it holds -------------------------
+
+def finish(fut: Future, payload: Any) -> None:
+    """Done; ``payload`` is the pickled result, or None while the data stays on a worker."""
+    try:
+        fut.set_result(_Stored(payload))
+    except cf.InvalidStateError:   # already resolved (a racing cancel or restart)
+        pass
+
+
+def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
+    if lost:
+        fut._lost = exc
+    try:
+        fut.set_exception(exc)
+    except cf.InvalidStateError:
+        pass
+
+
+def mark_cancelled(fut: Future) -> None:
+    if cf.Future.cancel(fut):
+        fut.set_running_or_notify_cancel()
+
+
+def needs_fetch(fut: Future) -> bool:
+    """Finished, with its data still on a worker (``result()`` would fetch it)."""
+    if not fut.done() or fut.cancelled() or fut._exception is not None:
+        return False
+    return type(fut._result) is _Stored and fut._result.payload is None
+
+
+def prefill(fut: Future, payload: Any) -> None:
+    """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once)."""
+    with fut._condition:
+        if type(fut._result) is _Stored:
+            fut._result = _Stored(payload)
+
+
+def walk(obj: Any) -> Any:
+    """The Futures in (nested lists, tuples, sets and dicts of) ``obj``."""
+    if isinstance(obj, Future):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from walk(v)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from walk(v)
+
+
+def _from_pickle(key: str, client_id: Optional[str]) -> Future:
+    """A Future unpickled in this process (pickled by the user): back to its client, which
+    holds the key once more for it."""
+    client = _clients.get(client_id) if client_id else None
+    fut = None
+    if client is not None and client.status == "running":
+        fut = client.cluster.acquire(key, lambda: Future(key, client))
+    if fut is None:
+        raise ValueError(f"future {key!r} is not known to a running Client (its client "
+                         f"{client_id!r} is closed, or the key was released)")
+    return fut
+
+
+serialize.install_parent_resolver(_from_pickle)
 
 
 def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):

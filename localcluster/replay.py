@@ -40,12 +40,10 @@ class ReplayedDeath(Exception):
 
 def _task_inputs(client: Any, key: str) -> tuple:
     cluster = client.cluster
-    with cluster._lock:
-        ts = cluster.scheduler.tasks.get(key)
-        if ts is None or ts.spec is None:
-            raise ValueError(f"task {key!r} is no longer known to the cluster (released or restarted); "
-                             f"keep its future alive to replay it")
-        spec = ts.spec
+    spec = cluster.task_spec(key)
+    if spec is None:
+        raise ValueError(f"task {key!r} is no longer known to the cluster (released or restarted); "
+                         f"keep its future alive to replay it")
     deps = {}
     if spec.deps:
         for dkey, payload in zip(spec.deps, cluster.fetch(list(spec.deps))):

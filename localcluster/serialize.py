@@ -20,7 +20,7 @@ import pickle
 import threading
 import traceback
 from collections import ChainMap
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import cloudpickle
 
@@ -161,15 +161,26 @@ def future_reduce(key: str, client_id: Optional[str] = None) -> tuple:
     deps = getattr(_local, "deps", None)
     if deps is not None:
         deps[key] = None
-    return (_placeholder, (key,))
+    return (_placeholder, (key, client_id))
 
 
-def _placeholder(key: str) -> Any:
+# A placeholder unpickled outside a task (in the parent: a Future the user pickled)
+# becomes a Future again through this hook. future.py installs it: it sits above us.
+_parent_resolver: Optional[Callable[[str, Optional[str]], Any]] = None
+
+
+def install_parent_resolver(resolve: Callable[[str, Optional[str]], Any]) -> None:
+    global _parent_resolver
+    _parent_resolver = resolve
+
+
+def _placeholder(key: str, client_id: Optional[str] = None) -> Any:
     store = getattr(_local, "store", None)
-    if store is None:
-        from .future import _future_from_key
-        return _future_from_key(key)
-    return store[key]
+    if store is not None:
+        return store[key]
+    if _parent_resolver is None:
+        raise ValueError(f"a Future ({key!r}) was unpickled outside any task and any client")
+    return _parent_resolver(key, client_id)
 
 
 class resolving:

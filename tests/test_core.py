@@ -454,3 +454,18 @@ def test_map_over_futures(client):
     xs = client.map(inc, range(10))
     ys = client.map(add, xs, range(10))
     assert client.gather(ys) == [2 * i + 1 for i in range(10)]
+
+
+def test_a_future_pickled_in_the_parent_comes_back_to_its_client(client):
+    import gc
+    f = client.submit(inc, 41)
+    assert f.result(30) == 42
+    g = pickle.loads(pickle.dumps(f))
+    assert g.key == f.key and g.client is client
+    del f
+    gc.collect()
+    assert g.result(30) == 42 and client.submit(inc, g).result(30) == 43   # still held: g is a reference
+    other = Client(client.cluster)
+    other.close()
+    with pytest.raises(ValueError, match="not known to a running Client"):
+        pickle.loads(pickle.dumps(g).replace(client.id.encode(), other.id.encode()))

@@ -10,8 +10,8 @@ from typing import Any, Optional, TextIO
 
 def progress(*futures: Any, file: Optional[TextIO] = None, width: int = 40, interval: float = 0.1) -> None:
     """Draw ``[#####     ] 5/10 done, 1 erred`` until all futures are done (uses tqdm if installed)."""
-    from ..client import _walk
-    fs = [f for group in futures for f in _walk(group)]
+    from ..future import walk
+    fs = [f for group in futures for f in walk(group)]
     total = len(fs)
     out = file if file is not None else sys.stderr
     done_event = threading.Event()

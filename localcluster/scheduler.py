@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath
-from .records import Deliver, Export, Resolve, Retire, Send, Task, Whereabouts, WorkerState
+from .records import Deliver, Export, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
 
 
 
@@ -57,6 +57,22 @@ class Scheduler:
     def key_of(self, seq: int) -> Optional[str]:
         run = self.runs.get(seq)
         return run[0] if run else None
+
+    def knows(self, key: str) -> bool:
+        return key in self.tasks
+
+    def spec_of(self, key: str) -> Optional[Spec]:
+        ts = self.tasks.get(key)
+        return ts.spec if ts is not None else None
+
+    def acquire(self, key: str) -> list:
+        """One more Future of ``key`` (one unpickled in the parent) holds it like any other;
+        if its task has ended, the new Future is resolved at once."""
+        ts = self.tasks.get(key)
+        if ts is None:
+            return []
+        ts.wanted += 1
+        return [self._resolution(ts)] if ts.state in ("memory", "erred", "lost") else []
 
     def timeout_of(self, seq: int) -> Optional[float]:
         run = self.runs.get(seq)

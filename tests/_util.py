@@ -32,15 +32,7 @@ def release(path) -> None:
 
 
 def wait_running(cluster, key, timeout: float = 30.0):
-    """Until ``key`` is executing on a worker (read from the worker's status board, which
-    the worker writes as it calls the function); returns that worker's nanny."""
-    found = []
-    def running():
-        with cluster._lock:
-            for n in cluster._nannies.values():
-                if any(cluster.scheduler.key_of(seq) == key for seq in n.board.running()):
-                    found.append(n)
-                    return True
-        return False
-    wait_for(running, timeout)
-    return found[0]
+    """Until ``key`` is executing on a worker (read from the workers' status boards);
+    returns that worker's WorkerInfo."""
+    wait_for(lambda: key in cluster.running_tasks(), timeout)
+    return cluster.workers[cluster.running_tasks()[key]]

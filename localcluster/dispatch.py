@@ -1,0 +1,225 @@
+"""The dispatcher: scheduler events in, the scheduler's actions carried out.
+
+Data flow::
+
+    user threads (submit, scatter, fetch ...) ─┐
+    worker messages (scheduler thread) ────────┼─► event(): Scheduler under the lock ─► actions
+    released keys (any thread, lock-free) ─────┘         │
+        Send    -> the worker's channel now (or corked behind a backlog, or left for
+                   the scheduler thread when the socket is full)
+        Retire  -> the supervisor stops that worker
+        Resolve -> Client.resolve, outside the lock     Deliver -> the waiting request
+
+Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
+thread hop; ``on_worker_messages``, ``free_released``, ``uncork`` and the channel
+write-interest run on the scheduler thread.
+
+Owns (under the cluster's lock): the clients to resolve, the request futures of fetch
+and replicate, the keys released by garbage-collected futures, and ``broken``: once
+set, every event and every later call raises it. The workers themselves belong to the
+supervisor, bound after both are made (each needs the other): ``nanny(name)``,
+``retire(name)`` and ``watch_channel(nanny)``. An exception out of the scheduler
+is a bug in localcluster: it breaks the cluster at once with ``ClusterBroken``
+(every pending future fails), never a hang.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+import weakref
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+from . import protocol as P
+from . import scheduler as S
+from .death import ClusterBroken
+from .loop import EventLoop
+from .nanny import Nanny
+from .serialize import loads_exception
+
+logger = logging.getLogger("localcluster")
+
+
+class Dispatcher:
+    def __init__(self, lock: threading.Lock, changed: threading.Condition, scheduler: S.Scheduler,
+                 loop: EventLoop):
+        self._lock = lock
+        self._changed = changed
+        self._scheduler = scheduler
+        self._loop = loop
+        self._workers: Any = None            # the supervisor (see bind)
+        self._clients: "weakref.WeakSet" = weakref.WeakSet()
+        self.requests: dict[int, Future] = {}      # fetch / replicate answers, by request id
+        self._released: deque = deque()      # keys whose last Future is gone; any thread appends
+        self.broken: Optional[Exception] = None
+
+    def bind(self, workers: Any) -> None:
+        self._workers = workers
+
+    # --- events -------------------------------------------------------------------------
+
+    def attach(self, client: Any) -> None:
+        self._clients.add(client)
+
+    def release(self, key: str) -> None:
+        """No lock and no wake-up (it runs inside the garbage collector): the scheduler
+        thread frees released keys on its next tick or wake-up."""
+        self._released.append(key)
+
+    def event(self, fn: Callable, *args: Any, before: Optional[Callable[[], Any]] = None) -> Any:
+        """Run a scheduler event from any thread and carry out its actions. ``before()`` runs
+        first under the same lock (futures must exist before any answer can arrive); its
+        return value is returned."""
+        if self.broken is not None:
+            raise self.broken
+        try:
+            with self._lock:
+                ret = before() if before is not None else None
+                post = self.apply(fn(*args))
+            self.post(post)
+        except Exception:
+            self.break_("scheduler", traceback.format_exc())
+            raise self.broken from None
+        return ret
+
+    def request(self, ask: Callable[[], tuple]) -> Future:
+        """``ask()`` (run as an event) returns (request id, actions); the answer arrives as a
+        Deliver that resolves the returned Future."""
+        fut: Future = Future()
+
+        def run() -> list:
+            req, actions = ask()
+            self.requests[req] = fut
+            return actions
+        self.event(run)
+        return fut
+
+    def on_worker_messages(self, worker: str, msgs: list) -> list:
+        """Task messages of one worker as one batch (placement runs once). Caller holds the lock."""
+        sched = self._scheduler
+        actions: list = []
+        with sched.batch() as batch:
+            for m in msgs:
+                t = type(m)
+                if t is P.Finished:
+                    actions += sched.finished(worker, m.seq, m.nbytes, m.type_name, m.data, m.duration)
+                elif t is P.Failed:
+                    actions += sched.failed(worker, m.seq, m.error)
+                elif t is P.Skipped:
+                    actions += sched.skipped(worker, m.seq)
+                elif t is P.Data:
+                    actions += sched.data(worker, m.request, m.key, m.data, m.error)
+                elif t is P.Stored:
+                    actions += sched.stored(m.ack)
+        return actions + batch.actions
+
+    def free_released(self) -> None:
+        released = self._released
+        if not released:
+            return
+        keys = []
+        while released:
+            keys.append(released.popleft())
+        with self._lock:
+            actions = []
+            for key in keys:
+                actions += self._scheduler.release(key)
+            post = self.apply(actions)
+        self.post(post)
+
+    # --- actions ------------------------------------------------------------------------
+
+    def apply(self, actions: list) -> list:
+        """Carry out Send/Retire (the caller holds the lock); return Resolve/Deliver for after it."""
+        if not actions:
+            return actions
+        post: list = []
+        sends: dict[str, list] = {}
+        for a in actions:
+            t = type(a)
+            if t is S.Send:
+                sends.setdefault(a.worker, []).append(a.msg)
+            elif t is S.Resolve or t is S.Deliver:
+                post.append(a)
+            elif t is S.Retire:
+                self._workers.retire(a.worker)
+        on_loop = self._loop.on_loop()
+        for worker, msgs in sends.items():
+            n = self._workers.nanny(worker)
+            if n is None or n.chan is None:
+                continue
+            ws = self._scheduler.workers.get(worker)
+            if not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads:
+                # The worker has a backlog: it will not miss these for a while. Leave them
+                # for the scheduler thread to send in one frame when the worker next reports
+                # (or on the next tick), instead of one syscall per submit.
+                n.cork.extend(msgs)
+                continue
+            self.send(n, msgs)
+        return post
+
+    def post(self, post: list) -> None:
+        """Resolve futures and answer requests; outside the lock (callbacks may call back in)."""
+        if not post:
+            return
+        clients = list(self._clients)    # once per batch: iterating a WeakSet is not cheap
+        for a in post:
+            if type(a) is S.Resolve:
+                for client in clients:
+                    client.resolve(a.key, a.status, a.value)
+            else:
+                fut = self.requests.pop(a.request, None)
+                if fut is not None and not fut.done():
+                    if a.error is not None:
+                        fut.set_exception(as_exception(a.error, a.key))
+                    else:
+                        fut.set_result(a.data)
+
+    def send(self, n: Nanny, msgs: list) -> None:
+        if n.cork:   # order matters: corked messages go first
+            msgs, n.cork = n.cork + msgs, []
+        if not n.chan.send(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+            self._loop.run_soon(lambda: self._workers.watch_channel(n))    # the rest goes when writable
+
+    def uncork(self, nannies: list) -> None:
+        nannies = [n for n in nannies if n.cork]
+        if not nannies:
+            return
+        with self._lock:
+            for n in nannies:
+                if n.cork and n.chan is not None:
+                    self.send(n, [])
+
+    # --- failing everyone ---------------------------------------------------------------
+
+    def refuse(self, exc: Exception) -> None:
+        """Every later call raises ``exc`` (start-up failures, a limit too small)."""
+        self.broken = exc
+
+    def break_(self, where: str, tb_text: str) -> None:
+        """An internal failure: every pending future and every later call fails with
+        ClusterBroken; the scheduler thread stops the workers and exits."""
+        if isinstance(self.broken, ClusterBroken):
+            return
+        logger.error("localcluster's %s failed; the cluster is broken:\n%s", where, tb_text)
+        self.broken = err = ClusterBroken(where, tb_text)
+        # The scheduler's state is suspect: fail the futures directly, not through it.
+        for client in list(self._clients):
+            client.fail_pending(err)
+        self.fail_requests(err)
+        with self._changed:
+            self._changed.notify_all()
+        self._loop.wake()
+
+    def fail_requests(self, exc: BaseException) -> None:
+        for fut in list(self.requests.values()):
+            if not fut.done():
+                fut.set_exception(exc)
+        self.requests.clear()
+
+
+def as_exception(error: Any, key: Optional[str] = None) -> BaseException:
+    """A task's error as the scheduler holds it (pickled bytes, or an exception) -> the exception."""
+    return error if isinstance(error, BaseException) else loads_exception(error, key)

@@ -1,0 +1,125 @@
+"""The scheduler thread's event loop: one selector, a wake-up pipe and a command queue.
+
+Thread: ``run()`` is the whole life of the ``localcluster-scheduler`` thread, and every
+handler runs on it. ``call``, ``run_soon`` and ``wake`` may be called from any thread.
+
+Owns: the selector (each registered file object carries the callable to run when it
+is ready), the wake-up pipe (a self-pipe: a write from another thread ends the
+current ``select``) and the queue of commands other threads hand to this one. It
+knows nothing of workers or tasks.
+
+A persistent epoll selector is used instead of ``multiprocessing.connection.wait``
+(which builds a new poller on every call) and because it can also wait for a socket
+to become writable.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+
+class EventLoop:
+    def __init__(self, on_wake: Callable[[], None]):
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._woken)
+        self._commands: deque = deque()       # (fn, Future or None), appended by any thread
+        self._on_wake = on_wake               # runs first on every wake-up (work queued lock-free)
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self, main: Callable[[], None]) -> None:
+        self.thread = threading.Thread(target=main, name="localcluster-scheduler", daemon=True)
+        self.thread.start()
+
+    def on_loop(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    # --- any thread -----------------------------------------------------------------------
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the loop thread (at once when already there); its result as a Future."""
+        fut: Future = Future()
+        if self.on_loop():
+            fut.set_result(fn())
+            return fut
+        self._commands.append((fn, fut))
+        self.wake()
+        return fut
+
+    def run_soon(self, fn: Callable[[], Any]) -> None:
+        """``fn`` on the loop thread, nobody waiting for it (at once when already there)."""
+        if self.on_loop():
+            fn()
+        else:
+            self._commands.append((fn, None))
+            self.wake()
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):   # full (a wake-up is pending anyway) or closed
+            pass
+
+    # --- the loop thread ------------------------------------------------------------------
+
+    def register(self, fileobj: Any, handler: Callable[[int], None], write: bool = False) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+        self._selector.register(fileobj, events, handler)
+
+    def modify(self, fileobj: Any, handler: Callable[[int], None], write: bool) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+        try:
+            self._selector.modify(fileobj, events, handler)
+        except (KeyError, ValueError):    # already unregistered: its worker is gone
+            pass
+
+    def unregister(self, fileobj: Any) -> None:
+        try:
+            self._selector.unregister(fileobj)
+        except (KeyError, ValueError):
+            pass
+
+    def run(self, tick: Callable[[float], None], interval: float, keep_going: Callable[[], bool]) -> None:
+        """Select and dispatch until ``keep_going()`` is false; ``tick(now)`` every ``interval``."""
+        next_tick = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_tick:
+                tick(now)
+                next_tick = now + interval
+            if not keep_going():
+                return
+            for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
+                key.data(mask)
+
+    def _woken(self, _mask: int) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        self._on_wake()
+        while self._commands:
+            fn, fut = self._commands.popleft()
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: B902 - handed to the caller who waits for it
+                if fut is None:
+                    raise
+                fut.set_exception(e)
+            else:
+                if fut is not None:
+                    fut.set_result(result)
+
+    def close(self) -> None:
+        """After the thread has ended."""
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)

@@ -215,6 +215,11 @@ class LocalCluster:
                 f"thread{'s' if threads != 1 else ''} each, "
                 f"memory_limit={format_bytes(self.memory_limit) if self.memory_limit else None}>")
 
+    def validate(self) -> None:
+        """Check the scheduler's invariants (AssertionError naming the first broken one)."""
+        with self._lock:
+            self.scheduler.validate()
+
     def get_logs(self, n: Optional[int] = None) -> dict[str, list]:
         return self._supervisor.logs(n)
 

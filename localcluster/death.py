@@ -172,6 +172,21 @@ def top_frames(stack: Optional[str], n: int = 3) -> list[str]:
     return frames[:n]
 
 
+def blamed_runs(cause: str, running: dict, crashed_seq: Optional[int], timed_out_seq: Optional[int]) -> set:
+    """Which of the runs that were executing at a death count towards KilledWorker.
+
+    A crash is blamed on the run on the crashing thread alone, when the stack names
+    it; a timeout fails only the late task (with TaskTimeoutError, not KilledWorker);
+    an exit the cluster asked for, or a failure of localcluster's own code, blames nobody.
+    """
+    if cause in ("requested", "exception", "timeout"):
+        return set()
+    if cause == "crash" and crashed_seq is not None:
+        return {crashed_seq}
+    return set(running)
+
+
+
 # Said where the user holds the future (a death record, KilledWorker), never by the replay itself.
 REPLAY_HINT = {
     "crash": "Replay it in a throwaway process with client.recreate_error_locally(future).",
@@ -217,7 +232,7 @@ class WorkerDeath:
     log_tail: tuple = ()
     time: float = 0.0
     message: str = ""
-    blamed: tuple = ()
+    blamed: tuple = field(default=(), compare=False)   # derived: which of tasks it counts against
     detail: Optional[str] = field(default=None, compare=False)
 
     def __str__(self) -> str:

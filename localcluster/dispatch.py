@@ -98,22 +98,7 @@ class Dispatcher:
 
     def on_worker_messages(self, worker: str, msgs: list) -> list:
         """Task messages of one worker as one batch (placement runs once). Caller holds the lock."""
-        sched = self._scheduler
-        actions: list = []
-        with sched.batch() as batch:
-            for m in msgs:
-                t = type(m)
-                if t is P.Finished:
-                    actions += sched.finished(worker, m.seq, m.nbytes, m.type_name, m.data, m.duration)
-                elif t is P.Failed:
-                    actions += sched.failed(worker, m.seq, m.error)
-                elif t is P.Skipped:
-                    actions += sched.skipped(worker, m.seq)
-                elif t is P.Data:
-                    actions += sched.data(worker, m.request, m.key, m.data, m.error)
-                elif t is P.Stored:
-                    actions += sched.stored(m.ack)
-        return actions + batch.actions
+        return self._scheduler.handle_messages(worker, msgs)
 
     def free_released(self) -> None:
         released = self._released

@@ -14,20 +14,40 @@ Task states::
     memory -> waiting/ready   all copies lost with workers and still needed: recompute
     memory -> lost            scattered data whose only copy died (LostDataError)
 
-A dependency on another worker is relayed through the parent: the holder gets
-:class:`Export`, the reply becomes a :class:`Put` to the worker that needs it.
-Small results travel with their ``Finished`` message and are kept here, so
-relaying them, and answering ``result()``, costs no extra round trip.
+Data on the move (relays between workers, fetches for the client, replicas) is the
+business of its part ``Transfers`` (transfers.py). Small results travel with their
+``Finished`` message and are kept here, so relaying them, and answering ``result()``,
+costs no extra round trip.
+
+Every public event runs placement (``_assign``) once at its end; a frame of worker
+messages goes through ``handle_messages``, which runs placement once for all of them.
+``validate()`` checks every invariant (invariants.py); the tests call it after each event.
 """
 from __future__ import annotations
 
-import heapq
+import contextlib
+import functools
 import itertools
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from . import protocol as P
-from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath
-from .records import Deliver, Export, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
+from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
+from .invariants import check
+from .placement import Placement
+from .records import Deliver, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
+from .transfers import Transfers, gone as _gone
+
+PENDING = frozenset({"waiting", "ready", "processing"})      # its futures are not done yet
+ENDED = frozenset({"memory", "erred", "lost"})               # its futures are done
+FAILED = frozenset({"erred", "lost"})
+
+
+def _placing(event: Callable) -> Callable:
+    """A public event: placement runs once at its end (or at the end of the batch)."""
+    @functools.wraps(event)
+    def run(self: "Scheduler", *args: Any, **kwargs: Any) -> list:
+        return event(self, *args, **kwargs) + self._assign()
+    return run
 
 
 
@@ -36,21 +56,23 @@ class Scheduler:
         self.allowed_failures = allowed_failures
         self.tasks: dict[str, Task] = {}
         self.workers: dict[str, WorkerState] = {}
-        self._ready: list = []                      # heap of ready tasks any worker may run
-        self._ready_on: dict[str, list] = {}        # worker -> heap of ready tasks restricted to it
         self.gone: set = set()                      # names of workers that died (names are never reused)
-        self._seq = itertools.count(1)
         self._order = itertools.count()
         self._request = itertools.count(1)
-        self.runs: dict[int, tuple[str, str]] = {}   # seq -> (key, worker)
         self.cancelled_runs: dict[int, str] = {}    # seq -> key, until the worker answers
-        # request id -> (key, holder worker, target worker or None for a client fetch, client request)
-        self.exports: dict[int, Export] = {}
-        self.relaying: dict[tuple, int] = {}       # (key, target) -> request id
-        self.replicas: dict[int, set] = {}         # replicate request -> {(key, target)} not yet stored
-        self.unacked: dict[int, tuple] = {}        # ack id of a Put -> (key, target), until Stored
-        self.avg_duration: Optional[float] = None
-        self._deferring = False
+        self.transfers = Transfers(self.tasks, self.workers, self._request)
+        self.placement = Placement(self.tasks, self.workers, self.transfers)
+        self.runs = self.placement.runs             # seq -> (key, worker): the same dict
+        self._deferring = False                     # inside batch(): placement waits for its end
+
+    def validate(self) -> None:
+        """Raise AssertionError naming the first broken invariant (tests call it after every event)."""
+        check(self)
+
+    @property
+    def ready_keys(self) -> set:
+        """Keys queued as ready (entries are deleted lazily: some may no longer be ready)."""
+        return self.placement.keys()
 
     # --- queries ------------------------------------------------------------------------
 
@@ -72,7 +94,7 @@ class Scheduler:
         if ts is None:
             return []
         ts.wanted += 1
-        return [self._resolution(ts)] if ts.state in ("memory", "erred", "lost") else []
+        return [self._resolution(ts)] if ts.state in ENDED else []
 
     def timeout_of(self, seq: int) -> Optional[float]:
         run = self.runs.get(seq)
@@ -91,27 +113,19 @@ class Scheduler:
                            len(live), sum(ws.paused for ws in live),
                            ts.spec.workers if ts.spec is not None and not ts.spec.loose else None)
 
-    def _capacity(self, ws: WorkerState) -> int:
-        """Runs a worker may hold: its threads plus a prefetch sized by how short tasks are,
-        so a map of tiny tasks travels in large batches while long tasks are not hoarded."""
-        if self.avg_duration is None:
-            prefetch = 2
-        else:
-            prefetch = max(1, min(256, int(0.01 / max(self.avg_duration, 1e-6))))
-        return ws.nthreads + prefetch * ws.nthreads
-
     # --- workers ------------------------------------------------------------------------
 
+    @_placing
     def add_worker(self, name: str, nthreads: int) -> list:
         self.workers[name] = WorkerState(name, nthreads)
-        return self._assign()
+        return []
 
+    @_placing
     def set_paused(self, name: str, paused: bool) -> list:
         ws = self.workers.get(name)
-        if ws is None or ws.paused == paused:
-            return []
-        ws.paused = paused
-        return [] if paused else self._assign()
+        if ws is not None:
+            ws.paused = paused
+        return []
 
     def retire(self, name: str) -> list:
         """Stop giving ``name`` work; move data only it holds elsewhere; then Retire it."""
@@ -126,7 +140,7 @@ class Scheduler:
         (that data is relayed to another worker first)."""
         if not ws.closing or ws.processing:
             return []
-        if any(e.holder == ws.name for e in self.exports.values()):
+        if self.transfers.holding(ws.name):
             return []
         others = [w for w in self.workers.values() if not w.closing]
         out: list = []
@@ -135,15 +149,20 @@ class Scheduler:
                 ts = self.tasks[key]
                 if ts.who_has == {ws.name} and ts.data is None and (ts.wanted or ts.dependents):
                     target = min(others, key=lambda w: (len(w.has), w.name))
-                    out += self._relay(ts, target)
-        if out or any(e.holder == ws.name for e in self.exports.values()):
+                    out += self.transfers.relay(ts, target)
+        if out or self.transfers.holding(ws.name):
             return out
         return [Retire(ws.name)]
 
-    def worker_died(self, death: WorkerDeath, running: dict, crashed_seq: Optional[int] = None,
-                    timed_out: Optional[tuple] = None) -> list:
-        """``running``: seq -> started (from the worker's status board). The blame rules
-        of the taxonomy pick which runs count towards KilledWorker.
+    def blame(self, cause: str, running: dict, crashed_seq: Optional[int], timed_out_seq: Optional[int]) -> tuple:
+        """The keys a death is blamed on (the taxonomy's rules: ``blamed_runs``)."""
+        return tuple(k for k in (self.key_of(s) for s in sorted(blamed_runs(cause, running, crashed_seq,
+                                                                              timed_out_seq))) if k)
+
+    @_placing
+    def worker_died(self, death: WorkerDeath, timed_out: Optional[tuple] = None) -> list:
+        """``death.blamed`` (from ``blame``) names the runs that count towards KilledWorker;
+        ``timed_out`` is (seq, elapsed) of a run past its timeout.
 
         Order matters: first every copy on the dead worker is forgotten and the lost keys
         are marked, and only then is any task's readiness decided, so nothing is sent to
@@ -153,18 +172,7 @@ class Scheduler:
             return []
         self.gone.add(death.worker)
         out: list = self._orphaned_restrictions(death.worker)
-        for ack, (key, target) in list(self.unacked.items()):
-            if target == death.worker:
-                del self.unacked[ack]
-                out += self._relay_done(key, target)
-        lost: list = []
-        for key in ws.has:
-            ts = self.tasks.get(key)
-            if ts is None:
-                continue
-            ts.who_has.discard(death.worker)
-            if ts.state == "memory" and not ts.who_has and ts.data is None:
-                lost.append(ts)
+        lost = self._copies_lost(ws)
         recompute: list = []
         for ts in sorted(lost, key=lambda t: t.order):
             if ts.spec is None:
@@ -175,7 +183,34 @@ class Scheduler:
             else:
                 ts.state = "released"
                 out += self._forget(ts)
-        blamed = blamed_runs(death.cause, running, crashed_seq, timed_out[0] if timed_out else None)
+        out += self._runs_interrupted(ws, death, timed_out, recompute)
+        for ts in lost:
+            out += self._pull_back_dependents(ts)
+        for ts in sorted(recompute, key=lambda t: t.order):
+            if ts.state == "waiting":
+                out += self._make_ready_or_wait(ts)
+        out += self.transfers.worker_died(death.worker)
+        for other in list(self.workers.values()):
+            out += self._maybe_retire(other)
+        return out
+
+    def _copies_lost(self, ws: WorkerState) -> list:
+        """Forget the dead worker's copies; the tasks whose last copy it held."""
+        lost = []
+        for key in ws.has:
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            ts.who_has.discard(ws.name)
+            if ts.state == "memory" and not ts.who_has and ts.data is None:
+                lost.append(ts)
+        return lost
+
+    def _runs_interrupted(self, ws: WorkerState, death: WorkerDeath, timed_out: Optional[tuple],
+                          recompute: list) -> list:
+        """Runs the dead worker had: the late one fails, blamed ones count towards
+        KilledWorker, the rest run again (appended to ``recompute``)."""
+        out: list = []
         for seq, key in sorted(ws.processing.items()):
             self.runs.pop(seq, None)
             self.cancelled_runs.pop(seq, None)
@@ -185,9 +220,9 @@ class Scheduler:
             ts.worker = None
             if timed_out and seq == timed_out[0]:
                 out += self._fail(ts, TaskTimeoutError(key, ts.spec.timeout, timed_out[1], death.worker,
-                                                             death.stack))
+                                                       death.stack))
                 continue
-            if seq in blamed:
+            if key in death.blamed:
                 ts.suspicious += 1
                 ts.deaths.append(death)
                 if ts.suspicious > self.allowed_failures:
@@ -195,38 +230,7 @@ class Scheduler:
                     continue
             ts.state = "waiting"
             recompute.append(ts)
-        for ts in lost:
-            out += self._pull_back_dependents(ts)
-        for ts in sorted(recompute, key=lambda t: t.order):
-            if ts.state == "waiting":
-                out += self._make_ready_or_wait(ts)
-        # relays and fetches that depended on it
-        for req, export in list(self.exports.items()):
-            key, holder, target, client = export.key, export.holder, export.target, export.client_request
-            if target == death.worker:
-                del self.exports[req]
-                self.relaying.pop((key, target), None)
-                out += self._relay_done(key, target)
-            elif holder == death.worker:
-                del self.exports[req]
-                ts = self.tasks.get(key)
-                if target is not None:
-                    self.relaying.pop((key, target), None)
-                    if ts is not None and ts.state == "memory" and target in self.workers:
-                        out += self._relay(ts, self.workers[target])
-                    if (key, target) not in self.relaying:
-                        out += self._relay_done(key, target)
-                elif ts is not None and ts.state == "memory":
-                    out += self._fetch(ts, client)
-                elif ts is not None and ts.state in ("waiting", "ready", "processing"):
-                    ts.fetchers.append(client)
-                elif ts is not None and ts.state == "lost":
-                    out.append(Deliver(client, key, error=ts.error))
-                else:
-                    out.append(Deliver(client, key, error=_gone(key)))
-        for other in list(self.workers.values()):
-            out += self._maybe_retire(other)
-        return out + self._assign()
+        return out
 
     def _lost_for_good(self, ts: Task, death: WorkerDeath) -> list:
         """Scattered data whose last copy died: it cannot be recomputed."""
@@ -261,13 +265,14 @@ class Scheduler:
 
     # --- tasks --------------------------------------------------------------------------
 
+    @_placing
     def submit(self, specs: list) -> list:
         out: list = []
         for spec in specs:
             ts = self.tasks.get(spec.key)
             if ts is not None and ts.state != "released":
                 ts.wanted += 1
-                if ts.state in ("memory", "erred", "lost"):
+                if ts.state in ENDED:
                     out.append(self._resolution(ts))
                 continue
             ts = self.tasks[spec.key] = Task(spec.key, spec, next(self._order))
@@ -281,7 +286,7 @@ class Scheduler:
             for d in spec.deps:
                 self.tasks[d].dependents.add(spec.key)
             out += self._make_ready_or_wait(ts)
-        return out + self._assign()
+        return out
 
     def scatter(self, items: list, workers: Optional[frozenset] = None, broadcast: bool = False) -> list:
         """Data from the client: ``items`` is [(key, Payload)]. Each goes to the open worker
@@ -310,62 +315,19 @@ class Scheduler:
 
     def replicate(self, keys: list, n: Optional[int]) -> tuple[int, list]:
         """Copies of each key's data on ``n`` open workers (all when None): (request id,
-        actions). The request is answered by a Deliver once every copy has arrived."""
-        req = next(self._request)
-        workers = sorted((w for w in self.workers.values() if not w.closing), key=lambda w: (len(w.has), w.name))
-        want = len(workers) if n is None else min(n, len(workers))
-        out: list = []
-        pending = self.replicas[req] = set()    # registered first: _relay asks for acks for these
-        for key in keys:
-            ts = self.tasks.get(key)
-            if ts is None or ts.state != "memory":
-                continue
-            copies = len(ts.who_has) + sum(1 for (k, _t) in self.relaying if k == key)
-            for ws in workers:
-                if copies >= want:
-                    break
-                if ws.name in ts.who_has or (key, ws.name) in self.relaying:
-                    continue
-                pending.add((key, ws.name))
-                out += self._relay(ts, ws)
-                copies += 1
-        if not pending:
-            del self.replicas[req]
-            out.append(Deliver(req, ""))
-        return req, out
+        actions). The request is answered by a Deliver once every copy is stored."""
+        return self.transfers.replicate(keys, n)
 
     def stored(self, ack: int) -> list:
         """A worker acknowledged a Put: a copy that ``replicate`` waits for exists."""
-        entry = self.unacked.pop(ack, None)
-        return self._relay_done(*entry) if entry else []
-
-    def _put(self, key: str, target: str, data: P.Payload) -> Send:
-        """Put data on a worker, asking for an acknowledgement when a replicate waits for it."""
-        ack = 0
-        if any((key, target) in pending for pending in self.replicas.values()):
-            ack = next(self._request)
-            self.unacked[ack] = (key, target)
-        return Send(target, P.Put(key, data, ack))
-
-    def _relay_done(self, key: str, target: str, error: Any = None) -> list:
-        out: list = []
-        for req, pending in list(self.replicas.items()):
-            if (key, target) in pending:
-                pending.discard((key, target))
-                if error is not None:
-                    del self.replicas[req]
-                    out.append(Deliver(req, key, error=error))
-                elif not pending:
-                    del self.replicas[req]
-                    out.append(Deliver(req, key))
-        return out
+        return self.transfers.stored(ack)
 
     def _make_ready_or_wait(self, ts: Task) -> list:
         out: list = []
         ts.waiting_on = {d for d in ts.deps if self.tasks[d].state != "memory"}
         for d in list(ts.waiting_on):
             dts = self.tasks[d]
-            if dts.state in ("erred", "lost"):
+            if dts.state in FAILED:
                 return self._fail(ts, dts.error)
             if dts.state == "released":   # needed again: bring it back
                 if dts.spec is None:       # scattered data cannot be recomputed
@@ -379,111 +341,65 @@ class Scheduler:
         return out + self._push_ready(ts)
 
     def _push_ready(self, ts: Task) -> list:
-        """Queue a ready task: on its workers' own queues when ``workers=`` restricts it,
-        else (or when a preference's workers are all gone) on the shared queue."""
-        entry = (-ts.spec.priority, ts.order, ts.key)
-        if ts.spec.workers:
-            live = [w for w in ts.spec.workers if w not in self.gone]
-            if live:
-                for w in live:
-                    heapq.heappush(self._ready_on.setdefault(w, []), entry)
-                return []
-            if not ts.spec.loose:
-                return self._fail(ts, _unplaceable(ts.key, ts.spec.workers))
-        heapq.heappush(self._ready, entry)
+        """Queue a ready task; one whose ``workers=`` are all gone fails, unless they were
+        only a preference."""
+        live = [w for w in ts.spec.workers if w not in self.gone] if ts.spec.workers else []
+        if ts.spec.workers and not live and not ts.spec.loose:
+            return self._fail(ts, _unplaceable(ts.key, ts.spec.workers))
+        self.placement.push(ts, live)
         return []
 
     def _orphaned_restrictions(self, name: str) -> list:
         """Ready tasks restricted to a worker that is gone: requeue those with no live worker left."""
         out: list = []
-        for _p, _o, key in self._ready_on.pop(name, ()):
+        for key in self.placement.drop_worker(name):
             ts = self.tasks.get(key)
             if ts is not None and ts.state == "ready" and all(w in self.gone for w in ts.spec.workers):
                 out += self._push_ready(ts)
         return out
 
-    def batch(self) -> "_Batch":
-        """``with scheduler.batch() as b: ...; actions += b.actions``: placement runs once
-        for a whole frame of worker messages instead of once per message."""
-        return _Batch(self)
+    def handle_messages(self, worker: str, msgs: list) -> list:
+        """A frame of task messages from one worker (Finished, Failed, Skipped, Data,
+        Stored), with placement run once for all of them."""
+        out: list = []
+        with self._batch() as placed:
+            for m in msgs:
+                t = type(m)
+                if t is P.Finished:
+                    out += self.finished(worker, m.seq, m.nbytes, m.type_name, m.data, m.duration)
+                elif t is P.Failed:
+                    out += self.failed(worker, m.seq, m.error)
+                elif t is P.Skipped:
+                    out += self.skipped(worker, m.seq)
+                elif t is P.Data:
+                    out += self.data(worker, m.request, m.key, m.data, m.error)
+                elif t is P.Stored:
+                    out += self.stored(m.ack)
+                else:
+                    raise TypeError(f"not a task message: {m!r}")
+        return out + placed
+
+    @contextlib.contextmanager
+    def _batch(self) -> Iterator[list]:
+        """Events inside skip placement; it runs once at the end, into the yielded list."""
+        self._deferring = True
+        placed: list = []
+        try:
+            yield placed
+        finally:
+            self._deferring = False
+        placed += self._assign()
 
     def _assign(self) -> list:
-        out: list = []
-        if self._deferring or not (self._ready or self._ready_on):
-            return out
-        open_workers = [w for w in self.workers.values() if not w.paused and not w.closing]
-        if not open_workers:
-            return out
-        caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
-        for ws in open_workers:
-            heap = self._ready_on.get(ws.name)
-            while heap and caps[ws.name] > 0:
-                _prio, _order, key = heapq.heappop(heap)
-                ts = self.tasks.get(key)
-                if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
-                    caps[ws.name] -= 1
-                    out += self._run(ts, ws)
-        while self._ready:
-            _prio, _order, key = self._ready[0]
-            ts = self.tasks.get(key)
-            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
-                heapq.heappop(self._ready)
-                continue
-            ws = self._pick(ts, open_workers, caps)
-            if ws is None:
-                break
-            heapq.heappop(self._ready)
-            caps[ws.name] -= 1
-            out += self._run(ts, ws)
-        return out
+        return [] if self._deferring else self.placement.assign()
 
-    def _pick(self, ts: Task, workers: list, caps: dict) -> Optional[WorkerState]:
-        best, best_score = None, None
-        for ws in workers:
-            if caps[ws.name] <= 0:
-                continue
-            local = sum(self.tasks[d].nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
-            score = (-local, len(ws.processing) / ws.nthreads, ws.name)
-            if best_score is None or score < best_score:
-                best, best_score = ws, score
-        return best
-
-    def _run(self, ts: Task, ws: WorkerState) -> list:
-        out: list = []
-        for d in ts.deps:
-            if d not in ws.has:
-                out += self._relay(self.tasks[d], ws)
-        seq = next(self._seq)
-        ts.seq, ts.worker, ts.state = seq, ws.name, "processing"
-        ws.processing[seq] = ts.key
-        self.runs[seq] = (ts.key, ws.name)
-        spec = ts.spec
-        fn = None
-        if spec.fn_id not in ws.fns:
-            ws.fns.add(spec.fn_id)
-            fn = spec.fn
-        out.append(Send(ws.name, P.Run(seq, ts.key, spec.fn_id, fn, spec.args, spec.deps)))
-        return out
-
-    def _relay(self, ts: Task, target: WorkerState) -> list:
-        if ts.data is not None:
-            ts.who_has.add(target.name)
-            target.has.add(ts.key)
-            return [self._put(ts.key, target.name, ts.data)]
-        if (ts.key, target.name) in self.relaying or not ts.who_has:
-            return []
-        holder = min(ts.who_has, key=lambda w: len(self.workers[w].processing) if w in self.workers else 0)
-        req = next(self._request)
-        self.exports[req] = Export(ts.key, holder, target.name, None)
-        self.relaying[(ts.key, target.name)] = req
-        return [Send(holder, P.Export(ts.key, req))]
-
+    @_placing
     def finished(self, worker: str, seq: int, nbytes: int, type_name: str,
                  data: Optional[P.Payload], duration: float = 0.0) -> list:
         ts = self._take_run(worker, seq)
         if ts is None:
             return self._orphan(worker, seq)
-        self.avg_duration = duration if self.avg_duration is None else 0.8 * self.avg_duration + 0.2 * duration
+        self.placement.finished(duration)
         ws = self.workers[worker]
         ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, type_name, data
         ts.who_has.add(worker)
@@ -491,7 +407,7 @@ class Scheduler:
         ts.error = None
         out: list = [Resolve(ts.key, "finished", data)]
         for req in ts.fetchers:
-            out += self._fetch(ts, req)
+            out += self.transfers.fetch(ts, req)
         ts.fetchers = []
         for dkey in sorted(ts.dependents, key=lambda k: self.tasks[k].order if k in self.tasks else 0):
             dts = self.tasks.get(dkey)
@@ -502,8 +418,7 @@ class Scheduler:
         if not ts.wanted and not self._needed_by_dependents(ts):
             out += self._release(ts)
         out += self._release_inputs(ts)
-        out += self._maybe_retire(ws)
-        return out + self._assign()
+        return out + self._maybe_retire(ws)
 
     def _release_inputs(self, ts: Task) -> list:
         """Inputs the client already let go of are freed once their last dependent is done."""
@@ -515,6 +430,7 @@ class Scheduler:
                 out += self._release(dts)
         return out
 
+    @_placing
     def failed(self, worker: str, seq: int, error: bytes) -> list:
         ts = self._take_run(worker, seq)
         if ts is None:
@@ -524,7 +440,7 @@ class Scheduler:
             out = self._make_ready_or_wait(ts)
         else:
             out = self._fail(ts, error) + self._release_inputs(ts)
-        return out + self._maybe_retire(self.workers[worker]) + self._assign()
+        return out + self._maybe_retire(self.workers[worker])
 
     def _take_run(self, worker: str, seq: int) -> Optional[Task]:
         ws = self.workers.get(worker)
@@ -538,6 +454,7 @@ class Scheduler:
         ts.worker = None
         return ts
 
+    @_placing
     def skipped(self, worker: str, seq: int) -> list:
         """The worker dropped a cancelled run before starting it."""
         self._take_run(worker, seq)
@@ -552,7 +469,7 @@ class Scheduler:
         out: list = []
         if key is not None and key not in ws.has:
             out.append(Send(worker, P.Free((key,))))
-        return out + self._maybe_retire(ws) + self._assign()
+        return out + self._maybe_retire(ws)
 
     def _fail(self, ts: Task, error: Any) -> list:
         ts.state, ts.error = "erred", error
@@ -566,7 +483,7 @@ class Scheduler:
         out: list = []
         for dkey in sorted(ts.dependents):
             dts = self.tasks.get(dkey)
-            if dts is None or dts.state in ("erred", "memory", "released", "lost"):
+            if dts is None or dts.state not in PENDING:
                 continue
             if dts.state == "processing":
                 out += self._unassign(dts)
@@ -596,23 +513,18 @@ class Scheduler:
         ts = self.tasks.get(key)
         if ts is None or ts.state == "released":
             return req, [Deliver(req, key, error=_gone(key))]
-        if ts.state in ("erred", "lost"):
+        if ts.state in FAILED:
             return req, [Deliver(req, key, error=ts.error)]
         if ts.state != "memory":
             ts.fetchers.append(req)
             return req, []
-        return req, self._fetch(ts, req)
+        return req, self.transfers.fetch(ts, req)
 
-    def _fetch(self, ts: Task, req: int) -> list:
-        if ts.data is not None:
-            return [Deliver(req, ts.key, ts.data)]
-        holder = min(ts.who_has, key=lambda w: len(self.workers[w].processing))
-        self.exports[req] = Export(ts.key, holder, None, req)
-        return [Send(holder, P.Export(ts.key, req))]
-
+    @_placing
     def data(self, worker: str, request: int, key: str, payload: Optional[P.Payload],
              error: Optional[bytes]) -> list:
-        entry = self.exports.pop(request, None)
+        """A holder answered an Export: the data (or why not) for a relay or a client fetch."""
+        entry = self.transfers.answered(request)
         if entry is None:
             return []
         holder, target, client = entry.holder, entry.target, entry.client_request
@@ -621,15 +533,14 @@ class Scheduler:
         if target is None:
             out.append(Deliver(client, key, payload, error))
         else:
-            self.relaying.pop((key, target), None)
             tws = self.workers.get(target)
             if payload is None or tws is None or ts is None:
-                out += self._relay_done(key, target, error)
+                out += self.transfers.done(key, target, error)
             if tws is not None and ts is not None:
                 if payload is not None:
                     ts.who_has.add(target)
                     tws.has.add(key)
-                    out.append(self._put(key, target, payload))
+                    out.append(self.transfers.put(key, target, payload))
                 else:
                     for dkey in list(ts.dependents):
                         dts = self.tasks.get(dkey)
@@ -643,6 +554,7 @@ class Scheduler:
 
     # --- forgetting ---------------------------------------------------------------------
 
+    @_placing
     def release(self, key: str) -> list:
         """The client dropped its last future of ``key``."""
         ts = self.tasks.get(key)
@@ -651,11 +563,10 @@ class Scheduler:
         ts.wanted = max(0, ts.wanted - 1)
         if ts.wanted or self._needed_by_dependents(ts):
             return []
-        return self._release(ts) + self._assign()
+        return self._release(ts)
 
     def _needed_by_dependents(self, ts: Task) -> bool:
-        return any(self.tasks[d].state in ("waiting", "ready", "processing")
-                   for d in ts.dependents if d in self.tasks)
+        return any(self.tasks[d].state in PENDING for d in ts.dependents if d in self.tasks)
 
     def _release(self, ts: Task) -> list:
         out: list = []
@@ -689,14 +600,14 @@ class Scheduler:
             out += self._maybe_retire(ws) if ws.closing else []
         return out
 
+    @_placing
     def cancel(self, keys: list) -> list:
         out: list = []
         for key in keys:
             ts = self.tasks.get(key)
-            if ts is None or ts.state in ("memory", "erred", "lost", "released"):
-                continue
-            out += self._cancel(ts)
-        return out + self._assign()
+            if ts is not None and ts.state in PENDING:
+                out += self._cancel(ts)
+        return out
 
     def _cancel(self, ts: Task) -> list:
         out: list = [Resolve(ts.key, "cancelled")]
@@ -705,7 +616,7 @@ class Scheduler:
         ts.fetchers = []
         for dkey in sorted(ts.dependents):
             dts = self.tasks.get(dkey)
-            if dts is not None and dts.state in ("waiting", "ready", "processing"):
+            if dts is not None and dts.state in PENDING:
                 out += self._cancel(dts)
         ts.wanted = 0
         out += self._release(ts)
@@ -715,56 +626,18 @@ class Scheduler:
         """Everything is forgotten (restart, close): every unfinished future gets ``error``."""
         out: list = []
         for ts in self.tasks.values():
-            if ts.state in ("waiting", "ready", "processing"):
+            if ts.state in PENDING:
                 out.append(Resolve(ts.key, "error", error))
             for req in ts.fetchers:
                 out.append(Deliver(req, ts.key, error=error))
-        for req, entry in self.exports.items():
-            if entry.client_request is not None:
-                out.append(Deliver(req, entry.key, error=error))
-        for req in self.replicas:
-            out.append(Deliver(req, "", error=error))
+        out += self.transfers.clear(error)
         self.tasks.clear()
-        self._ready.clear()
-        self._ready_on.clear()
-        self.replicas.clear()
-        self.unacked.clear()
-        self.runs.clear()
+        self.placement.clear()
         self.cancelled_runs.clear()
-        self.exports.clear()
-        self.relaying.clear()
         for ws in self.workers.values():
             ws.processing.clear()
             ws.has.clear()
         return out
-
-
-class _Batch:
-    def __init__(self, scheduler: Scheduler):
-        self.scheduler = scheduler
-        self.actions: list = []
-
-    def __enter__(self) -> "_Batch":
-        self.scheduler._deferring = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.scheduler._deferring = False
-        self.actions = self.scheduler._assign()
-
-
-def blamed_runs(cause: str, running: dict, crashed_seq: Optional[int], timed_out_seq: Optional[int]) -> set:
-    """Which of the runs that were executing at a death count towards KilledWorker.
-
-    A crash is blamed on the run on the crashing thread alone, when the stack names
-    it; a timeout fails only the late task (with TaskTimeoutError, not KilledWorker);
-    an exit the cluster asked for, or a failure of localcluster's own code, blames nobody.
-    """
-    if cause in ("requested", "exception", "timeout"):
-        return set()
-    if cause == "crash" and crashed_seq is not None:
-        return {crashed_seq}
-    return set(running)
 
 
 def _unplaceable(key: str, workers: frozenset) -> Exception:
@@ -773,8 +646,3 @@ def _unplaceable(key: str, workers: frozenset) -> Exception:
                         f"died or was retired, and worker names are never reused. Submit it again with "
                         f"workers= naming a running worker (cluster.workers), or allow_other_workers=True "
                         f"to treat workers= as a preference.")
-
-
-def _gone(key: str) -> Exception:
-    from concurrent.futures import CancelledError
-    return CancelledError(f"{key!r} was released, cancelled or forgotten by a restart; submit it again")

@@ -400,8 +400,7 @@ class Supervisor:
         with self._lock:
             key_of = self._scheduler.key_of
             keys = tuple(k for k in (key_of(s) for s in sorted(running)) if k)
-            blamed_seqs = S.blamed_runs(cause, running, crashed_seq, n.timed_out[0] if n.timed_out else None)
-            blamed = tuple(k for k in (key_of(s) for s in sorted(blamed_seqs)) if k)
+            blamed = self._scheduler.blame(cause, running, crashed_seq, n.timed_out[0] if n.timed_out else None)
             detail = self._death_detail(n, cause, lines)
             limit = self._settings.memory_limit
             death = WorkerDeath(
@@ -413,7 +412,7 @@ class Supervisor:
                                       limit, stack, detail),
                 blamed=blamed, detail=detail)
             self.deaths.append(death)
-            post = self._dispatch.apply(self._scheduler.worker_died(death, running, crashed_seq, n.timed_out))
+            post = self._dispatch.apply(self._scheduler.worker_died(death, n.timed_out))
         self._dispatch.post(post)
         return death
 

@@ -77,6 +77,7 @@ def no_leaks():
 def cluster():
     with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as c:
         yield c
+        c.validate()          # the scheduler's invariants hold after whatever the test did
 
 
 @pytest.fixture

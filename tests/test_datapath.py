@@ -40,6 +40,7 @@ def settle(client, cluster, deaths_before=0):
     """After a cell: no death beyond those the path caused, nothing held anywhere."""
     gc.collect()
     assert len(cluster.deaths) == deaths_before, [d.message for d in cluster.deaths]
+    cluster.validate()
     def empty():
         return all(i.managed == 0 and i.spilled == 0 for i in cluster.workers.values())
     wait_for(empty)

@@ -1,12 +1,17 @@
 """The scheduler as a pure state machine: events in, actions out. No processes, no sleeps."""
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from concurrent.futures import CancelledError
 
 from localcluster import protocol as P
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
 from localcluster.records import Spec
-from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send, blamed_runs
+from localcluster.death import blamed_runs
+from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send
 from localcluster.serialize import dumps
 
 ARGS = dumps(((), {}))
@@ -32,8 +37,31 @@ def scatter(s, key, workers, small=False):
     return payload, s.scatter([(key, payload)], frozenset(workers), broadcast=True)
 
 
+EVENTS = ("add_worker", "set_paused", "retire", "worker_died", "submit", "scatter", "replicate", "stored",
+          "finished", "failed", "skipped", "fetch", "data", "release", "cancel", "clear", "acquire",
+          "handle_messages")
+
+
+class Checked(Scheduler):
+    """The Scheduler, with every invariant checked after every event (``validate``)."""
+
+
+def _checked(name):
+    event = getattr(Scheduler, name)
+
+    def run(self, *args, **kwargs):
+        out = event(self, *args, **kwargs)
+        self.validate()
+        return out
+    return run
+
+
+for _name in EVENTS:
+    setattr(Checked, _name, _checked(_name))
+
+
 def sched(*workers, nthreads=1, allowed_failures=3):
-    s = Scheduler(allowed_failures)
+    s = Checked(allowed_failures)
     for w in workers:
         s.add_worker(w, nthreads)
     return s
@@ -82,10 +110,17 @@ def running(s, *keys):
     return {s.tasks[k].seq: (i, 0.0) for i, k in enumerate(keys)}
 
 
+def died(s, d, board, crashed_seq=None, timed_out=None):
+    """As the supervisor does it: the scheduler names the blamed keys, the death records
+    them, and the scheduler hears of the death."""
+    blamed = s.blame(d.cause, board, crashed_seq, timed_out[0] if timed_out else None)
+    return s.worker_died(dataclasses.replace(d, blamed=blamed), timed_out)
+
+
 # --- submission and assignment ---------------------------------------------------------
 
 def test_task_waits_for_a_worker():
-    s = Scheduler()
+    s = Checked()
     assert runs(s.submit([spec("a")])) == []
     assert s.tasks["a"].state == "ready"
     assert runs(s.add_worker("w1", 1)) == [("a", "w1")]
@@ -118,14 +153,14 @@ def test_capacity_scales_with_threads():
 
 
 def test_priority_order():
-    s = Scheduler()
+    s = Checked()
     s.submit([spec("low", priority=0), spec("high", priority=5), spec("mid", priority=1),
               spec("low2", priority=0)])
     assert [k for k, _ in runs(s.add_worker("w1", 1))] == ["high", "mid", "low"]
 
 
 def test_fifo_among_equal_priority():
-    s = Scheduler()
+    s = Checked()
     s.submit([spec(k) for k in "edcba"])
     assert [k for k, _ in runs(s.add_worker("w1", 1))] == ["e", "d", "c"]
 
@@ -329,7 +364,7 @@ def test_recomputed_input_nobody_needs_any_more_is_freed_when_it_finishes():
     finish(s, "a")
     finish(s, "b")
     s.release("a")                                  # freed: b is done
-    assert runs(s.worker_died(death("w1"), {})) == [("a", "w2")]   # b lost: a comes back for it
+    assert runs(died(s, death("w1"), {})) == [("a", "w2")]   # b lost: a comes back for it
     s.cancel(["b"])                                 # ... and then nobody needs a
     acts = finish(s, "a")
     assert sends(acts, P.Free) == [("w2", P.Free(("a",)))]
@@ -406,7 +441,7 @@ def test_death_reschedules_running_task_on_another_worker():
     s.submit([spec("a")])
     old = s.tasks["a"].seq
     d = death("w1")
-    acts = s.worker_died(d, running(s, "a"))
+    acts = died(s, d, running(s, "a"))
     assert runs(acts) == [("a", "w2")]
     ts = s.tasks["a"]
     assert ts.seq != old and ts.suspicious == 1 and ts.deaths == [d]
@@ -417,9 +452,9 @@ def test_killed_worker_after_more_than_allowed_failures():
     s = sched("w1", "w2", allowed_failures=1)
     s.submit([spec("a"), spec("b", "a")])
     d1, d2 = death("w1"), death("w2", cause="crash", exitcode=-11)
-    assert runs(s.worker_died(d1, running(s, "a"))) == [("a", "w2")]
+    assert runs(died(s, d1, running(s, "a"))) == [("a", "w2")]
     s.add_worker("w3", 1)
-    acts = s.worker_died(d2, running(s, "a"))
+    acts = died(s, d2, running(s, "a"))
     assert not runs(acts)
     res = resolves(acts)
     err = res["a"].value
@@ -431,7 +466,7 @@ def test_killed_worker_after_more_than_allowed_failures():
 
 def test_dead_worker_unknown_is_ignored():
     s = sched("w1")
-    assert s.worker_died(death("nope"), {}) == []
+    assert died(s, death("nope"), {}) == []
 
 
 def test_queued_runs_are_not_blamed():
@@ -439,7 +474,7 @@ def test_queued_runs_are_not_blamed():
     s.submit([spec("a"), spec("x"), spec("b"), spec("y"), spec("c")])
     on_w1 = sorted(s.workers["w1"].processing.values())
     assert on_w1 == ["a", "b", "c"]
-    acts = s.worker_died(death("w1"), running(s, "a"))
+    acts = died(s, death("w1"), running(s, "a"))
     res = resolves(acts)
     assert list(res) == ["a"] and isinstance(res["a"].value, KilledWorker)
     assert s.tasks["b"].suspicious == 0 and s.tasks["c"].suspicious == 0
@@ -451,7 +486,7 @@ def test_crash_blames_only_the_crashed_run():
     s.submit([spec("a"), spec("b")])
     s.add_worker("w2", 1)
     board = running(s, "a", "b")
-    acts = s.worker_died(death("w1", "crash", -11), board, crashed_seq=s.tasks["a"].seq)
+    acts = died(s, death("w1", "crash", -11), board, crashed_seq=s.tasks["a"].seq)
     res = resolves(acts)
     assert list(res) == ["a"] and isinstance(res["a"].value, KilledWorker)
     assert ("b", "w2") in runs(acts) and s.tasks["b"].suspicious == 0
@@ -460,14 +495,14 @@ def test_crash_blames_only_the_crashed_run():
 def test_crash_without_known_thread_blames_all_running():
     s = sched("w1", nthreads=2, allowed_failures=0)
     s.submit([spec("a"), spec("b")])
-    acts = s.worker_died(death("w1", "crash", -11), running(s, "a", "b"), crashed_seq=None)
+    acts = died(s, death("w1", "crash", -11), running(s, "a", "b"), crashed_seq=None)
     assert set(resolves(acts)) == {"a", "b"}
 
 
 def test_crash_on_a_thread_with_no_task_blames_nobody():
     s = sched("w1", nthreads=2, allowed_failures=0)
     s.submit([spec("a"), spec("b")])
-    acts = s.worker_died(death("w1", "crash", -11), running(s, "a", "b"), crashed_seq=0)
+    acts = died(s, death("w1", "crash", -11), running(s, "a", "b"), crashed_seq=0)
     assert not resolves(acts)
     assert s.tasks["a"].suspicious == 0 and s.tasks["b"].suspicious == 0
 
@@ -475,7 +510,7 @@ def test_crash_on_a_thread_with_no_task_blames_nobody():
 def test_requested_death_blames_nothing():
     s = sched("w1", "w2", allowed_failures=0)
     s.submit([spec("a")])
-    acts = s.worker_died(death("w1", "requested", 0), running(s, "a"))
+    acts = died(s, death("w1", "requested", 0), running(s, "a"))
     assert not resolves(acts) and runs(acts) == [("a", "w2")]
     assert s.tasks["a"].suspicious == 0 and s.tasks["a"].deaths == []
 
@@ -483,7 +518,7 @@ def test_requested_death_blames_nothing():
 def test_exception_death_blames_nothing():
     s = sched("w1", "w2", allowed_failures=0)
     s.submit([spec("a")])
-    acts = s.worker_died(death("w1", "exception", 1), running(s, "a"))
+    acts = died(s, death("w1", "exception", 1), running(s, "a"))
     assert not resolves(acts) and runs(acts) == [("a", "w2")]
 
 
@@ -492,7 +527,7 @@ def test_timeout_fails_only_the_late_task():
     s.submit([spec("a", timeout=1.0), spec("b"), spec("c", "a")])
     s.add_worker("w2", 1)
     seq_a = s.tasks["a"].seq
-    acts = s.worker_died(death("w1", "timeout", -9), running(s, "a", "b"), timed_out=(seq_a, 1.5))
+    acts = died(s, death("w1", "timeout", -9), running(s, "a", "b"), timed_out=(seq_a, 1.5))
     res = resolves(acts)
     assert set(res) == {"a", "c"}
     err = res["a"].value
@@ -515,7 +550,7 @@ def test_lost_result_recomputed_when_wanted():
     s = sched("w1", "w2")
     s.submit([spec("a")])
     finish(s, "a")
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert runs(acts) == [("a", "w2")]
     assert s.tasks["a"].suspicious == 0
     acts = finish(s, "a")
@@ -528,7 +563,7 @@ def test_lost_result_recomputed_through_released_lineage():
     finish(s, "a")
     finish(s, "b")
     s.release("a")
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert runs(acts) == [("a", "w2")]
     assert s.tasks["b"].state == "waiting"
     assert runs(finish(s, "a")) == [("b", "w2")]
@@ -542,7 +577,7 @@ def test_lost_result_nobody_needs_is_forgotten():
     s.release("a")                                  # b still running on it: a stays
     small = dumps(2)
     finish(s, "b", data=small, nbytes=small.nbytes)  # b's value lives in the parent
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert not runs(acts) and not resolves(acts)
     assert "a" not in s.tasks or s.tasks["a"].state == "released"
     assert s.tasks["b"].state == "memory"
@@ -553,7 +588,7 @@ def test_running_task_whose_input_died_with_it_waits_for_the_recompute():
     s.submit([spec("a"), spec("b", "a")])
     finish(s, "a")
     assert s.tasks["b"].worker == "w1"             # runs where its input is
-    acts = s.worker_died(death("w1"), running(s, "b"))
+    acts = died(s, death("w1"), running(s, "b"))
     assert runs(acts) == [("a", "w2")]             # b must not start before a exists again
     assert s.tasks["b"].state == "waiting"
     assert runs(finish(s, "a")) == [("b", "w2")]
@@ -567,7 +602,7 @@ def test_lost_chain_recomputed_in_order():
     for k in keys:
         finish(s, k)
     assert s.workers["w1"].has == set(keys)
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert runs(acts) == [("k0", "w2")]
     assert all(s.tasks[k].state == "waiting" for k in keys[1:])
 
@@ -577,7 +612,7 @@ def test_small_result_kept_in_parent_survives_its_worker():
     s.submit([spec("a")])
     small = dumps(1)
     finish(s, "a", data=small, nbytes=small.nbytes)
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert not runs(acts) and s.tasks["a"].state == "memory"
     req, acts = s.fetch("a")
     assert acts == [Deliver(req, "a", small)]
@@ -587,7 +622,7 @@ def test_lost_dependency_pulls_back_the_waiting_dependent():
     s, acts = b_needs_a_from_w1()
     seq_b = s.tasks["b"].seq
     assert runs(acts) == [("b", "w2")] and sends(acts, P.Export)[0][0] == "w1"
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert ("w2", P.Cancel((seq_b,))) in sends(acts)
     assert runs(acts) == [("a", "w2")] and s.tasks["b"].state == "waiting"
     acts = finish(s, "a")
@@ -600,7 +635,7 @@ def test_scattered_data_lost_with_its_only_worker():
     assert sends(acts) == [("w1", P.Put("x", payload))] and resolves(acts)["x"].status == "finished"
     acts = s.submit([spec("b", "x")])
     assert runs(acts) == [("b", "w1")]
-    acts = s.worker_died(death("w1"), running(s, "b"))
+    acts = died(s, death("w1"), running(s, "b"))
     res = resolves(acts)
     assert res["x"].status == "lost" and isinstance(res["x"].value, LostDataError)
     err = res["x"].value
@@ -617,7 +652,7 @@ def test_scattered_data_with_a_replica_or_parent_copy_survives():
     s = sched("w1", "w2")
     scatter(s, "x", ["w1", "w2"])
     scatter(s, "y", ["w1"], small=True)
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert not resolves(acts)
     assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"w2"}
     assert s.tasks["y"].state == "memory"
@@ -663,7 +698,7 @@ def test_pending_fetch_from_dead_holder_goes_to_another_holder():
     req, acts = s.fetch("x")
     ((holder, exp),) = sends(acts, P.Export)
     other = ({"w1", "w2"} - {holder}).pop()
-    acts = s.worker_died(death(holder), {})
+    acts = died(s, death(holder), {})
     assert sends(acts) == [(other, P.Export("x", req))]
     payload = dumps(1)
     assert s.data(other, req, "x", payload, None) == [Deliver(req, "x", payload, None)]
@@ -674,7 +709,7 @@ def test_pending_fetch_from_dead_only_holder_waits_for_recompute():
     s.submit([spec("a")])
     finish(s, "a")
     req, _ = s.fetch("a")
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     assert runs(acts) == [("a", "w2")] and not delivers(acts)
     acts = finish(s, "a")
     assert sends(acts, P.Export) == [("w2", P.Export("a", req))]
@@ -684,7 +719,7 @@ def test_pending_fetch_of_scattered_data_from_its_dead_only_holder():
     s = sched("w1", "w2")
     scatter(s, "x", ["w1"])
     req, _ = s.fetch("x")
-    acts = s.worker_died(death("w1"), {})
+    acts = died(s, death("w1"), {})
     (d,) = delivers(acts)
     assert d.request == req and isinstance(d.error, LostDataError)
 
@@ -698,7 +733,7 @@ def test_relay_from_dead_holder_goes_to_another_holder():
     assert runs(acts) == [("b", "w3")]
     ((holder, _),) = sends(acts, P.Export)
     other = ({"w1", "w2"} - {holder}).pop()
-    acts = s.worker_died(death(holder), {})
+    acts = died(s, death(holder), {})
     ((h2, exp),) = sends(acts, P.Export)
     assert h2 == other and exp.key == "x"
     payload = dumps(1)
@@ -709,7 +744,7 @@ def test_late_data_from_dead_holder_is_ignored():
     s = sched("w1", "w2")
     scatter(s, "x", ["w1"])
     req, _ = s.fetch("x")
-    s.worker_died(death("w1"), {})
+    died(s, death("w1"), {})
     assert s.data("w1", req, "x", dumps(1), None) == []
 
 
@@ -774,8 +809,8 @@ def test_retire_target_dies_data_moved_elsewhere():
     s.submit([spec("a")])
     finish(s, "a")
     ((_, exp),) = sends(s.retire("w1"), P.Export)
-    target = s.exports[exp.request].target
-    acts = s.worker_died(death(target), {})
+    target = s.transfers.exports[exp.request].target
+    acts = died(s, death(target), {})
     assert Retire("w1") not in acts                 # a still lives only on w1, w-other is up
     ((holder, exp2),) = sends(acts, P.Export)
     assert holder == "w1" and exp2.key == "a"
@@ -841,14 +876,14 @@ def test_loose_restriction_prefers_its_worker_then_falls_back_when_it_is_gone():
     s = sched("w1", "w2")
     acts = s.submit([spec("a", workers={"w2"}, loose=True)])
     assert runs(acts) == [("a", "w2")]
-    acts = s.worker_died(death("w2"), {})               # died before starting it: no blame
+    acts = died(s, death("w2"), {})               # died before starting it: no blame
     assert runs(acts) == [("a", "w1")]
 
 
 def test_strict_restriction_to_a_dead_worker_fails_with_a_clear_error():
     s = sched("w1", "w2")
     s.submit([spec("a", workers={"w2"})])
-    acts = s.worker_died(death("w2"), {})
+    acts = died(s, death("w2"), {})
     res = resolves(acts)["a"]
     assert res.status == "error" and "may run only on w2" in str(res.value) and "allow_other_workers" in str(res.value)
     acts = s.submit([spec("b", workers={"w2"})])        # a name that is gone for good
@@ -910,13 +945,13 @@ def test_replicate_ends_when_the_target_dies():
     s = sched("w1", "w2")
     scatter(s, "x", ["w1"])
     req, _acts = s.replicate(["x"], 2)
-    acts = s.worker_died(death("w2"), {})                # while the copy was being exported
+    acts = died(s, death("w2"), {})                # while the copy was being exported
     assert Deliver(req, "x") in delivers(acts)
     s.add_worker("w3", 1)
     req, acts = s.replicate(["x"], 2)
     (_w, export), = sends(acts, P.Export)
     (_w, put), = sends(s.data("w1", export.request, "x", dumps(1), None), P.Put)
-    acts = s.worker_died(death("w3"), {})                # after the Put, before Stored
+    acts = died(s, death("w3"), {})                # after the Put, before Stored
     assert Deliver(req, "x") in delivers(acts)
 
 
@@ -925,3 +960,16 @@ def test_a_relay_for_a_dependency_asks_for_no_acknowledgement():
     (_w, export), = sends(acts, P.Export)
     (_w, put), = sends(s.data("w1", export.request, "a", dumps(1), None), P.Put)
     assert put.ack == 0
+
+
+def test_validate_names_the_broken_invariant():
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("b")])
+    s.validate()
+    s.workers["w2"].has.add("a")                       # a copy the task does not know of
+    with pytest.raises(AssertionError, match="w2 lists 'a'"):
+        s.validate()
+    s.workers["w2"].has.discard("a")
+    s.tasks["b"].state = "bogus"
+    with pytest.raises(AssertionError, match="'b' has unknown state 'bogus'"):
+        s.validate()

@@ -1,0 +1,78 @@
+"""The scheduler's invariants, checked (``Scheduler.validate``).
+
+Pure and read-only. The scheduler's unit tests check them after every event, and the
+integration tests at teardown (``LocalCluster.validate``); an AssertionError names the
+first broken rule with the key or worker concerned.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+STATES = frozenset({"waiting", "ready", "processing", "memory", "erred", "lost", "released"})
+
+
+def check(s: Any) -> None:
+    for key, ts in s.tasks.items():
+        assert ts.key == key, f"task filed under {key!r} is {ts.key!r}"
+        assert ts.state in STATES, f"{key!r} has unknown state {ts.state!r}"
+        _check_task(s, ts)
+    _check_runs(s)
+    _check_workers(s)
+    _check_transfers(s)
+
+
+def _check_task(s: Any, ts: Any) -> None:
+    key = ts.key
+    if ts.state == "processing":
+        assert ts.worker in s.workers, f"{key!r} processing on unknown worker {ts.worker!r}"
+        assert s.runs.get(ts.seq) == (key, ts.worker), f"{key!r}: run {ts.seq} not recorded as ({key!r}, {ts.worker!r})"
+        assert s.workers[ts.worker].processing.get(ts.seq) == key, f"{key!r} missing from {ts.worker}'s processing"
+    if ts.state == "memory":
+        assert ts.who_has or ts.data is not None, f"{key!r} in memory with no copy anywhere"
+    if ts.state == "ready":
+        assert key in s.ready_keys, f"{key!r} is ready but in no ready queue"
+    if ts.state == "waiting":
+        assert ts.waiting_on <= set(ts.deps), f"{key!r} waits on {ts.waiting_on - set(ts.deps)}, not its deps"
+    if ts.state in ("waiting", "ready", "processing"):
+        assert ts.spec is not None, f"{key!r} is {ts.state} without a spec"
+    for name in ts.who_has:
+        assert name in s.workers, f"{key!r} held by unknown worker {name!r}"
+        assert key in s.workers[name].has, f"{key!r}: {name} in who_has but the worker does not list it"
+    for d in ts.deps:
+        if d in s.tasks:
+            assert key in s.tasks[d].dependents, f"{key!r} depends on {d!r}, which does not list it as dependent"
+
+
+def _check_runs(s: Any) -> None:
+    for seq, (key, worker) in s.runs.items():
+        ts = s.tasks.get(key)
+        assert ts is not None and ts.state == "processing" and ts.seq == seq, \
+            f"run {seq} of {key!r} on {worker} is not that task's current run"
+    for seq, key in s.cancelled_runs.items():
+        assert seq not in s.runs, f"run {seq} of {key!r} is both running and cancelled"
+
+
+def _check_workers(s: Any) -> None:
+    for name, ws in s.workers.items():
+        assert ws.name == name, f"worker filed under {name!r} is {ws.name!r}"
+        assert name not in s.gone, f"{name} is both live and gone"
+        for seq, key in ws.processing.items():
+            if key is None:
+                assert seq in s.cancelled_runs, f"{name}: empty slot {seq} that is not a cancelled run"
+            else:
+                assert s.runs.get(seq) == (key, name), f"{name}: slot {seq} ({key!r}) is not a recorded run"
+        for key in ws.has:
+            assert key in s.tasks and name in s.tasks[key].who_has, f"{name} lists {key!r}, not in its who_has"
+
+
+def _check_transfers(s: Any) -> None:
+    t = s.transfers
+    for req, e in t.exports.items():
+        assert e.holder in s.workers, f"export {req} of {e.key!r} asks dead worker {e.holder}"
+        assert (e.target is None) != (e.client_request is None), f"export {req}: a relay or a fetch, not both"
+        if e.target is not None:
+            assert t.relaying.get((e.key, e.target)) == req, f"relay {req} of {e.key!r} not in relaying"
+    for (key, target), req in t.relaying.items():
+        assert req in t.exports and t.exports[req].key == key, f"relaying ({key!r}, {target}) has no export"
+    for ack, (key, target) in t.unacked.items():
+        assert target in s.workers, f"unacked put {ack} of {key!r} to dead worker {target}"

@@ -1,0 +1,127 @@
+"""Placement: which ready task runs on which worker, and when.
+
+A part of the Scheduler (composition: same thread, same lock, no I/O). It reads the
+scheduler's tasks and workers, and owns:
+
+- the ready queues: one shared heap, and one per worker for tasks that ``workers=``
+  restricts (entries are deleted lazily: a popped key is checked against its task);
+- the run numbers (``seq``) and ``runs`` (seq -> (key, worker)) of what it sent;
+- ``avg_duration``, which sizes each worker's prefetch.
+
+A run goes to the open worker already holding most of its inputs' bytes, then the least
+loaded one; inputs it lacks are relayed to it first (``Transfers.relay``).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Optional
+
+from . import protocol as P
+from .records import Send, Task, WorkerState
+
+
+class Placement:
+    def __init__(self, tasks: dict, workers: dict, transfers: "object"):
+        self._tasks = tasks            # the scheduler's, read here
+        self._workers = workers        # the scheduler's; ``processing`` and ``fns`` are written here
+        self._transfers = transfers
+        self._shared: list = []                     # heap of (-priority, order, key)
+        self._on: dict[str, list] = {}              # worker -> heap of tasks restricted to it
+        self._seq = itertools.count(1)
+        self.runs: dict[int, tuple[str, str]] = {}   # seq -> (key, worker)
+        self.avg_duration: Optional[float] = None
+
+    def __bool__(self) -> bool:
+        return bool(self._shared or self._on)
+
+    def keys(self) -> set:
+        """Keys queued (some may no longer be ready: deletion is lazy)."""
+        return {key for heap in (self._shared, *self._on.values()) for _p, _o, key in heap}
+
+    def push(self, ts: Task, live: list) -> None:
+        """Queue a ready task: on the queues of ``live`` (its restricted workers still
+        running), or on the shared queue when it is not restricted or only preferred."""
+        entry = (-ts.spec.priority, ts.order, ts.key)
+        for w in live:
+            heapq.heappush(self._on.setdefault(w, []), entry)
+        if not live:
+            heapq.heappush(self._shared, entry)
+
+    def drop_worker(self, name: str) -> list:
+        """The queue of a worker that is gone: the keys that were on it."""
+        return [key for _p, _o, key in self._on.pop(name, ())]
+
+    def finished(self, duration: float) -> None:
+        self.avg_duration = duration if self.avg_duration is None else 0.8 * self.avg_duration + 0.2 * duration
+
+    def assign(self) -> list:
+        """Send ready tasks to open workers, up to each one's capacity."""
+        out: list = []
+        open_workers = [w for w in self._workers.values() if not w.paused and not w.closing]
+        if not open_workers or not self:
+            return out
+        caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
+        for ws in open_workers:
+            heap = self._on.get(ws.name)
+            while heap and caps[ws.name] > 0:
+                _prio, _order, key = heapq.heappop(heap)
+                ts = self._tasks.get(key)
+                if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
+                    caps[ws.name] -= 1
+                    out += self._run(ts, ws)
+        while self._shared:
+            _prio, _order, key = self._shared[0]
+            ts = self._tasks.get(key)
+            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
+                heapq.heappop(self._shared)
+                continue
+            ws = self._pick(ts, open_workers, caps)
+            if ws is None:
+                break
+            heapq.heappop(self._shared)
+            caps[ws.name] -= 1
+            out += self._run(ts, ws)
+        return out
+
+    def clear(self) -> None:
+        self._shared.clear()
+        self._on.clear()
+        self.runs.clear()
+
+    def _capacity(self, ws: WorkerState) -> int:
+        """Runs a worker may hold: its threads plus a prefetch sized by how short tasks are,
+        so a map of tiny tasks travels in large batches while long tasks are not hoarded."""
+        if self.avg_duration is None:
+            prefetch = 2
+        else:
+            prefetch = max(1, min(256, int(0.01 / max(self.avg_duration, 1e-6))))
+        return ws.nthreads + prefetch * ws.nthreads
+
+    def _pick(self, ts: Task, workers: list, caps: dict) -> Optional[WorkerState]:
+        best, best_score = None, None
+        for ws in workers:
+            if caps[ws.name] <= 0:
+                continue
+            local = sum(self._tasks[d].nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
+            score = (-local, len(ws.processing) / ws.nthreads, ws.name)
+            if best_score is None or score < best_score:
+                best, best_score = ws, score
+        return best
+
+    def _run(self, ts: Task, ws: WorkerState) -> list:
+        out: list = []
+        for d in ts.deps:
+            if d not in ws.has:
+                out += self._transfers.relay(self._tasks[d], ws)
+        seq = next(self._seq)
+        ts.seq, ts.worker, ts.state = seq, ws.name, "processing"
+        ws.processing[seq] = ts.key
+        self.runs[seq] = (ts.key, ws.name)
+        spec = ts.spec
+        fn = None
+        if spec.fn_id not in ws.fns:
+            ws.fns.add(spec.fn_id)
+            fn = spec.fn
+        out.append(Send(ws.name, P.Run(seq, ts.key, spec.fn_id, fn, spec.args, spec.deps)))
+        return out

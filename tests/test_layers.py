@@ -1,0 +1,87 @@
+"""The house rules, checked: the import layering (import-linter, setup.cfg), no module
+reading another module's underscore names, and no function longer than 60 lines."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import localcluster
+
+pytestmark = pytest.mark.timeout(60)
+
+PACKAGE = Path(localcluster.__file__).parent
+REPO = PACKAGE.parent
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+# Underscore names that belong to the standard library, not to another module of ours:
+# os._exit, and the internals of concurrent.futures.Future that future.py's subclass
+# reads on its own instances (its state lives there).
+STDLIB_PRIVATE = {"_exit", "_condition", "_result", "_exception", "_getframe"}
+
+
+def test_the_import_layers_hold():
+    lint = Path(sys.executable).parent / "lint-imports"
+    assert lint.exists(), "import-linter is in the test extra: pip install -e '.[test]'"
+    proc = subprocess.run([str(lint), "--config", str(REPO / "setup.cfg")], capture_output=True, text=True,
+                          cwd=REPO, timeout=50)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 kept, 0 broken" in proc.stdout
+
+
+def _own_names(tree: ast.AST) -> set:
+    """Underscore names a module defines: functions, classes, assignments, attributes it sets."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)          # __slots__ entries
+    return names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _violations(source: str) -> list:
+    tree = ast.parse(source)
+    own = _own_names(tree)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if node.attr not in own and node.attr not in STDLIB_PRIVATE:
+                bad.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("localcluster")):
+            bad += [f"line {node.lineno}: import {a.name}" for a in node.names if _private(a.name)]
+    return bad
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_reads_another_modules_underscore_names(path):
+    bad = _violations(path.read_text())
+    assert not bad, f"{path.name} reaches into other modules' private names: {bad}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_function_is_longer_than_60_lines(path):
+    tree = ast.parse(path.read_text())
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, f"{path.name}: split these by role: {long}"
+
+
+def test_the_rules_catch_what_they_guard():
+    assert _violations("from .cluster import _as_exception\n") == ["line 1: import _as_exception"]
+    assert _violations("def f(cluster):\n    return cluster._lock\n") == ["line 2: ._lock"]
+    assert _violations("class A:\n    def __init__(self):\n        self._x = 1\n    def g(self, other):\n"
+                       "        return other._x\n") == []          # its own class's attribute

@@ -6,9 +6,11 @@ first broken rule with the key or worker concerned.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
-STATES = frozenset({"waiting", "ready", "processing", "memory", "erred", "lost", "released"})
+from .records import TaskState
+
+STATES = frozenset(get_args(TaskState))
 
 
 def check(s: Any) -> None:

@@ -1,10 +1,13 @@
-"""What the machine offers: usable CPUs, memory (cgroup-aware), and clean-up of
-directories left by clusters whose process was killed."""
+"""What the machine offers, read from /proc and /sys (the one place that reads them):
+usable CPUs, memory and the memory cgroups a process lives in, a process's RSS, the
+OOM killer's counters, and clean-up of directories left by clusters whose process was
+killed. Pure functions; any thread."""
 from __future__ import annotations
 
 import os
 import re
 import shutil
+from typing import Optional
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -29,21 +32,33 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def memory_cgroups(pid: "int | str" = "self") -> list[tuple[str, str]]:
+    """The memory cgroups ``pid`` lives in, as (version, directory): "v1" for the memory
+    controller's own hierarchy, "v2" for the unified one. Empty off Linux or if unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _id, controllers, path = parts
+        if "memory" in controllers.split(","):
+            out.append(("v1", f"/sys/fs/cgroup/memory{path}"))
+        elif controllers == "":
+            out.append(("v2", f"/sys/fs/cgroup{path}"))
+    return out
+
+
 def available_memory() -> int:
     """Total memory, or the limit of the memory cgroup this process runs in if lower."""
     import psutil
     total = psutil.virtual_memory().total
-    candidates = ["/sys/fs/cgroup/memory.max"]
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _id, ctrl, path = line.rstrip("\n").split(":", 2)
-                if "memory" in ctrl.split(","):
-                    candidates.append(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
-                elif ctrl == "":
-                    candidates.append(f"/sys/fs/cgroup{path}/memory.max")
-    except OSError:
-        pass
+    candidates = ["/sys/fs/cgroup/memory.max"] + [
+        os.path.join(d, "memory.limit_in_bytes" if v == "v1" else "memory.max") for v, d in memory_cgroups()]
     for path in candidates:
         try:
             with open(path) as f:
@@ -53,6 +68,33 @@ def available_memory() -> int:
         except OSError:
             pass
     return total
+
+
+def oom_counters(pid: Optional[int] = None) -> list[str]:
+    """Files whose ``oom_kill`` counter rises when the kernel's OOM killer strikes:
+    the system-wide /proc/vmstat and the memory cgroup of ``pid``."""
+    paths = ["/proc/vmstat"] if os.path.exists("/proc/vmstat") else []
+    if pid is None:
+        return paths
+    for version, directory in memory_cgroups(pid):
+        candidate = os.path.join(directory, "memory.oom_control" if version == "v1" else "memory.events")
+        if os.path.exists(candidate):
+            paths.append(candidate)
+    return paths
+
+
+def read_oom_count(paths: list[str]) -> dict[str, int]:
+    out = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        out[path] = int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def purge_stale_directories(base: str) -> None:

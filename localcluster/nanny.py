@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from .board import Board
 from .channel import Channel
+from .machine import oom_counters, read_oom_count
 from .machine import rss as read_rss
 from .output import OutputStream
 from .worker import BOOT
@@ -43,50 +44,17 @@ _WORKER_ENV = {
 MEMORY_HISTORY = 3000   # samples kept per worker (a minute at 20 ms)
 
 
-def oom_counters(pid: Optional[int] = None) -> list[str]:
-    """Files whose ``oom_kill`` counter rises when the kernel's OOM killer strikes:
-    the system-wide /proc/vmstat and the memory cgroup of ``pid``."""
-    paths = ["/proc/vmstat"] if os.path.exists("/proc/vmstat") else []
-    if pid is None:
-        return paths
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return paths
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _id, controllers, path = parts
-        if "memory" in controllers.split(","):
-            candidate = f"/sys/fs/cgroup/memory{path}/memory.oom_control"
-        elif controllers == "":
-            candidate = f"/sys/fs/cgroup{path}/memory.events"
-        else:
-            continue
-        if os.path.exists(candidate):
-            paths.append(candidate)
-    return paths
-
-
-def read_oom_count(paths: list[str]) -> dict[str, int]:
-    out = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        out[path] = int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            pass
-    return out
-
-
 class Nanny:
+    """One worker process, seen from the parent.
+
+    Thread: the scheduler thread creates, changes and closes it. User threads read the
+    figures (memory, history, log, status) under the cluster's lock; the dispatcher adds
+    to ``cork`` and writes to ``chan`` from the thread of the event, under that lock.
+    """
+
     def __init__(self, name: str, nthreads: int, memory_limit: Optional[int], settings: dict,
                  spill_dir: Optional[str], initializer: Optional[str], forward_logs: Any, log_lines: int):
+        # fixed at creation
         self.name = name
         self.nthreads = nthreads
         self.memory_limit = memory_limit
@@ -94,30 +62,34 @@ class Nanny:
         self.spill_dir = spill_dir
         self.initializer = initializer
         self.forward_logs = forward_logs
-        self.log: deque[str] = deque(maxlen=log_lines)
+        # the process and what connects to it: set by spawn(), released by close()
         self.proc: Optional[subprocess.Popen] = None
         self.pid = 0
+        self.started = 0.0
         self.chan: Optional[Channel] = None
-        self.sentinel: Optional[int] = None
+        self.sentinel: Optional[int] = None       # pidfd: readable the instant it dies
         self.outputs: list[OutputStream] = []     # the worker's stdout and stderr pipes
         self.board: Optional[Board] = None
+        self.cork: list = []                      # messages held back while the worker is busy
+        # what it said and wrote
         self.ready = False
         self.versions: dict = {}
-        self.reason: Optional[str] = None       # why the nanny itself stopped the process
-        self.timed_out: Optional[tuple] = None  # (seq, elapsed) when reason == "timeout"
-        self.fatal: Optional[str] = None        # traceback the worker sent before dying
-        self.started = 0.0
+        self.fatal: Optional[str] = None          # traceback the worker sent before dying
+        self.log: deque[str] = deque(maxlen=log_lines)
+        self.lines_seen = 0                       # lines ever kept (the log itself is bounded)
+        # memory, sampled by the tick
         self.memory: Optional[int] = None
         self.peak_memory: Optional[int] = None
         self.history: deque = deque(maxlen=MEMORY_HISTORY)
-        self.paused = False
-        self.stacks_requested: Optional[float] = None
-        self.dump_mark: Optional[int] = None    # lines_seen when stacks were asked for before a kill
-        self.lines_seen = 0                     # lines ever kept (the log itself is bounded)
-        self.exitcode: Optional[int] = None
         self.next_sample = 0.0                    # monotonic time of the next memory sample
-        self.cork: list = []                      # messages held back while the worker is busy
-        self.kill_at: Optional[float] = None    # stop() escalates to SIGKILL then
+        self.paused = False
+        # stopping it, and why: classify() reads these after the death
+        self.reason: Optional[str] = None         # why the nanny itself stopped the process
+        self.timed_out: Optional[tuple] = None    # (seq, elapsed) when reason == "timeout"
+        self.kill_at: Optional[float] = None      # stop() or a timeout escalates to SIGKILL then
+        self.dump_mark: Optional[int] = None      # lines_seen when stacks were asked for before a kill
+        self.stacks_requested: Optional[float] = None
+        self.exitcode: Optional[int] = None
         self._children: list[int] = []
         self._children_at = 0.0
         self._oom_paths: list[str] = []

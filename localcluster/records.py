@@ -3,7 +3,7 @@ the actions the state machine emits (Send, Resolve, Deliver, Retire)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from . import protocol as P
 
@@ -76,6 +76,9 @@ class Whereabouts:
     restricted_to: Optional[frozenset] = None
 
 
+TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
+
+
 class Task:
     __slots__ = ("key", "state", "spec", "deps", "dependents", "waiting_on", "who_has", "worker",
                  "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",
@@ -83,7 +86,7 @@ class Task:
 
     def __init__(self, key: str, spec: Optional[Spec], order: int):
         self.key = key
-        self.state = "waiting"
+        self.state: TaskState = "waiting"
         self.spec = spec
         self.deps: tuple = spec.deps if spec else ()
         self.dependents: set = set()

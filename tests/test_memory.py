@@ -12,6 +12,7 @@ from _util import block_until, release, wait_for
 
 from localcluster import Client, KilledWorker, LocalCluster, config
 from localcluster.cluster import available_memory
+from localcluster.machine import memory_cgroups
 
 np = pytest.importorskip("numpy")
 MiB = 2 ** 20
@@ -147,19 +148,15 @@ def test_workers_report_memory_and_history(client, cluster):
 
 
 def _memory_cgroup_root():
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None, None
-    for line in lines:
-        _id, ctrl, path = line.split(":", 2)
-        if "memory" in ctrl.split(","):
-            return f"/sys/fs/cgroup/memory{path}", "v1"
-    for line in lines:
-        _id, ctrl, path = line.split(":", 2)
-        if ctrl == "" and os.path.exists(f"/sys/fs/cgroup{path}/cgroup.subtree_control"):
-            return f"/sys/fs/cgroup{path}", "v2"
+    """A memory cgroup this process may nest one into (the memory controller's own, or a
+    unified one that delegates controllers)."""
+    groups = memory_cgroups()
+    for version, directory in groups:
+        if version == "v1":
+            return directory, "v1"
+    for version, directory in groups:
+        if os.path.exists(os.path.join(directory, "cgroup.subtree_control")):
+            return directory, "v2"
     return None, None
 
 

@@ -213,7 +213,7 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     return fut
 
 
-serialize.install_parent_resolver(_from_pickle)
+serialize.install_futures(Future, _from_pickle)
 
 
 def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):

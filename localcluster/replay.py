@@ -49,8 +49,7 @@ def _task_inputs(client: Any, key: str) -> tuple:
         for dkey, payload in zip(spec.deps, cluster.fetch(list(spec.deps))):
             deps[dkey] = serialize.loads(payload.result())
     fn = pickle.loads(spec.fn)
-    with serialize.resolving(deps):
-        args, kwargs = serialize.loads(spec.args)
+    args, kwargs = serialize.loads(spec.args, deps)
     return fn, args, kwargs
 
 

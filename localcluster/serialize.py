@@ -8,9 +8,11 @@ pickle keeps ``bytes`` and ``bytearray`` in the stream (its C pickler has no hoo
 them), so a large one at the top level is wrapped to travel as one out-of-band buffer
 like an array; a ``memoryview`` anywhere travels as its buffer (pickle refuses it).
 
-Futures inside arguments pickle as placeholders (``Future.__reduce__``): the
-parent records them as dependencies while pickling, the worker swaps each one
-for the value in its store while unpickling. Non-future objects pay nothing.
+Futures inside task arguments pickle as placeholders: the parent's pickler records
+each as a dependency (a dispatch-table entry of that pickler, so other objects pay
+nothing), and the worker's unpickler resolves each to the value in its store
+(``loads(payload, store)``). A Future pickled anywhere else (by the user) comes back
+to its client in the parent, through the hook future.py installs.
 """
 from __future__ import annotations
 
@@ -66,18 +68,38 @@ class _CPickler(pickle.Pickler):
 
 
 class _CloudPickler(cloudpickle.Pickler):
-    """cloudpickle, taught memoryviews as buffers (its own reduction copies them to bytes)."""
+    """cloudpickle, taught memoryviews as buffers (its own reduction copies them to bytes),
+    and ``extra`` reductions of this pickler's own."""
     dispatch_table = ChainMap({memoryview: _reduce_memoryview}, cloudpickle.Pickler.dispatch_table)
+
+    def __init__(self, file: Any, protocol: int, buffer_callback: Any = None, extra: Optional[dict] = None):
+        if extra:   # before __init__: the C pickler reads its dispatch table once, there
+            self.dispatch_table = ChainMap(extra, type(self).dispatch_table)
+        super().__init__(file, protocol=protocol, buffer_callback=buffer_callback)
 
 
 class _Reusable:
     """One cloudpickle Pickler per thread, reused: building a Pickler costs more than
-    pickling a small task's arguments."""
+    pickling a small task's arguments. ``deps``, while a task's arguments are pickled,
+    collects the keys of the Futures among them."""
 
     def __init__(self) -> None:
         self.file = io.BytesIO()
         self.buffers: list = []
+        self.deps: Optional[dict] = None
         self.pickler = _CloudPickler(self.file, protocol=5, buffer_callback=self._keep)
+        self._future_type: Optional[type] = None
+
+    def _reduce_future(self, fut: Any) -> tuple:
+        if self.deps is not None:
+            self.deps[fut.key] = None
+        return (_placeholder, (fut.key, fut.client.id))
+
+    def _know_futures(self) -> None:
+        if _future_type is not None and self._future_type is not _future_type:
+            self._future_type = _future_type
+            self.pickler = _CloudPickler(self.file, protocol=5, buffer_callback=self._keep,
+                                         extra={_future_type: self._reduce_future})
 
     def _keep(self, pb: pickle.PickleBuffer) -> bool:
         if pb.raw().nbytes >= OUT_OF_BAND:
@@ -87,6 +109,7 @@ class _Reusable:
 
     def dumps(self, obj: Any) -> tuple[bytes, list]:
         f = self.file
+        self._know_futures()
         try:
             self.pickler.dump(obj)
             return f.getvalue(), self.buffers
@@ -115,8 +138,25 @@ def dumps(obj: Any) -> Payload:
     return _payload(*_pickler().dumps(_wrap(obj)))
 
 
-def loads(payload: Payload) -> Any:
-    return pickle.loads(payload.meta, buffers=payload.buffers)
+def loads(payload: Payload, store: Any = None) -> Any:
+    """``store``: in the worker, where each Future among task arguments finds its value."""
+    if store is None:
+        return pickle.loads(payload.meta, buffers=payload.buffers)
+    return _ArgsUnpickler(io.BytesIO(payload.meta), payload.buffers, store).load()
+
+
+class _ArgsUnpickler(pickle.Unpickler):
+    """Task arguments in the worker: each Future's placeholder becomes its value from ``store``."""
+
+    def __init__(self, file: Any, buffers: Any, store: Any):
+        super().__init__(file, buffers=buffers)
+        self._store = store
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_placeholder":
+            store = self._store
+            return lambda key, client_id=None: store[key]
+        return super().find_class(module, name)
 
 
 def self_contained(payload: Payload) -> bool:
@@ -148,53 +188,34 @@ def dumps_result(obj: Any) -> Payload:
 
 def dumps_collecting(obj: Any) -> tuple[Payload, tuple]:
     """Pickle task arguments; returns the payload and the keys of the futures found inside."""
-    prev = getattr(_local, "deps", None)
-    _local.deps = deps = {}
+    p = _pickler()
+    p.deps = deps = {}
     try:
-        return dumps(obj), tuple(deps)
+        return _payload(*p.dumps(_wrap(obj))), tuple(deps)
     finally:
-        _local.deps = prev
+        p.deps = None
 
 
 def future_reduce(key: str, client_id: Optional[str] = None) -> tuple:
-    """``Future.__reduce__``: record the dependency, leave a placeholder."""
-    deps = getattr(_local, "deps", None)
-    if deps is not None:
-        deps[key] = None
+    """``Future.__reduce__``, for a Future pickled by anyone but us: a placeholder."""
     return (_placeholder, (key, client_id))
 
 
-# A placeholder unpickled outside a task (in the parent: a Future the user pickled)
-# becomes a Future again through this hook. future.py installs it: it sits above us.
+# future.py installs these (it sits above us): the Future type, which our picklers turn
+# into placeholders, and how a placeholder unpickled in the parent becomes a Future again.
+_future_type: Optional[type] = None
 _parent_resolver: Optional[Callable[[str, Optional[str]], Any]] = None
 
 
-def install_parent_resolver(resolve: Callable[[str, Optional[str]], Any]) -> None:
-    global _parent_resolver
-    _parent_resolver = resolve
+def install_futures(future_type: type, resolve: Callable[[str, Optional[str]], Any]) -> None:
+    global _future_type, _parent_resolver
+    _future_type, _parent_resolver = future_type, resolve
 
 
 def _placeholder(key: str, client_id: Optional[str] = None) -> Any:
-    store = getattr(_local, "store", None)
-    if store is not None:
-        return store[key]
     if _parent_resolver is None:
         raise ValueError(f"a Future ({key!r}) was unpickled outside any task and any client")
     return _parent_resolver(key, client_id)
-
-
-class resolving:
-    """Context in the worker: placeholders unpickle to values from ``store``."""
-
-    def __init__(self, store: Any):
-        self.store = store
-
-    def __enter__(self) -> None:
-        self.prev = getattr(_local, "store", None)
-        _local.store = self.store
-
-    def __exit__(self, *exc: object) -> None:
-        _local.store = self.prev
 
 
 def pickle_function(fn: Any) -> bytes:

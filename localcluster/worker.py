@@ -256,8 +256,7 @@ class Worker:
             if isinstance(fn, bytes):
                 fn = self.fns[run.fn_id] = pickle.loads(fn)
             step = "unpickling the arguments"
-            with serialize.resolving(self.store):
-                args, kwargs = serialize.loads(run.args)
+            args, kwargs = serialize.loads(run.args, self.store)
             step = "running the task"
             result = fn(*args, **kwargs)
             step = "pickling the result"

@@ -13,7 +13,11 @@ as it is: a relay or a re-export never needs to know where its bytes came from.
 
 Frame layout (little endian)::
 
-    u64 total | u32 n_buffers | u64 env_len | n_buffers x u64 (size, top bit = memfd) | envelope | inline buffers
+    u64 total | u32 n_buffers | u64 env_len | n_buffers x u64 (size; bit 63: memfd, bit 62:
+    read-only) | envelope | inline buffers
+
+An inline buffer comes back as writable as it was sent (a bytearray, or a writable
+array's memory); a memfd mapping is private, so always writable.
 
 The parent's end is non-blocking: ``send`` never waits for a slow worker; what
 does not fit goes to an outbox that the scheduler thread flushes when the socket
@@ -27,6 +31,7 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import threading
 from collections import deque
 from typing import Any, Iterator
@@ -37,6 +42,8 @@ HAVE_MEMFD = hasattr(os, "memfd_create")
 _HEAD = struct.Struct("<QIQ")
 _SIZE = struct.Struct("<Q")
 _FD_FLAG = 1 << 63
+_RO_FLAG = 1 << 62
+_SIZE_MASK = _RO_FLAG - 1
 _MAX_FDS = 253  # SCM_MAX_FD
 _RECV = 1 << 18
 
@@ -58,9 +65,15 @@ def _to_memfd(buf: memoryview) -> int:
 _MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 
 
+# 3.13+: the mapping keeps no duplicate of the descriptor, so a worker may hold more
+# received buffers than it may open files. Before 3.13 each live mapping holds one.
+_NO_FD = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
 def _from_memfd(fd: int, size: int) -> pickle.PickleBuffer:
     try:
-        return pickle.PickleBuffer(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return pickle.PickleBuffer(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                                             **_NO_FD))
     finally:
         os.close(fd)
 
@@ -78,7 +91,7 @@ def encode(msg: Any) -> tuple[list, list[int]]:
                 sizes.append(view.nbytes | _FD_FLAG)
             else:
                 inline.append(view)
-                sizes.append(view.nbytes)
+                sizes.append(view.nbytes | (_RO_FLAG if view.readonly else 0))
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -135,9 +148,11 @@ class _Reader:
             bufs = []
             for s in sizes:
                 if s & _FD_FLAG:
-                    bufs.append(_from_memfd(self.fds.popleft(), s & ~_FD_FLAG))
+                    bufs.append(_from_memfd(self.fds.popleft(), s & _SIZE_MASK))
                 else:
-                    bufs.append(pickle.PickleBuffer(bytes(buf[p:p + s])))
+                    readonly, s = s & _RO_FLAG, s & _SIZE_MASK
+                    with memoryview(buf) as view:     # one copy, out of the frame, then released
+                        bufs.append(pickle.PickleBuffer((bytes if readonly else bytearray)(view[p:p + s])))
                     p += s
             self.pos += total
             yield pickle.loads(env, buffers=bufs)

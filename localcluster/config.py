@@ -7,6 +7,8 @@ keyword argument.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 import threading
@@ -59,9 +61,9 @@ def _int(key: str, lo: int, allow_none: bool = False) -> Callable[[Any], Any]:
                 value = int(value)
             except ValueError:
                 raise _bad(key, value, accepted) from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
             raise _bad(key, value, accepted)
-        return value
+        return int(value)           # a numpy integer is an integer
     return check
 
 
@@ -78,8 +80,8 @@ def _seconds(key: str, allow_none: bool) -> Callable[[Any], Any]:
                 raise _bad(key, value, accepted) from None
         if value is None and allow_none:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise _bad(key, value, accepted)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            raise _bad(key, value, accepted)     # NaN fails this too: every comparison with it is False
         return float(value)
     return check
 

@@ -41,8 +41,8 @@ def _as_memoryview(buf: Any, fmt: str, shape: tuple) -> memoryview:
 
 
 def _reduce_memoryview(view: memoryview) -> tuple:
-    if not view.contiguous:
-        view = memoryview(view.tobytes(order="A")).cast(view.format, view.shape)
+    if not view.c_contiguous:    # strided or Fortran-ordered: the rebuild reads C order
+        view = memoryview(view.tobytes(order="C")).cast(view.format, view.shape)
     return (_as_memoryview, (pickle.PickleBuffer(view), view.format, view.shape))
 
 

@@ -126,11 +126,6 @@ def test_fortran_ordered_memoryview_directly():
     assert back.shape == view.shape and back.tolist() == view.tolist()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "_reduce_memoryview keeps a Fortran-contiguous view as it is (view.contiguous is True), so its "
-    "buffer carries the bytes in Fortran order, but _as_memoryview rebuilds with cast(fmt, shape), "
-    "which reads them in C order: the elements come back transposed (small views, and large ones "
-    "after crossing a channel)"))
 @pytest.mark.parametrize("n, route_name", [(12, "direct"), (OUT_OF_BAND, "wire, writable buffers")])
 def test_fortran_ordered_memoryview_keeps_its_values(n, route_name):
     view = memoryview(np.asfortranarray(np.arange(n, dtype=np.int32).reshape(4, -1)))

@@ -299,6 +299,17 @@ class Channel:
             raise EOFError("channel reset by peer") from None
         return list(self._reader.messages())
 
+    def drain(self) -> list:
+        """After the peer died: every whole message still in the socket, however many
+        reads that takes (one read may end inside a large frame)."""
+        out: list = []
+        while True:
+            try:
+                _recv_into(self.sock, self._reader)
+            except (BlockingIOError, InterruptedError, EOFError, ConnectionResetError):
+                return out
+            out.extend(self._reader.messages())
+
     def _drop_locked(self) -> None:
         for _chunks, fds in self._outbox:
             for fd in fds:

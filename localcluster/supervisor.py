@@ -359,14 +359,13 @@ class Supervisor:
     def _on_exit(self, n: Nanny) -> None:
         # Messages and output written before the death come first: a result that
         # arrived is a result, and the crash stack is in the pipe.
-        while n.chan is not None and not n.chan.closed:
+        if n.chan is not None and not n.chan.closed:
             try:
-                msgs = n.chan.receive()
-            except (EOFError, OSError):
-                break
-            if not msgs:
-                break
-            self._on_messages(n, msgs)
+                msgs = n.chan.drain()
+            except OSError:
+                msgs = []
+            if msgs:
+                self._on_messages(n, msgs)
         exitcode = n.reap()
         for fileobj in (n.chan, n.sentinel, *(stream.fd for stream in n.outputs)):
             if fileobj is not None:

@@ -516,3 +516,19 @@ def test_eof_after_half_a_frame_that_passed_a_descriptor(pair, end):
     rx.close()
     assert _memfds() == []                                # ...until it is closed
     assert not (_fds() - before)
+
+
+def test_drain_after_the_peer_died_returns_a_frame_larger_than_one_read(pair):
+    """A dying worker's last large frame is all in the socket: drain() keeps reading past
+    a read that ends inside it (a single receive() would return nothing and stop)."""
+    a, b = pair
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    big = [bytearray(data_of(i, 700_000)) for i in range(3)]    # inline buffers: a 2.1 MB frame
+    tx, rx = BlockingChannel(a), Channel(b)
+    tx.send(("last words", big))
+    tx.close()
+    (msg,) = rx.drain()
+    assert msg[0] == "last words" and [bytes(x) for x in msg[1]] == [bytes(x) for x in big]
+    assert rx.drain() == []
+    rx.close()

@@ -9,7 +9,7 @@ from typing import Any, Optional, TextIO
 
 
 def progress(*futures: Any, file: Optional[TextIO] = None, width: int = 40, interval: float = 0.1) -> None:
-    """Draw ``[#####     ] 5/10 done, 1 erred`` until all futures are done (uses tqdm if installed)."""
+    """Draw ``[#####     ] 5/10 done, 1 erred`` on ``file`` (stderr) until all futures are done."""
     from ..future import walk
     fs = [f for group in futures for f in walk(group)]
     total = len(fs)

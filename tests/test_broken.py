@@ -8,12 +8,11 @@ names the key and the step, and the worker lives on.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import psutil
 import pytest
-from _util import wait_for
+from _util import block_until, wait_for
 
 import localcluster
 from localcluster import ClusterBroken, Client, LocalCluster, StoreError, WorkerStartupError
@@ -21,13 +20,6 @@ from localcluster import ClusterBroken, Client, LocalCluster, StoreError, Worker
 
 def inc(x):
     return x + 1
-
-
-def wait_on_file(path):
-    while not os.path.exists(path):
-        import time
-        time.sleep(0.01)
-    return True
 
 
 def big(seed):
@@ -59,7 +51,7 @@ def assert_broken(err):
 def test_failure_on_the_scheduler_thread_fails_everyone_at_once(monkeypatch, tmp_path):
     with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
         pids = worker_pids(cluster)
-        blocked = client.submit(wait_on_file, str(tmp_path / "never"), pure=False)
+        blocked = client.submit(block_until, str(tmp_path / "never"), pure=False)
 
         def boom(*args, **kwargs):
             raise RuntimeError("injected failure in Scheduler.finished")
@@ -79,7 +71,7 @@ def test_failure_on_the_scheduler_thread_fails_everyone_at_once(monkeypatch, tmp
 def test_failure_on_a_user_thread_breaks_the_cluster_too(monkeypatch, tmp_path):
     with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
         pids = worker_pids(cluster)
-        blocked = client.submit(wait_on_file, str(tmp_path / "never"), pure=False)
+        blocked = client.submit(block_until, str(tmp_path / "never"), pure=False)
 
         def boom(specs):
             raise KeyError("injected failure in Scheduler.submit")

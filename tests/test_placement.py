@@ -6,6 +6,7 @@ import signal
 
 import numpy as np
 import pytest
+from _util import block_until
 
 from localcluster import Client, LocalCluster
 
@@ -42,10 +43,8 @@ def test_scatter_puts_data_where_it_is_told(trio):
     assert cluster.workers[w0].managed >= 16_000_000 and cluster.workers[w1].managed >= 16_000_000
 
 
-def wait_on_file(path):
-    import time
-    while not os.path.exists(path):
-        time.sleep(0.01)
+def pid_once_released(path):
+    block_until(path)
     return os.getpid()
 
 
@@ -54,7 +53,7 @@ def test_a_preference_falls_back_and_a_requirement_says_why_it_cannot(trio, tmp_
     w0, w1, _w2 = sorted(cluster.workers)
     dead_pid = cluster.workers[w0].pid
     release = str(tmp_path / "release")
-    loose = client.submit(wait_on_file, release, workers=[w0], allow_other_workers=True)
+    loose = client.submit(pid_once_released, release, workers=[w0], allow_other_workers=True)
     strict = client.submit(getpid, 2, workers=[w0], pure=False)     # queued behind it on w0
     os.kill(dead_pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match=rf"may run only on {w0}.*allow_other_workers=True"):

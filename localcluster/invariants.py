@@ -35,6 +35,22 @@ def _check_task(s: Any, ts: Any) -> None:
         assert key in s.ready_keys, f"{key!r} is ready but in no ready queue"
     if ts.state == "waiting":
         assert ts.waiting_on <= set(ts.deps), f"{key!r} waits on {ts.waiting_on - set(ts.deps)}, not its deps"
+        assert ts.waiting_on, f"{key!r} is waiting on nothing"
+        late = [d for d in ts.waiting_on if d not in s.tasks or s.tasks[d].state == "memory"]
+        assert not late, f"{key!r} waits on {late}, already in memory or forgotten"
+    if ts.state in ("ready", "processing"):
+        assert not ts.waiting_on, f"{key!r} is {ts.state} but waits on {ts.waiting_on}"
+        missing = [d for d in ts.deps if d not in s.tasks or s.tasks[d].state != "memory"]
+        assert not missing, f"{key!r} is {ts.state} but its inputs {missing} are not in memory"
+    assert (ts.worker is not None) == (ts.state == "processing"), f"{key!r} is {ts.state} with worker {ts.worker!r}"
+    if ts.state != "memory":
+        assert not ts.who_has and ts.data is None, f"{key!r} is {ts.state} but has data"
+    if ts.state in ("erred", "lost"):
+        assert ts.error is not None, f"{key!r} is {ts.state} with no error"
+    if ts.fetchers:
+        assert ts.state in ("waiting", "ready", "processing"), f"{key!r} is {ts.state} with fetches waiting"
+    if ts.state == "released":
+        assert any(d in s.tasks for d in ts.dependents), f"{key!r} released but kept with no dependents"
     if ts.state in ("waiting", "ready", "processing"):
         assert ts.spec is not None, f"{key!r} is {ts.state} without a spec"
     for name in ts.who_has:
@@ -43,6 +59,8 @@ def _check_task(s: Any, ts: Any) -> None:
     for d in ts.deps:
         if d in s.tasks:
             assert key in s.tasks[d].dependents, f"{key!r} depends on {d!r}, which does not list it as dependent"
+    for d in ts.dependents:
+        assert d not in s.tasks or key in s.tasks[d].deps, f"{key!r} lists dependent {d!r}, which does not depend on it"
 
 
 def _check_runs(s: Any) -> None:
@@ -50,8 +68,10 @@ def _check_runs(s: Any) -> None:
         ts = s.tasks.get(key)
         assert ts is not None and ts.state == "processing" and ts.seq == seq, \
             f"run {seq} of {key!r} on {worker} is not that task's current run"
+    empty = {seq for ws in s.workers.values() for seq, k in ws.processing.items() if k is None}
     for seq, key in s.cancelled_runs.items():
         assert seq not in s.runs, f"run {seq} of {key!r} is both running and cancelled"
+        assert seq in empty, f"cancelled run {seq} of {key!r} holds no worker's slot"
 
 
 def _check_workers(s: Any) -> None:

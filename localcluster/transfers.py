@@ -147,7 +147,7 @@ class Transfers:
             return out
         if ts is not None and ts.state == "memory":
             return self.fetch(ts, client)
-        if ts is not None and ts.state in ("waiting", "ready", "processing"):
+        if ts is not None and ts.state in ("waiting", "ready", "processing"):   # still to come
             ts.fetchers.append(client)
             return []
         if ts is not None and ts.state == "lost":

@@ -25,10 +25,9 @@ messages goes through ``handle_messages``, which runs placement once for all of 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
@@ -360,9 +359,10 @@ class Scheduler:
 
     def handle_messages(self, worker: str, msgs: list) -> list:
         """A frame of task messages from one worker (Finished, Failed, Skipped, Data,
-        Stored), with placement run once for all of them."""
+        Stored), with placement run once for all of them (the events skip it meanwhile)."""
         out: list = []
-        with self._batch() as placed:
+        self._deferring = True
+        try:
             for m in msgs:
                 t = type(m)
                 if t is P.Finished:
@@ -377,18 +377,9 @@ class Scheduler:
                     out += self.stored(m.ack)
                 else:
                     raise TypeError(f"not a task message: {m!r}")
-        return out + placed
-
-    @contextlib.contextmanager
-    def _batch(self) -> Iterator[list]:
-        """Events inside skip placement; it runs once at the end, into the yielded list."""
-        self._deferring = True
-        placed: list = []
-        try:
-            yield placed
         finally:
             self._deferring = False
-        placed += self._assign()
+        return out + self._assign()
 
     def _assign(self) -> list:
         return [] if self._deferring else self.placement.assign()

@@ -42,6 +42,7 @@ logger = logging.getLogger("localcluster")
 STARTUP_RETRIES = 3
 STOP_GRACE = 2.0    # a worker that ignores Stop this long is killed
 STACK_GRACE = 1.0   # longest wait for the stack dump a timeout kill asks for first
+_OWN = (P.Ready, P.Fatal)
 
 
 @dataclass
@@ -310,16 +311,17 @@ class Supervisor:
             self._changed.notify_all()          # dump_stacks waits for lines
 
     def _on_messages(self, n: Nanny, msgs: list) -> None:
-        flat: list = []
+        tasks: list = []
+        own: list = []           # Ready and Fatal are the supervisor's; the rest the scheduler's
         for m in msgs:
-            flat.extend(m.messages if type(m) is P.Batch else (m,))
-        tasks = [m for m in flat if type(m) not in (P.Ready, P.Fatal)]
+            for one in (m.messages if type(m) is P.Batch else (m,)):
+                (own if type(one) in _OWN else tasks).append(one)
         with self._lock:
             actions: list = []
-            for m in flat:
+            for m in own:
                 if type(m) is P.Ready:
                     actions += self._on_ready(n, m)
-                elif type(m) is P.Fatal:
+                else:
                     n.fatal = m.traceback
             if tasks:
                 actions += self._dispatch.on_worker_messages(n.name, tasks)

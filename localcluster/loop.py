@@ -33,6 +33,7 @@ class EventLoop:
         self._commands: deque = deque()       # (fn, Future or None), appended by any thread
         self._on_wake = on_wake               # runs first on every wake-up (work queued lock-free)
         self.thread: Optional[threading.Thread] = None
+        self._stopped = False                 # run() has returned: commands fail at once
 
     def start(self, main: Callable[[], None]) -> None:
         self.thread = threading.Thread(target=main, name="localcluster-scheduler", daemon=True)
@@ -50,7 +51,10 @@ class EventLoop:
             fut.set_result(fn())
             return fut
         self._commands.append((fn, fut))
-        self.wake()
+        if self._stopped:      # nobody will run it (checked after appending: run() drains first)
+            self._fail_pending()
+        else:
+            self.wake()
         return fut
 
     def run_soon(self, fn: Callable[[], Any]) -> None:
@@ -88,16 +92,29 @@ class EventLoop:
 
     def run(self, tick: Callable[[float], None], interval: float, keep_going: Callable[[], bool]) -> None:
         """Select and dispatch until ``keep_going()`` is false; ``tick(now)`` every ``interval``."""
-        next_tick = time.monotonic()
+        try:
+            next_tick = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if now >= next_tick:
+                    tick(now)
+                    next_tick = now + interval
+                if not keep_going():
+                    return
+                for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
+                    key.data(mask)
+        finally:
+            self._stopped = True
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
         while True:
-            now = time.monotonic()
-            if now >= next_tick:
-                tick(now)
-                next_tick = now + interval
-            if not keep_going():
+            try:
+                _fn, fut = self._commands.popleft()
+            except IndexError:
                 return
-            for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
-                key.data(mask)
+            if fut is not None and not fut.done():
+                fut.set_exception(RuntimeError("the scheduler thread has stopped"))
 
     def _woken(self, _mask: int) -> None:
         try:

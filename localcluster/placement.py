@@ -58,8 +58,10 @@ class Placement:
     def assign(self) -> list:
         """Send ready tasks to open workers, up to each one's capacity."""
         out: list = []
+        if not (self._shared or self._on):      # the common case, after most events: nothing queued
+            return out
         open_workers = [w for w in self._workers.values() if not w.paused and not w.closing]
-        if not open_workers or not self:
+        if not open_workers:
             return out
         caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
         for ws in open_workers:

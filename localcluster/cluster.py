@@ -106,8 +106,14 @@ class LocalCluster:
         # Timeouts, heartbeats and stop escalation are checked at least every 50 ms even
         # when memory is sampled less often.
         interval = min(self.config["memory_sample_interval"], 0.05)
+        def tick(now: float) -> None:
+            # the dispatcher's chores (keys released lock-free, messages corked behind a
+            # backlog), then the supervisor's (memory, timeouts, heartbeats, respawns)
+            self._dispatch.free_released()
+            self._dispatch.uncork(list(self._supervisor.nannies.values()))
+            self._supervisor.tick(now)
         try:
-            self._loop.run(self._supervisor.tick, interval, self._supervisor.keep_going)
+            self._loop.run(tick, interval, self._supervisor.keep_going)
         except BaseException:  # a bug here must be loud and fail everyone at once, never hang
             self._dispatch.break_("scheduler thread", traceback.format_exc())
             self._supervisor.reap_all()

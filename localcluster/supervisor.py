@@ -212,8 +212,6 @@ class Supervisor:
     # --- the tick -----------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        self._dispatch.free_released()
-        self._dispatch.uncork(list(self.nannies.values()))
         for n in list(self.nannies.values()):
             if n.exitcode is None:
                 self._tick_one(n, now)

@@ -447,6 +447,14 @@ def _read_until_eof(rx, got: list) -> None:
     raise AssertionError(f"no EOFError after 100 reads; got {got!r}")
 
 
+def _messages_before_eof(rx) -> list:
+    """Every message the receiver yields before it reports the end (which it must)."""
+    got: list = []
+    with pytest.raises(EOFError):
+        _read_until_eof(rx, got)
+    return got
+
+
 @pytest.mark.parametrize("end", [Channel, _blocking])
 def test_clean_eof_after_whole_messages(pair, end):
     a, b = pair
@@ -455,10 +463,7 @@ def test_clean_eof_after_whole_messages(pair, end):
     for m in msgs:
         tx.send(m)
     tx.close()
-    got: list = []
-    with pytest.raises(EOFError):
-        _read_until_eof(rx, got)
-    assert got == msgs                                    # everything sent before the end arrives
+    assert _messages_before_eof(rx) == msgs              # everything sent before the end arrives
     with pytest.raises(EOFError):                         # and the end stays the end
         rx.receive() if isinstance(rx, Channel) else rx.recv_all()
 
@@ -475,10 +480,7 @@ def test_eof_in_the_middle_of_a_frame(pair, end, cut):
     n = {"in the header": 5, "in the sizes": channel._HEAD.size + 4, "in an inline buffer": len(data) // 2}[cut]
     a.sendall(data[:n])
     a.close()
-    got: list = []
-    with pytest.raises(EOFError):
-        _read_until_eof(rx, got)
-    assert got == []                                      # no message made of half a frame
+    assert _messages_before_eof(rx) == []                # no message made of half a frame
     rx.close()
     assert not (_fds() - before)
 
@@ -499,10 +501,7 @@ def test_eof_after_half_a_frame_that_passed_a_descriptor(pair, end):
         for fd in fds:
             os.close(fd)
     a.close()
-    got: list = []
-    with pytest.raises(EOFError):
-        _read_until_eof(rx, got)
-    assert got == []
+    assert _messages_before_eof(rx) == []
     assert len(_memfds()) == 1                            # the receiver holds the cut frame's memfd...
     rx.close()
     assert _memfds() == []                                # ...until it is closed

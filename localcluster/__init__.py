@@ -1,16 +1,25 @@
-"""localcluster: a cluster on one machine that tells you why a worker died."""
+"""localcluster: a cluster on one machine that tells you why a worker died.
+
+The public names are loaded on first use (PEP 562): a worker process imports only
+``localcluster.worker`` and what it needs, not the client and the parent's machinery,
+so every worker starts sooner.
+"""
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from . import config
-from .client import Client, Future, as_completed, wait
-from .cluster import LocalCluster, WorkerInfo
-from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, TaskError,
-                    TaskTimeoutError, WorkerDeath, WorkerStartupError)
-from .replay import ReplayedDeath
-from .diagnostics.progress import progress
-from .store import StoreError
+# public name -> the module that defines it
+_WHERE = {
+    "LocalCluster": "cluster", "WorkerInfo": "cluster",
+    "Client": "client", "Future": "client", "wait": "client", "as_completed": "client",
+    "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
+    "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
+    "ClusterBroken": "death",
+    "ReplayedDeath": "replay", "StoreError": "store", "progress": "diagnostics.progress",
+}
 
 __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
@@ -18,3 +27,29 @@ __all__ = [
     "ClusterBroken", "StoreError", "WorkerInfo",
     "wait", "as_completed", "progress", "config", "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "config":
+        value: Any = importlib.import_module(".config", __name__)
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module 'localcluster' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
+    from . import config
+    from .client import Client, Future, as_completed, wait
+    from .cluster import LocalCluster, WorkerInfo
+    from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, TaskError,
+                        TaskTimeoutError, WorkerDeath, WorkerStartupError)
+    from .diagnostics.progress import progress
+    from .replay import ReplayedDeath
+    from .store import StoreError

@@ -274,7 +274,20 @@ class Scheduler:
                 if ts.state in ENDED:
                     out.append(self._resolution(ts))
                 continue
+            if ts is not None:
+                # Released but kept for its dependents, which stay linked to the new
+                # run. The new spec may name other dependencies (a finished one now
+                # travels as a value), so the old links go before the new are made.
+                for d in set(ts.deps).difference(spec.deps):
+                    dts = self.tasks.get(d)
+                    if dts is not None:
+                        dts.dependents.discard(spec.key)
+                        if dts.state == "released":
+                            out += self._forget(dts)
+            kept = ts.dependents if ts is not None else None
             ts = self.tasks[spec.key] = Task(spec.key, spec, next(self._order))
+            if kept:
+                ts.dependents = kept
             ts.wanted = 1
             missing = [d for d in spec.deps if d not in self.tasks]
             if missing:

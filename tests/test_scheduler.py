@@ -326,6 +326,22 @@ def test_released_dependency_freed_when_its_last_dependent_finishes():
     assert s.tasks == {}
 
 
+def test_resubmitting_a_released_task_with_other_dependencies_relinks_them():
+    # dask.compute twice on shared keys: a and b are released but kept in the table,
+    # because c (in memory) still lists them. b comes back with a's value inlined, so no
+    # dependency at all: a must stop listing b, and, wanted by nothing, be forgotten.
+    s = sched("w1")
+    s.submit([spec("a"), spec("b", "a"), spec("c", "b")])
+    for key in "abc":
+        finish(s, key)
+    s.release("a")
+    s.release("b")
+    assert s.tasks["a"].state == s.tasks["b"].state == "released"
+    s.submit([spec("b")])                           # validate() checks every link
+    assert "a" not in s.tasks
+    assert s.tasks["b"].state == "processing" and s.tasks["c"].state == "memory"
+
+
 def test_release_of_dependent_frees_unwanted_dependency():
     s = sched("w1")
     s.submit([spec("a"), spec("b", "a")])

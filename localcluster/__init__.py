@@ -17,15 +17,16 @@ _WHERE = {
     "Client": "client", "Future": "client", "wait": "client", "as_completed": "client",
     "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
-    "ClusterBroken": "death",
+    "ClusterBroken": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "replay", "StoreError": "store", "progress": "diagnostics.progress",
+    "report": "diagnostics.report",
 }
 
 __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
     "LostDataError", "TaskError", "WorkerStartupError", "ReplayedDeath", "ClusterRestarted", "ClusterClosed",
-    "ClusterBroken", "StoreError", "WorkerInfo",
-    "wait", "as_completed", "progress", "config", "__version__",
+    "ClusterBroken", "RemoteTraceback", "StoreError", "WorkerInfo",
+    "wait", "as_completed", "progress", "report", "config", "__version__",
 ]
 
 
@@ -48,8 +49,9 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
     from .client import Client, Future, as_completed, wait
     from .cluster import LocalCluster, WorkerInfo
-    from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, TaskError,
-                        TaskTimeoutError, WorkerDeath, WorkerStartupError)
+    from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError,
+                        RemoteTraceback, TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)
     from .diagnostics.progress import progress
+    from .diagnostics.report import report
     from .replay import ReplayedDeath
     from .store import StoreError

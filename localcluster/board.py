@@ -74,6 +74,11 @@ class Board:
                 out[seq] = (s[base], s[base + 2] / 1e9)
         return out
 
+    def rows(self) -> dict[int, int]:
+        """seq -> the executor row (1..n) running it."""
+        s = self.slots
+        return {s[row * _COLS + 1]: row for row in range(1, self.nthreads + 1) if s[row * _COLS + 1]}
+
     def close(self) -> None:
         try:
             self.slots.release()

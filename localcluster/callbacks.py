@@ -47,3 +47,6 @@ class CallbackThread:
                 fn(fut)
             except Exception:
                 logger.exception("exception calling callback for %r", fut)
+            # Not held while waiting for the next one: the last future (and its data on a
+            # worker, and whatever the callback closes over) must be freeable at once.
+            del item, fn, fut

@@ -53,6 +53,15 @@ class Client:
         self.cluster.attach(self)
         _future.register_client(self)
 
+    @classmethod
+    def current(cls, allow_none: bool = False) -> Optional["Client"]:
+        """The most recently created Client of this process that is still running (dask's
+        ``Client.current()``); integrations (joblib, the pytest plugin) use it by default."""
+        client = _future.latest_client()
+        if client is None and not allow_none:
+            raise ValueError("no running localcluster Client in this process: create one with Client()")
+        return client
+
     # --- bookkeeping of futures -------------------------------------------------------
 
     def track(self, fut: Future) -> None:
@@ -168,7 +177,9 @@ class Client:
         """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments are replaced by their values.
 
         ``workers``: a worker name or names the task must run on (dask's meaning); with
-        ``allow_other_workers=True`` they are only preferred."""
+        ``allow_other_workers=True`` they are only preferred. dask's ``fifo_timeout``,
+        ``resources`` and ``actor`` are never passed to ``fn`` (see ``_dask_keywords``)."""
+        _dask_keywords("submit", kwargs, ("fifo_timeout",))
         return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
                                 priority=priority, workers=workers, allow_other_workers=allow_other_workers)
 
@@ -194,6 +205,7 @@ class Client:
             raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
         if not iterables:
             raise TypeError("map() needs at least one iterable")
+        _dask_keywords("map", kwargs, ("fifo_timeout", "batch_size"))   # batches are sized here
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers)
         items = list(zip(*iterables))
         if isinstance(key, (list, tuple)):
@@ -234,10 +246,12 @@ class Client:
                 _future.fail(fut, exc)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
-                allow_other_workers: bool = False) -> Any:
+                allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:
         """Put data on the workers; returns Futures (a list for a list, a dict for a dict).
         ``workers``: names to place it on; ``broadcast=True``: a copy on each of them (or on all);
-        ``allow_other_workers=True``: any worker when none of ``workers`` is running."""
+        ``allow_other_workers=True``: any worker when none of ``workers`` is running.
+        dask's ``direct`` and ``hash`` are accepted: data always goes straight to the workers,
+        and every call makes new keys (dask's ``hash=False``; equal data is not shared)."""
         self._check()
         for flag, value in (("broadcast", broadcast), ("allow_other_workers", allow_other_workers)):
             if not isinstance(value, bool):
@@ -253,10 +267,16 @@ class Client:
         futures = self.cluster.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
         return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
 
-    def gather(self, futures: Any, errors: str = "raise") -> Any:
-        """Results of (nested lists/dicts of) futures; ``errors="skip"`` leaves failed ones out."""
+    def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False) -> Any:
+        """Results of (nested lists/dicts of) futures; ``errors="skip"`` leaves failed ones out.
+        ``asynchronous=True``: a coroutine instead, for ``await client.gather(fs, asynchronous=True)``
+        in a running event loop (which it never blocks)."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
+        if not isinstance(asynchronous, bool):
+            raise TypeError(f"gather(asynchronous={asynchronous!r}): expected True or False")
+        if asynchronous:
+            return self._gather_async(futures, errors)
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
         cf.wait(flat)
         lazy = [f for f in flat if _future.needs_fetch(f)]
@@ -270,6 +290,16 @@ class Client:
                 _future.prefill(f, payload)
         return _rebuild(futures, errors)
 
+    async def _gather_async(self, futures: Any, errors: str) -> Any:
+        import asyncio
+        for f in _walk(futures):
+            if isinstance(f, Future) and not f.done():
+                try:
+                    await f
+                except BaseException:  # noqa: BLE001 - gather below raises it, or skips it
+                    pass
+        return await asyncio.get_running_loop().run_in_executor(None, self.gather, futures, errors)
+
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -279,15 +309,22 @@ class Client:
         cf.wait(fs, timeout)
         self.cluster.replicate([f.key for f in fs], n, timeout)
 
-    def cancel(self, futures: Any) -> None:
+    def cancel(self, futures: Any, force: bool = False) -> None:
+        """Cancel these futures' tasks and release their data. Always what dask calls
+        ``force=True``: the keys are cancelled for every client that holds them."""
         self.cluster.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
 
-    def restart(self, timeout: float = 60.0) -> "Client":
+    def restart(self, timeout: float = 60.0, wait_for_workers: bool = True) -> "Client":
         """Stop every worker, forget every task (pending futures fail with ClusterRestarted),
-        and return when fresh workers are up."""
+        and return when fresh workers are up (also with dask's ``wait_for_workers=False``)."""
         self._check()
         self.cluster.restart(timeout)
         return self
+
+    def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
+        """Return when at least ``n_workers`` workers are up (dask's name and meaning)."""
+        self._check()
+        self.cluster.wait_for_workers(n_workers, timeout)
 
     def get_versions(self, check: bool = False) -> dict:
         from .worker import versions
@@ -307,8 +344,13 @@ class Client:
                                  "interpreter; a package upgraded while the cluster runs needs client.restart()).")
         return {"client": mine, "workers": theirs}
 
-    def get_worker_logs(self, n: Optional[int] = None) -> dict[str, list]:
-        return self.cluster.get_logs(n)
+    def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
+        """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
+        logs = self.cluster.get_logs(n)
+        if workers is None:
+            return logs
+        wanted = {workers} if isinstance(workers, str) else set(workers)
+        return {name: lines for name, lines in logs.items() if name in wanted}
 
     def dump_stacks(self, worker: Optional[str] = None) -> dict[str, str]:
         """Live stacks of every thread of every worker (or one), without stopping them."""
@@ -317,6 +359,12 @@ class Client:
     def recreate_error_locally(self, future: Future) -> Any:
         from .replay import recreate_error_locally
         return recreate_error_locally(self, future)
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """Run a dask task graph and return the values of ``keys`` (nested as given):
+        ``dask.compute(x, scheduler=client.get)`` or ``dask.config.set(scheduler=client.get)``."""
+        from .daskgraph import get
+        return get(self, dsk, keys, **kwargs)
 
     def get_executor(self, **submit_kwargs: Any) -> Any:
         from .executor import ClusterExecutor
@@ -338,6 +386,10 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client {self.status} cluster={self.cluster!r}>"
+
+    def _repr_html_(self) -> str:
+        head = f'<div style="font-weight:600">Client {self.id} ({self.status})</div>'
+        return head + self.cluster._repr_html_()
 
 
 class _Strong:
@@ -368,6 +420,20 @@ def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
         raise ValueError(f"timeout={timeout!r}: expected a number of seconds > 0, or None")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority={priority!r}: expected an integer")
+
+
+# dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
+# Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
+_DASK_REFUSED = {"resources": "worker resources (place tasks with workers=[...] instead)",
+                 "actor": "actors", "actors": "actors"}
+
+
+def _dask_keywords(call: str, kwargs: dict, hints: tuple) -> None:
+    for name in hints:
+        kwargs.pop(name, None)
+    for name, what in _DASK_REFUSED.items():
+        if kwargs.pop(name, None):
+            raise NotImplementedError(f"{call}({name}=...) is dask's {what}, which localcluster does not have")
 
 
 def _name(fn: Any) -> str:

@@ -47,8 +47,9 @@ from .callbacks import CallbackThread
 from .config import format_bytes
 from .death import ClusterBroken, ClusterClosed, ClusterRestarted, WorkerDeath
 from .dispatch import Dispatcher
+from .history import History
 from .loop import EventLoop
-from .machine import available_memory, purge_stale_directories, usable_cpus
+from .machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
 from .nanny import logger
 from .records import Spec
 from .supervisor import Supervisor, WorkerInfo, WorkerSettings
@@ -56,6 +57,18 @@ from .supervisor import Supervisor, WorkerInfo, WorkerSettings
 __all__ = ["LocalCluster", "WorkerInfo"]
 
 _live_clusters: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+_watchers: list = []      # callables told of each new cluster (localcluster.report)
+
+
+def live_clusters() -> list:
+    """The clusters of this process that are not closed."""
+    return list(_live_clusters)
+
+
+def watch(callback: Callable[["LocalCluster"], None]) -> Callable[[], None]:
+    """Call ``callback(cluster)`` for every cluster made from now on; returns the undo."""
+    _watchers.append(callback)
+    return lambda: _watchers.remove(callback) if callback in _watchers else None
 
 
 class LocalCluster:
@@ -79,21 +92,24 @@ class LocalCluster:
         self.threads_per_worker = cfg["threads_per_worker"]
         limit = cfg["memory_limit"]
         self.memory_limit: Optional[int] = available_memory() // max(1, self.n_workers) if limit == "auto" else limit
-        self.local_directory = _make_directory(cfg["local_directory"])
+        self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         self._status = "starting"
         self.scheduler = S.Scheduler(cfg["allowed_failures"])
         self._lock = threading.Lock()                  # guards the scheduler and the nannies
         self._changed = threading.Condition(self._lock)
         self._loop = EventLoop(on_wake=lambda: self._dispatch.free_released())
-        self._dispatch = Dispatcher(self._lock, self._changed, self.scheduler, self._loop)
+        self.history = History()
+        self._dispatch = Dispatcher(self._lock, self._changed, self.scheduler, self._loop, self.history)
         settings_ = WorkerSettings(self.threads_per_worker, self.memory_limit, cfg, _pickled(initializer, initargs),
                                    self.local_directory)
         self._supervisor = Supervisor(settings_, self._lock, self._changed, self.scheduler, self._dispatch,
-                                      self._loop, phase=lambda: self._status)
+                                      self._loop, self.history, phase=lambda: self._status)
         self._dispatch.bind(self._supervisor)
         self._callbacks = CallbackThread()
         self._loop.start(self._run)
         _live_clusters.add(self)
+        for callback in list(_watchers):
+            callback(self)
         try:
             self.scale(self.n_workers)
         except BaseException:
@@ -157,6 +173,17 @@ class LocalCluster:
         self._loop.call(lambda: self._supervisor.scale(n)).result()
         self._supervisor.wait_for(n, timeout)
 
+    def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
+        """Return when at least ``n_workers`` workers (by default, as many as the cluster
+        keeps) are up and ready for tasks; TimeoutError after ``timeout`` seconds."""
+        if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0):
+            raise ValueError(f"wait_for_workers(n_workers={n_workers!r}): expected an integer >= 0, or None")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"wait_for_workers(timeout={timeout!r}): expected a number of seconds > 0, or None")
+        self.check_open()
+        self._supervisor.wait_for(self._supervisor.target if n_workers is None else n_workers,
+                                  float("inf") if timeout is None else timeout, at_least=True)
+
     def restart(self, timeout: float = 60.0) -> None:
         """Stop every worker, forget every task (pending futures get ClusterRestarted), and
         return when as many fresh workers are up."""
@@ -207,6 +234,7 @@ class LocalCluster:
         self._callbacks.close(timeout)
         self._loop.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)
+        os.close(self._directory_lock)          # after the removal: nobody else may purge it half-way
         _live_clusters.discard(self)
 
     def __enter__(self) -> "LocalCluster":
@@ -220,6 +248,14 @@ class LocalCluster:
         return (f"<LocalCluster {self._status}: {workers} worker{'s' if workers != 1 else ''}, {threads} "
                 f"thread{'s' if threads != 1 else ''} each, "
                 f"memory_limit={format_bytes(self.memory_limit) if self.memory_limit else None}>")
+
+    def _repr_html_(self) -> str:
+        from .render import cluster_view
+        cfg = self.config
+        fractions = {k: cfg[k] for k in ("memory_target", "memory_pause", "memory_terminate")}
+        title = repr(self).strip("<>")
+        return cluster_view(title, self.workers.values(), fractions, self.history.memory(), self.deaths,
+                            self.memory_limit)
 
     def validate(self) -> None:
         """Check the scheduler's invariants (AssertionError naming the first broken one)."""
@@ -345,14 +381,14 @@ def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
     return f"{task} is {where.state}"
 
 
-def _make_directory(parent: Optional[str]) -> str:
-    """A private directory for this cluster's spill files, after removing those of dead clusters."""
+def _make_directory(parent: Optional[str]) -> tuple[str, int]:
+    """A private directory for this cluster's spill files (and the descriptor of the lock
+    that marks it as ours), after removing those of clusters whose owner is gone."""
     if parent:
         os.makedirs(parent, exist_ok=True)
-    purge_stale_directories(parent or tempfile.gettempdir())
-    path = tempfile.mkdtemp(prefix=f"localcluster-{os.getpid()}-", dir=parent)
-    os.chmod(path, 0o700)
-    return path
+    base = parent or tempfile.gettempdir()
+    purge_stale_directories(base)
+    return make_cluster_directory(base)
 
 
 def _pickled(initializer: Optional[Callable], initargs: tuple) -> Optional[str]:

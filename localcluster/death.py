@@ -17,7 +17,7 @@ from typing import Optional
 from .config import format_bytes
 
 __all__ = [
-    "WorkerDeath", "KilledWorker", "TaskTimeoutError", "LostDataError", "TaskError", "ClusterBroken",
+    "WorkerDeath", "KilledWorker", "TaskTimeoutError", "RemoteTraceback", "LostDataError", "TaskError", "ClusterBroken",
     "ClusterRestarted", "ClusterClosed", "WorkerStartupError",
     "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread",
 ]
@@ -263,6 +263,10 @@ class WorkerDeath:
         return (f"localcluster: {lead}{self.worker} (pid {self.pid}) died: {', '.join(facts)}. "
                 f"Details in cluster.deaths[-1].message")
 
+    def _repr_html_(self) -> str:
+        from .render import death_card
+        return death_card(self)
+
     def summary(self) -> str:
         """One line for ``KilledWorker``'s message."""
         line = f"{self.worker} (pid {self.pid}): " + ", ".join(self._facts())
@@ -351,6 +355,22 @@ class KilledWorker(Exception):
 
     def __reduce__(self):
         return (KilledWorker, (self.task, self.last_worker, self.deaths, self.allowed_failures))
+
+    def _repr_html_(self) -> str:
+        from .render import killed_worker
+        return killed_worker(self.task, self.allowed_failures, self.deaths, str(self))
+
+
+class RemoteTraceback(Exception):
+    """The ``__cause__`` of a task's exception where the raiser dropped its traceback (joblib
+    does): the traceback it had on the worker, as text."""
+
+    def __init__(self, text: str):
+        self.text = text
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
 
 
 class TaskTimeoutError(TimeoutError):

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 from . import protocol as P
 from . import scheduler as S
 from .death import ClusterBroken
+from .history import History, TaskRecord
 from .loop import EventLoop
 from .nanny import Nanny
 from .serialize import loads_exception
@@ -44,8 +45,9 @@ logger = logging.getLogger("localcluster")
 
 class Dispatcher:
     def __init__(self, lock: threading.Lock, changed: threading.Condition, scheduler: S.Scheduler,
-                 loop: EventLoop):
+                 loop: EventLoop, history: History):
         self._lock = lock
+        self._history = history
         self._changed = changed
         self._scheduler = scheduler
         self._loop = loop
@@ -98,6 +100,14 @@ class Dispatcher:
 
     def on_worker_messages(self, worker: str, msgs: list) -> list:
         """Task messages of one worker as one batch (placement runs once). Caller holds the lock."""
+        key_of, record = self._scheduler.key_of, self._history.task
+        for m in msgs:       # into the task stream first: the scheduler forgets the run's key
+            t = type(m)
+            if t is P.Finished or t is P.Failed:
+                key = key_of(m.seq)
+                if key is not None:
+                    record(TaskRecord(key, worker, m.thread, m.start, m.start + m.duration,
+                                      "finished" if t is P.Finished else "error"))
         return self._scheduler.handle_messages(worker, msgs)
 
     def free_released(self) -> None:

@@ -39,6 +39,14 @@ def unregister_client(client: "Client") -> None:
     _clients.pop(client.id, None)
 
 
+def latest_client() -> "Optional[Client]":
+    """The most recently created Client of this process that is still running, if any."""
+    for client in reversed(list(_clients.values())):
+        if client.status == "running":
+            return client
+    return None
+
+
 class _Stored:
     """What a finished Future holds until ``result()``: the payload, or None (data on a worker)."""
     __slots__ = ("payload",)
@@ -132,6 +140,30 @@ class Future(cf.Future):
                 fn(fut)
         super().add_done_callback(call)
 
+    def __await__(self) -> Any:
+        """``await future`` inside a running event loop: its result, or its exception raised.
+        The loop is never blocked: data left on a worker is fetched on a thread. Cancelling
+        the awaiting task does not cancel the cluster's task (dask's meaning); ``await
+        asyncio.wrap_future(future)`` does, asyncio's meaning."""
+        return self._awaited().__await__()
+
+    async def _awaited(self) -> Any:
+        import asyncio
+        loop = asyncio.get_running_loop()
+        if not self.done():
+            waiter = loop.create_future()
+
+            def wake(_fut: cf.Future) -> None:   # on the scheduler thread: hand over, never block
+                try:
+                    loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                except RuntimeError:     # the loop is closed: nobody is waiting any more
+                    pass
+            cf.Future.add_done_callback(self, wake)
+            await waiter
+        if needs_fetch(self):
+            return await loop.run_in_executor(None, self.result)
+        return self.result()
+
     def cancel(self) -> bool:
         if self.done():
             return False
@@ -143,6 +175,15 @@ class Future(cf.Future):
 
     def __repr__(self) -> str:
         return f"<Future: {self.status}, key: {self.key}>"
+
+    def _repr_html_(self) -> str:
+        from .render import future_view
+        status = self.status
+        detail = ""
+        if status in ("error", "lost"):
+            exc = self.exception()
+            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return future_view(self.key, status, detail)
 
     def __del__(self) -> None:
         client = self.__dict__.get("client")

@@ -97,20 +97,79 @@ def read_oom_count(paths: list[str]) -> dict[str, int]:
     return out
 
 
+LOCK = ".owner.lock"        # inside each cluster directory; flock()ed by its owner for the cluster's life
+_NAME = re.compile(r"localcluster-(\d+)-\w+")
+LEGACY_GRACE = 60.0         # a directory without a lock file (made by an older version) this old may go
+
+
+def make_cluster_directory(parent: str) -> tuple[str, int]:
+    """A private (0700) directory for one cluster's spill files, and the descriptor of its
+    lock, held (flock) until the caller closes it: while it is held, no other process
+    removes the directory, whatever its pid looks like from where that process stands."""
+    import fcntl
+    import tempfile
+    path = tempfile.mkdtemp(prefix=f"localcluster-{os.getpid()}-", dir=parent)   # 0700
+    fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return path, fd
+
+
 def purge_stale_directories(base: str) -> None:
-    """Remove spill directories whose owning process is gone: a parent killed with
-    SIGKILL cannot clean up after itself, so the next cluster does it."""
+    """Remove the cluster directories in ``base`` whose owner is gone: a parent killed with
+    SIGKILL cannot clean up after itself, so the next cluster does it.
+
+    Gone means: its lock can be taken (the kernel drops an flock with the last descriptor,
+    however the process ended). A pid proves nothing here: under PID namespaces (containers
+    sharing a /tmp) another live cluster's pid can be free in ours. Only our own uid's real
+    directories are considered; a symlink is never followed."""
     try:
         names = os.listdir(base)
     except OSError:
         return
     for name in names:
-        m = re.fullmatch(r"localcluster-(\d+)-\w+", name)
+        m = _NAME.fullmatch(name)
         if m is None or int(m.group(1)) == os.getpid():
             continue
         try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        except PermissionError:   # alive, someone else's
+            _purge_one(base, name)
+        except OSError:       # it went away meanwhile, or is not ours to read: leave it
             pass
+
+
+def _purge_one(base: str, name: str) -> None:
+    import fcntl
+    import stat
+    import time
+    path = os.path.join(base, name)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return                                      # a symlink, a file, or another user's
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            fd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:                   # older version, or being made right now
+            if time.time() - st.st_mtime > LEGACY_GRACE and not _pid_alive(int(_NAME.fullmatch(name).group(1))):
+                shutil.rmtree(path, ignore_errors=True)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(dir_fd).st_ino == os.lstat(path).st_ino:      # still the directory we opened
+                shutil.rmtree(path, ignore_errors=True)    # fd-based on Linux: follows no symlink inside
+        except BlockingIOError:
+            pass                                    # its owner is alive
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

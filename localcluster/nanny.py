@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
+from . import logs
 from .board import Board
 from .channel import Channel
 from .machine import oom_counters, read_oom_count
@@ -41,7 +42,6 @@ _WORKER_ENV = {
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
 }
-MEMORY_HISTORY = 3000   # samples kept per worker (a minute at 20 ms)
 
 
 class Nanny:
@@ -80,7 +80,6 @@ class Nanny:
         # memory, sampled by the tick
         self.memory: Optional[int] = None
         self.peak_memory: Optional[int] = None
-        self.history: deque = deque(maxlen=MEMORY_HISTORY)
         self.next_sample = 0.0                    # monotonic time of the next memory sample
         self.paused = False
         # stopping it, and why: classify() reads these after the death
@@ -108,6 +107,7 @@ class Nanny:
             "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
             "spill_dir": self.spill_dir, "initializer": self.initializer,
             "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
+            "log_level": logs.worker_level(),
         }
         env = dict(os.environ)
         for k, v in _WORKER_ENV.items():
@@ -168,7 +168,6 @@ class Nanny:
         self.memory = rss
         if self.peak_memory is None or rss > self.peak_memory:
             self.peak_memory = rss
-        self.history.append((time.time(), rss))
         return rss
 
     def _refresh_children(self) -> None:

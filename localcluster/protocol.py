@@ -115,12 +115,15 @@ class Ready:
 
 @_dc
 class Finished:
-    """A run succeeded. ``data`` is the result itself when it is small (saves a round trip)."""
+    """A run succeeded. ``data`` is the result itself when it is small (saves a round trip).
+    ``start`` (unix seconds), ``duration`` and ``thread`` (the executor, 1..n) feed the task stream."""
     seq: int
     nbytes: int
     type_name: str
     data: Optional[Payload]
     duration: float
+    start: float = 0.0
+    thread: int = 0
 
 
 @_dc
@@ -128,6 +131,9 @@ class Failed:
     """A run failed in user code or in (un)pickling; ``error`` is a pickled exception."""
     seq: int
     error: bytes
+    start: float = 0.0
+    duration: float = 0.0
+    thread: int = 0
 
 
 @_dc
@@ -155,6 +161,12 @@ class Stored:
 class Fatal:
     """The worker's own machinery failed; it exits right after sending this."""
     traceback: str
+
+
+@_dc
+class Log:
+    """Python logging records of the worker, flattened to dicts (see logs.py)."""
+    records: tuple
 
 
 @_dc

@@ -30,11 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from . import logs
 from . import protocol as P
 from . import scheduler as S
 from .config import format_bytes
 from .death import (ClusterBroken, WorkerDeath, WorkerStartupError, classify, crash_stack, crashing_thread,
                     death_message, signal_name, thread_stack)
+from .history import History, TaskRecord
 from .nanny import Nanny
 
 logger = logging.getLogger("localcluster")
@@ -42,7 +44,7 @@ logger = logging.getLogger("localcluster")
 STARTUP_RETRIES = 3
 STOP_GRACE = 2.0    # a worker that ignores Stop this long is killed
 STACK_GRACE = 1.0   # longest wait for the stack dump a timeout kill asks for first
-_OWN = (P.Ready, P.Fatal)
+_OWN = (P.Ready, P.Fatal, P.Log)
 
 
 @dataclass
@@ -73,8 +75,9 @@ class WorkerSettings:
 
 class Supervisor:
     def __init__(self, settings: WorkerSettings, lock: Any, changed: Any, scheduler: S.Scheduler,
-                 dispatch: Any, loop: Any, phase: Callable[[], str]):
+                 dispatch: Any, loop: Any, history: History, phase: Callable[[], str]):
         self._settings = settings
+        self._history = history
         self._config = settings.config
         self._lock = lock
         self._changed = changed
@@ -194,15 +197,16 @@ class Supervisor:
         n.close()
         self.nannies.pop(n.name, None)
 
-    def wait_for(self, count: int, timeout: float) -> None:
-        """User thread: until exactly ``count`` workers are up (a retiring one counts until gone)."""
+    def wait_for(self, count: int, timeout: float, at_least: bool = False) -> None:
+        """User thread: until exactly ``count`` workers are up (a retiring one counts until
+        gone), or with ``at_least``, until ``count`` or more are."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
                 if self._dispatch.broken is not None:
                     raise self._dispatch.broken
                 ready = sum(1 for x in self.nannies.values() if x.ready and not x.reason)
-                if ready == len(self.nannies) == count:
+                if ready == len(self.nannies) == count or (at_least and ready >= count):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -233,7 +237,10 @@ class Supervisor:
             return
         if now >= n.next_sample:
             n.next_sample = now + self._config["memory_sample_interval"]
-            self._check_memory(n, n.sample(now))
+            rss = n.sample(now)
+            if rss is not None:
+                self._history.sample(n.name, time.time(), rss)
+            self._check_memory(n, rss)
         if n.reason is None:
             self._check_timeouts(n, now)
         if n.reason is None:
@@ -314,11 +321,14 @@ class Supervisor:
         for m in msgs:
             for one in (m.messages if type(m) is P.Batch else (m,)):
                 (own if type(one) in _OWN else tasks).append(one)
+        records: list = []
         with self._lock:
             actions: list = []
             for m in own:
                 if type(m) is P.Ready:
                     actions += self._on_ready(n, m)
+                elif type(m) is P.Log:
+                    records += m.records
                 else:
                     n.fatal = m.traceback
             if tasks:
@@ -327,6 +337,8 @@ class Supervisor:
             if n.cork and n.chan is not None:
                 self._dispatch.send(n, [])
         self._dispatch.post(post)
+        if records:     # outside the lock: the user's handlers may take their time
+            logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)
 
     def _on_ready(self, n: Nanny, m: P.Ready) -> list:
         """Caller holds the lock. A worker whose idle footprint already crosses the limit
@@ -397,6 +409,7 @@ class Supervisor:
             matches = [seq for seq, (tid, _t) in running.items() if tid == (ident or 0) & 0x7FFFFFFFFFFFFFFF]
             crashed_seq = matches[0] if matches else 0   # 0: a thread that ran no task
         with self._lock:
+            self._record_lost(n, running)
             key_of = self._scheduler.key_of
             keys = tuple(k for k in (key_of(s) for s in sorted(running)) if k)
             blamed = self._scheduler.blame(cause, running, crashed_seq, n.timed_out[0] if n.timed_out else None)
@@ -414,6 +427,16 @@ class Supervisor:
             post = self._dispatch.apply(self._scheduler.worker_died(death, n.timed_out))
         self._dispatch.post(post)
         return death
+
+    def _record_lost(self, n: Nanny, running: dict) -> None:
+        """The runs the death cut short, into the task stream (before the scheduler forgets
+        them). Caller holds the lock."""
+        rows, now, mono = n.board.rows(), time.time(), time.monotonic()
+        for seq, (_tid, started) in sorted(running.items()):
+            key = self._scheduler.key_of(seq)
+            if key is not None:
+                self._history.task(TaskRecord(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost"))
+        self._history.died(n.name)
 
     def _death_stack(self, n: Nanny, exitcode: Optional[int], running: dict, lines: list) -> Optional[str]:
         if n.reason in ("timeout", "unresponsive"):     # the stacks asked for before the kill
@@ -460,6 +483,7 @@ class Supervisor:
 
     def snapshot(self) -> dict[str, WorkerInfo]:
         out = {}
+        history = self._history.memory()
         with self._lock:
             for name, n in self.nannies.items():
                 ws = self._scheduler.workers.get(name)
@@ -469,7 +493,7 @@ class Supervisor:
                 out[name] = WorkerInfo(
                     name, n.pid, status, n.memory, n.peak_memory, self._settings.memory_limit, managed,
                     spilled, tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
-                    list(n.history))
+                    history.get(name, []))
         return out
 
     def running_since(self, worker: Optional[str], seq: int) -> Optional[float]:

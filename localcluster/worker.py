@@ -34,6 +34,7 @@ import traceback
 from collections import deque
 from typing import Any
 
+from . import logs
 from . import protocol as P
 from . import serialize
 from .board import Board
@@ -232,7 +233,7 @@ class Worker:
                 self._reply(P.Skipped(run.seq))
                 continue
             board.start(row, ident, run.seq)
-            reply = self._run(run)
+            reply = self._run(run, row)
             board.stop(row)
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
                 self.cancelled.discard(run.seq)
@@ -248,8 +249,9 @@ class Worker:
         else:
             self._flush()
 
-    def _run(self, run: P.Run) -> Any:
+    def _run(self, run: P.Run, row: int) -> Any:
         step = "unpickling the function"
+        start = time.time()
         t0 = time.perf_counter()
         try:
             fn = self.fns[run.fn_id]
@@ -265,15 +267,25 @@ class Worker:
         except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
             if step == "running the task":
                 e.__traceback__ = e.__traceback__.tb_next if e.__traceback__ else None
-                return P.Failed(run.seq, serialize.dumps_exception(e))
+                return P.Failed(run.seq, serialize.dumps_exception(e), start, time.perf_counter() - t0, row)
             what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
             if step == "pickling the result":
                 what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
-            return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what))
+            return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what), start,
+                            time.perf_counter() - t0, row)
         type_name = type(result).__qualname__
         self.store.put_result(run.key, result, payload)
         data = payload if payload.nbytes <= P.INLINE_RESULT else None
-        return P.Finished(run.seq, payload.nbytes, type_name, data, time.perf_counter() - t0)
+        return P.Finished(run.seq, payload.nbytes, type_name, data, time.perf_counter() - t0, start, row)
+
+    def log(self, record: dict, urgent: bool) -> None:
+        """A logging record for the parent: a warning goes now, lesser ones with the next batch."""
+        with self._out_lock:
+            self._out.append(P.Log((record,)))
+        if urgent:
+            self._flush()
+        else:
+            self._flush_wanted.set()
 
     def _flush(self) -> None:
         with self._out_lock:
@@ -321,6 +333,8 @@ def main(cfg: dict) -> None:
     worker = None
     try:
         worker = Worker(cfg)
+        if cfg.get("log_level") is not None:
+            logs.install(worker.log, cfg["log_level"])
         if cfg.get("initializer") is not None:
             init, initargs = pickle.loads(bytes.fromhex(cfg["initializer"]))
             init(*initargs)

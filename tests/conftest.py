@@ -14,11 +14,32 @@ from localcluster import Client, LocalCluster
 
 
 def _fds() -> set:
-    return set(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else set()
+    """Open descriptors, without the /proc files a live cluster's scheduler thread opens and
+    closes every few milliseconds to sample its workers (a module-scoped cluster runs across
+    tests): such an fd is always the lowest free number, so it looked like one that stayed open."""
+    if not os.path.isdir("/proc/self/fd"):
+        return set()
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/"):
+                continue
+        except OSError:       # closed while we looked: not open any more
+            continue
+        out.add(fd)
+    return out
+
+
+# /dev/shm names that other programs on the machine make at any time (a second test run
+# beside this one under tox -p, a loky pool): multiprocessing's and loky's semaphores,
+# joblib's memmapping folders. localcluster makes none: its shared memory is memfd.
+_FOREIGN_SHM = ("sem.", "joblib_memmapping_folder_")
 
 
 def _shm() -> set:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm") if not name.startswith(_FOREIGN_SHM)}
 
 
 def _settle(check, timeout: float = 5.0):

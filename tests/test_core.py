@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import psutil
 import pytest
@@ -408,14 +409,6 @@ def test_done_callback_may_fetch_a_large_result(client):
     assert done.wait(20) and got == [1_000_000]
 
 
-def test_progress_bar(client):
-    import io
-    out = io.StringIO()
-    fs = client.map(inc, range(10))
-    localcluster.progress(fs, file=out)
-    assert all(f.done() for f in fs) and "10/10 done" in out.getvalue()
-
-
 def test_functions_typed_into_a_repl_work(tmp_path):
     """__main__ without a file (python - < stdin), like a REPL or a notebook cell."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -469,3 +462,17 @@ def test_a_future_pickled_in_the_parent_comes_back_to_its_client(client):
     other.close()
     with pytest.raises(ValueError, match="not known to a running Client"):
         pickle.loads(pickle.dumps(g).replace(client.id.encode(), other.id.encode()))
+
+
+def test_a_future_with_a_done_callback_is_freed_with_its_data(client):
+    """The callbacks thread must not hold the last future it called back about: its 4 MB
+    result stays on the worker until that future is gone."""
+    called = threading.Event()
+    f = client.submit(bytes, 4_000_000)
+    f.add_done_callback(lambda fut: called.set())
+    assert called.wait(30) and len(f.result(30)) == 4_000_000
+    ref = weakref.ref(f)
+    del f
+    gc.collect()
+    assert ref() is None
+    wait_for(lambda: sum(w.managed for w in client.cluster.workers.values()) == 0)

@@ -122,8 +122,15 @@ def wait_forever():
     threading.Event().wait()
 
 
+def _loaded():
+    return True
+
+
 def test_a_timeout_death_carries_the_stack_where_the_task_waited():
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        # this module imported on the worker first: on a loaded machine the import alone
+        # (pytest and all) can outlast the 0.5 s, and the stack would show the import
+        cl.submit(_loaded).result(60)
         with pytest.raises(TaskTimeoutError) as info:
             cl.submit(wait_forever, timeout=0.5).result(60)
         (death,) = c.deaths

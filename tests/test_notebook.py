@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,50 @@ def test_notebook_cells():
     assert any(o.get("name") == "stderr" and "] a warning from a worker" in o["text"] for o in outputs[2])
     assert not any(o.get("name") == "stderr" and "hello from a worker" in o["text"] for o in outputs[2])
     assert not any(o.get("output_type") == "error" for cell in outputs for o in cell)
+
+
+EXAMPLE = """
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+from nbconvert import HTMLExporter
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": sys.argv[3]}}).execute()
+body, _ = HTMLExporter().from_notebook_node(nb)
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    f.write(body)
+state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+print(json.dumps([[cell.get("outputs", []) for cell in nb.cells if cell.cell_type == "code"], state]))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_example_notebook_runs_in_a_kernel_and_exports_to_html(tmp_path):
+    """examples/notebook.ipynb through a real kernel: the cluster view, a memory kill and a
+    segfault drawn as HTML, worker logging and printing in their cells; then nbconvert."""
+    pytest.importorskip("nbconvert")
+    notebook = Path(__file__).resolve().parent.parent / "examples" / "notebook.ipynb"
+    html_path = tmp_path / "notebook.html"
+    proc = subprocess.run([sys.executable, "-c", EXAMPLE, str(notebook), str(html_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cells, widgets = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not [o for cell in cells for o in cell if o.get("output_type") == "error"]
+    html = lambda i: "".join(o.get("data", {}).get("text/html", "") for o in cells[i])   # noqa: E731
+    text = lambda i: "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cells[i])  # noqa: E731
+    first, work, chatty, memory, crash, after, death = (0, 1, 2, 3, 4, 5, 6)
+    assert "lc-membar" in html(first) and "worker-1" in html(first)
+    # tqdm.auto's widget bar (not its "IProgress not found" complaint), left at 40 of 40
+    assert any("widget-view+json" in "".join(o.get("data", {})) for o in cells[work])
+    assert "IProgress not found" not in text(work)
+    bars = [m["state"] for m in widgets.values() if m["model_name"] in ("IntProgressModel", "FloatProgressModel")]
+    assert any(b.get("value") == b.get("max") == 40 for b in bars), bars
+    assert any("40/40" in m["state"].get("value", "") for m in widgets.values() if m["model_name"] == "HTMLModel")
+    assert "INFO [worker-" in text(chatty) and "myapp: working on 1" in text(chatty)
+    assert "] printed by a worker: 1" in text(chatty)
+    assert ">memory-limit<" in html(memory) and "lc-membar" in html(memory) and "<details" in html(memory)
+    assert ">crash<" in html(crash) and "SIGSEGV" in html(crash) and "in crash" in html(crash)
+    assert html(after).count('class="lc-death"') == 2 and "lc-timeline" in html(after)
+    assert html(death).startswith('<div class="lc-death-card"')
+    exported = html_path.read_text()
+    assert "lc-timeline" in exported and "lc-death-card" in exported

@@ -1,48 +1,96 @@
-"""``progress(futures)``: a text progress bar that returns when every future is done."""
+"""``progress(futures)``: wait for futures while showing how many are done."""
 from __future__ import annotations
 
 import concurrent.futures as cf
 import sys
 import threading
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, NamedTuple, Optional, TextIO
 
 
-def progress(*futures: Any, file: Optional[TextIO] = None, width: int = 40, interval: float = 0.1) -> None:
-    """Draw ``[#####     ] 5/10 done, 1 erred`` on ``file`` (stderr) until all futures are done."""
+class Progress(NamedTuple):
+    finished: int      # ended with a result
+    failed: int        # ended with an exception, lost with their data, or cancelled
+
+
+def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1, width: int = 40) -> Progress:
+    """Block until every future in ``futures`` (Futures, or nested lists/dicts of them) is
+    done, drawing a progress bar meanwhile, and return the counts.
+
+    With tqdm installed the bar is ``tqdm.auto``'s: a widget in Jupyter, a text bar in a
+    terminal, with ``failed=N`` beside it once a future fails. Without tqdm it is a line
+    ``[#####     ] 5/10 done, 1 failed | 2.3 s`` redrawn on ``file`` (stderr by default).
+    Failures are counted apart from successes and never stop the wait; nothing is raised
+    for them: read the futures (or ``client.gather``) for the errors themselves."""
     from ..future import walk
     fs = [f for group in futures for f in walk(group)]
-    total = len(fs)
-    out = file if file is not None else sys.stderr
-    done_event = threading.Event()
-    counts = {"done": 0, "erred": 0}
-    lock = threading.Lock()
-
-    def on_done(f: cf.Future) -> None:
-        with lock:
-            counts["done"] += 1
-            if f.cancelled() or f.exception() is not None:
-                counts["erred"] += 1
-            if counts["done"] == total:
-                done_event.set()
-
+    if interval <= 0:
+        raise ValueError(f"progress(interval={interval!r}): expected a number of seconds > 0")
+    counts = _Counts(len(fs))
     for f in fs:
-        cf.Future.add_done_callback(f, on_done)
-    if total == 0:
-        done_event.set()
+        cf.Future.add_done_callback(f, counts.done)      # the count only: no need to leave the thread
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        _text(counts, file if file is not None else sys.stderr, interval, width)
+    else:
+        _tqdm(tqdm, counts, file, interval)
+    return Progress(counts.finished - counts.failed, counts.failed)
+
+
+class _Counts:
+    def __init__(self, total: int):
+        self.total = total
+        self.finished = 0
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.all_done = threading.Event()
+        if total == 0:
+            self.all_done.set()
+
+    def done(self, f: cf.Future) -> None:
+        with self.lock:
+            self.finished += 1
+            if f.cancelled() or f.exception() is not None:
+                self.failed += 1
+            if self.finished == self.total:
+                self.all_done.set()
+
+    def read(self) -> tuple:
+        with self.lock:
+            return self.finished, self.failed
+
+
+def _tqdm(tqdm: Any, counts: _Counts, file: Optional[TextIO], interval: float) -> None:
+    class Bar(tqdm):
+        monitor_interval = 0     # we redraw every interval ourselves; tqdm's monitor thread would outlive us
+    bar = Bar(total=counts.total, file=file, unit="task", desc="localcluster", mininterval=interval)
+    shown = 0
+    try:
+        while True:
+            last = counts.all_done.wait(interval)
+            done, failed = counts.read()
+            if failed:
+                bar.set_postfix(failed=failed, refresh=False)
+            bar.update(done - shown)
+            shown = done
+            if last:
+                break
+    finally:
+        bar.close()
+
+
+def _text(counts: _Counts, out: TextIO, interval: float, width: int) -> None:
     start = time.monotonic()
-
-    def draw(final: bool = False) -> None:
-        with lock:
-            d, e = counts["done"], counts["erred"]
-        filled = int(width * d / total) if total else width
-        line = f"\r[{'#' * filled}{' ' * (width - filled)}] {d}/{total} done"
-        if e:
-            line += f", {e} erred"
-        line += f" | {time.monotonic() - start:.1f}s"
-        out.write(line + ("\n" if final else ""))
+    while True:
+        last = counts.all_done.wait(interval)
+        done, failed = counts.read()
+        total = counts.total
+        filled = int(width * done / total) if total else width
+        line = f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} done"
+        if failed:
+            line += f", {failed} failed"
+        out.write(f"{line} | {time.monotonic() - start:.1f} s" + ("\n" if last else ""))
         out.flush()
-
-    while not done_event.wait(interval):
-        draw()
-    draw(final=True)
+        if last:
+            return

@@ -1,0 +1,94 @@
+"""What a cluster did, kept for the pictures: the task stream and every worker's memory
+over time, the dead workers' included.
+
+The scheduler thread writes (the dispatcher adds a task as its worker reports it, the
+supervisor a memory sample per tick and the tasks a death took with it); readers on any
+thread take copies (``tasks()``, ``memory()``), which CPython makes whole under the GIL.
+Both are bounded, so a cluster that runs for days holds a fixed amount: the task stream
+keeps the newest ``TASKS`` records; a memory series halves its resolution when full,
+keeping the larger sample of each pair, so the climb to a memory kill is never smoothed away.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import NamedTuple, Optional
+
+TASKS = 100_000          # task records kept per cluster
+POINTS = 2_000           # memory samples kept per worker (before halving)
+DEAD_WORKERS = 64        # dead workers whose memory series are kept
+
+
+class TaskRecord(NamedTuple):
+    """One run of a task: where, on which executor thread (1..n), when (unix seconds), how it ended."""
+    key: str
+    worker: str
+    thread: int
+    start: float
+    stop: float
+    status: str          # "finished", "error", or "lost" (its worker died under it)
+
+
+class Series:
+    """A bounded (unix time, value) series: when full, every pair of samples becomes the
+    larger of the two and the stride between kept samples doubles."""
+    __slots__ = ("points", "_stride", "_skipped", "_held")
+
+    def __init__(self) -> None:
+        self.points: list = []
+        self._stride = 1
+        self._skipped = 0
+        self._held: Optional[tuple] = None     # the largest sample since the last kept one
+
+    def append(self, t: float, value: int) -> None:
+        held = self._held
+        if held is None or value >= held[1]:
+            self._held = held = (t, value)
+        self._skipped += 1
+        if self._skipped < self._stride:
+            return
+        self.points.append(held)
+        self._held = None
+        self._skipped = 0
+        if len(self.points) >= POINTS:
+            pts = self.points
+            self.points = [max(pts[i], pts[i + 1], key=lambda p: p[1]) if i + 1 < len(pts) else pts[i]
+                           for i in range(0, len(pts), 2)]
+            self._stride *= 2
+
+    def copy(self) -> list:
+        pts = list(self.points)
+        held = self._held
+        return pts + [held] if held is not None else pts
+
+
+class History:
+    """The task stream and memory series of one cluster (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self._tasks: deque = deque(maxlen=TASKS)
+        self._memory: dict[str, Series] = {}      # worker name -> series; insertion order = spawn order
+        self._dead: deque = deque()               # names of dead workers, oldest first
+
+    def task(self, record: TaskRecord) -> None:
+        self._tasks.append(record)
+
+    def sample(self, worker: str, t: float, rss: int) -> None:
+        series = self._memory.get(worker)
+        if series is None:
+            series = self._memory[worker] = Series()
+        series.append(t, rss)
+
+    def died(self, worker: str) -> None:
+        self._dead.append(worker)
+        while len(self._dead) > DEAD_WORKERS:
+            self._memory.pop(self._dead.popleft(), None)
+
+    def tasks(self) -> list:
+        """Every kept TaskRecord, in the order their ends were seen."""
+        return list(self._tasks)
+
+    def memory(self) -> dict[str, list]:
+        """Worker name -> [(unix time, rss bytes)], for live and recently dead workers."""
+        return {name: series.copy() for name, series in list(self._memory.items())}

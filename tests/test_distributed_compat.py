@@ -1,0 +1,93 @@
+"""The portable part of the API means the same under localcluster and dask.distributed:
+examples/portable.py runs under both (switched by CLUSTER_BACKEND) and prints the same;
+the portable methods take dask's keywords, and the few they don't are listed here."""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localcluster import Client
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
+
+# dask keywords of the portable methods that localcluster does not take, each with why
+# (README, "When one machine is not enough"). The test fails when this list goes stale.
+NOT_TAKEN = {
+    "scatter": {"timeout": "scatter is a local copy", "asynchronous": "no async client"},
+    "gather": {"direct": "data always comes straight from the workers"},
+    "cancel": {"asynchronous": "no async client", "reason": "CancelledError carries no message",
+               "msg": "CancelledError carries no message"},
+    "replicate": {"workers": "copies go to any n workers", "branching_factor": "no tree of transfers"},
+    "get_worker_logs": {"nanny": "the nanny is a thread of the client, its log is the client's"},
+}
+# Keywords that dask passes on to the function but localcluster takes for itself.
+TAKEN_FROM_FN = {"submit": {"timeout"}, "map": {"timeout"}}
+# dask's scheduling keywords that localcluster takes out of **kwargs (hints dropped, the rest refused).
+FROM_KWARGS = {"submit": {"resources", "fifo_timeout", "actor", "actors"},
+               "map": {"resources", "fifo_timeout", "actor", "actors", "batch_size"}}
+METHODS = ["submit", "map", "scatter", "gather", "cancel", "replicate", "restart", "wait_for_workers",
+           "get_worker_logs"]
+
+
+def named(fn) -> set:
+    return {n for n, p in inspect.signature(fn).parameters.items()
+            if n not in ("self", "func", "fn") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def run(backend: str) -> list:
+    env = {**os.environ, "CLUSTER_BACKEND": backend}
+    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=55, env=env)
+    assert proc.returncode == 0, f"{backend}: {proc.stderr[-3000:]}"
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.timeout(120)
+def test_one_script_prints_the_same_under_both():
+    pytest.importorskip("distributed")
+    ours, theirs = run("localcluster"), run("distributed")
+    assert ours[0] == "submit 2" and ours[-1] == "after restart 42" and len(ours) == 14
+    assert "KilledWorker True 0" in ours and "workers= 1 True" in ours and "cancel True cancelled True" in ours
+    assert ours == theirs
+
+
+def test_the_portable_methods_take_dask_keywords():
+    distributed = pytest.importorskip("distributed")
+    for method in METHODS:
+        theirs, ours = named(getattr(distributed.Client, method)), named(getattr(Client, method))
+        missing = theirs - ours - FROM_KWARGS.get(method, set())
+        assert missing == set(NOT_TAKEN.get(method, {})), f"Client.{method}: dask's {sorted(missing)}"
+        assert FROM_KWARGS.get(method, set()) <= theirs
+    for method, taken in TAKEN_FROM_FN.items():     # where dask hands **kwargs to the function
+        assert named(getattr(Client, method)) - named(getattr(distributed.Client, method)) - {
+            "allow_other_workers"} == taken, method
+
+
+def keywords(**kwargs):
+    return sorted(kwargs)
+
+
+@pytest.mark.timeout(60)
+def test_dask_keywords_mean_what_they_mean_in_dask(client):
+    """Never passed to the function; hints accepted, what has no meaning here refused."""
+    assert client.submit(keywords, fifo_timeout="100 ms", resources=None, actor=False, x=1).result(30) == ["x"]
+    assert client.gather(client.map(lambda i: i, [1, 2], batch_size=1, fifo_timeout="1s")) == [1, 2]
+    with pytest.raises(NotImplementedError, match="resources"):
+        client.submit(keywords, resources={"GPU": 1})
+    with pytest.raises(NotImplementedError, match="actors"):
+        client.map(keywords, [1], actor=True)
+    big = client.scatter(list(range(3)), hash=False, direct=True)
+    assert client.gather(big) == [0, 1, 2]
+    slow = client.submit(time.sleep, 30, pure=False)
+    client.cancel([slow], force=True)
+    assert slow.cancelled()
+    name = sorted(client.get_worker_logs())[0]
+    assert list(client.get_worker_logs(workers=[name])) == [name]
+    assert list(client.get_worker_logs(workers=name)) == [name]
+    assert client.restart(wait_for_workers=False) is client
+    assert client.submit(len, "abc").result(30) == 3

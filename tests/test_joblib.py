@@ -1,0 +1,174 @@
+"""joblib's Parallel and scikit-learn's n_jobs on the cluster, through the "localcluster"
+backend, with real workers: results, data of real sizes, deaths and errors."""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from localcluster import Client, KilledWorker, LocalCluster
+
+joblib = pytest.importorskip("joblib")
+np = pytest.importorskip("numpy")
+import localcluster.joblib  # noqa: E402 - registers the backend
+
+# joblib 1.3 (the oldest the joblib extra allows) has no "generator_unordered"
+UNORDERED = "generator_unordered" if tuple(int(p) for p in joblib.__version__.split(".")[:2]) >= (1, 4) else "generator"
+
+
+def where(x):
+    return x * x, os.getpid()
+
+
+def scale(a, k):
+    return a * k
+
+
+def crash():
+    return ctypes.string_at(0)
+
+
+def fails(x):
+    if x == 3:
+        raise ValueError("three is not allowed")
+    return x
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def nested(x):
+    """A Parallel call inside a task: which backend it gets, and where its calls ran."""
+    backend, _ = joblib.parallel.get_active_backend()
+    inner = joblib.Parallel(n_jobs=2)(joblib.delayed(where)(i) for i in range(4))
+    return type(backend).__name__, os.getpid(), {pid for _, pid in inner}
+
+
+def _children() -> set:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_parallel_runs_on_the_given_client(client):
+    worker_pids = {w.pid for w in client.cluster.workers.values()}
+    with joblib.parallel_config(backend="localcluster", client=client):
+        assert joblib.effective_n_jobs(-1) == 2              # 2 workers x 1 thread
+        out = joblib.Parallel()(joblib.delayed(where)(i) for i in range(200))
+    assert [v for v, _ in out] == [i * i for i in range(200)]
+    assert {pid for _, pid in out} == worker_pids        # both workers, never this process
+
+
+def test_parallel_uses_the_current_client_by_default(client):
+    assert Client.current() is client
+    with joblib.parallel_config(backend="localcluster"):
+        out = joblib.Parallel(n_jobs=-1, return_as=UNORDERED)(
+            joblib.delayed(where)(i) for i in range(20))
+        out = sorted(out)
+    assert [v for v, _ in out] == [i * i for i in range(20)]
+    assert {pid for _, pid in out} <= {w.pid for w in client.cluster.workers.values()}
+
+
+def test_parallel_without_a_client_starts_one_and_stops_it():
+    assert Client.current(allow_none=True) is None
+    before = _children()
+    with joblib.parallel_config(backend="localcluster"):
+        assert joblib.effective_n_jobs(-1) >= 2
+        assert _children() == before, "asking for n_jobs must not start a cluster nobody stops"
+        out = joblib.Parallel(n_jobs=2)(joblib.delayed(where)(i) for i in range(10))
+        assert Client.current(allow_none=True) is None       # closed with the Parallel call
+    assert [v for v, _ in out] == [i * i for i in range(10)] and os.getpid() not in {p for _, p in out}
+    alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not alive, f"the backend's own workers outlived the Parallel call: {alive}"
+
+
+def test_multi_megabyte_arrays_through_joblib(client):
+    arrays = [np.full(2**19, float(i)) for i in range(6)]            # 4 MiB each
+    with joblib.parallel_config(backend="localcluster", client=client):
+        out = joblib.Parallel(n_jobs=2)(joblib.delayed(scale)(a, 2) for a in arrays)
+    assert [o.nbytes for o in out] == [4 * 2**20] * 6 and [o[-1] for o in out] == [2.0 * i for i in range(6)]
+
+
+def test_a_task_error_is_raised_as_itself_with_its_worker_traceback(client):
+    with joblib.parallel_config(backend="localcluster", client=client):
+        with pytest.raises(ValueError, match="three is not allowed") as info:
+            joblib.Parallel(n_jobs=2)(joblib.delayed(fails)(i) for i in range(8))
+    cause = info.value.__cause__
+    assert isinstance(cause, localcluster.RemoteTraceback)
+    assert "in fails" in str(cause) and 'raise ValueError("three is not allowed")' in str(cause)
+
+
+def test_a_segfault_is_our_killed_worker_with_its_cause():
+    """Even with a single worker thread (joblib would run n_jobs=1 in this very process)."""
+    with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as cluster, Client(cluster) as client:
+        with joblib.parallel_config(backend="localcluster", client=client):
+            with pytest.raises(KilledWorker) as info:
+                joblib.Parallel()(joblib.delayed(crash)() for _ in range(2))
+    death = info.value.deaths[-1]
+    assert death.cause == "crash" and death.signal == signal.SIGSEGV.name and "in crash" in death.stack
+    assert info.value.task.startswith("crash-")
+    assert "SIGSEGV" in str(info.value) and "crash" in str(info.value)
+
+
+def test_a_timeout_cancels_the_rest(client):
+    with joblib.parallel_config(backend="localcluster", client=client):
+        with pytest.raises(multiprocessing.TimeoutError):         # joblib's own choice of TimeoutError
+            joblib.Parallel(timeout=0.3)(joblib.delayed(nap)(s) for s in [0.01, 5, 5, 0.01])
+    assert client.cluster.running_tasks() == {}
+
+
+def test_nested_parallel_runs_sequentially_on_the_worker(client):
+    with joblib.parallel_config(backend="localcluster", client=client):
+        out = joblib.Parallel()(joblib.delayed(nested)(i) for i in range(4))
+    workers = {w.pid for w in client.cluster.workers.values()}
+    for backend, pid, inner_pids in out:
+        assert backend == "SequentialBackend" and pid in workers and inner_pids == {pid}
+
+
+def test_functions_defined_in_main():
+    """A script's own functions (and lambdas) are pickled by value: workers cannot import __main__."""
+    script = (
+        "import joblib, localcluster.joblib\n"
+        "from localcluster import Client, LocalCluster\n"
+        "def square(x):\n"
+        "    return x * x\n"
+        "with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:\n"
+        "    with joblib.parallel_config(backend='localcluster', client=client):\n"
+        "        print(sum(joblib.Parallel()(joblib.delayed(square)(i) for i in range(50))),\n"
+        "              sum(joblib.Parallel()(joblib.delayed(lambda x: x + 1)(i) for i in range(50))))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(sum(i * i for i in range(50))), str(sum(range(1, 51)))]
+
+
+def test_scikit_learn_grid_search_on_the_cluster(client):
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_iris
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.svm import SVC
+
+    X, y = load_iris(return_X_y=True)
+    grid = {"C": [0.1, 1, 10], "kernel": ["linear", "rbf"]}       # 6 candidates x 3 folds
+    serial = GridSearchCV(SVC(), grid, cv=3, n_jobs=1).fit(X, y)
+    before = len(client.cluster.history.tasks())
+    with joblib.parallel_config(backend="localcluster", client=client):
+        search = GridSearchCV(SVC(), grid, cv=3, n_jobs=-1).fit(X, y)
+    assert search.best_params_ == serial.best_params_ and search.best_score_ == serial.best_score_
+    # The real signal: the cluster's own record of the tasks it ran, where, and how they ended.
+    ran = client.cluster.history.tasks()[before:]
+    assert len(ran) >= 2 and all(r.key.startswith("_fit_and_score-") for r in ran)
+    assert {r.worker for r in ran} == set(client.cluster.workers)      # the fits ran on both workers
+    assert all(r.status == "finished" for r in ran)
+
+
+def test_bad_client_is_refused():
+    with pytest.raises(TypeError, match="client=localcluster.Client"):
+        localcluster.joblib.LocalClusterBackend(client="tcp://nowhere")

@@ -1,0 +1,187 @@
+"""The pictures: ``localcluster.report`` opened in a real headless Chromium, and the
+``_repr_html_`` views, all drawn from one real run with a memory kill and a segfault."""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import localcluster
+from localcluster import Client, KilledWorker, LocalCluster
+
+np = pytest.importorskip("numpy")
+
+LIMIT = 400 * 2**20
+
+
+def hog():
+    """Grows 20 MB at a time until its nanny stops it at memory_terminate."""
+    blocks = []
+    for _ in range(100):
+        blocks.append(np.ones(20 * 2**20 // 8))
+        time.sleep(0.02)
+    return len(blocks)
+
+
+def crash():
+    ctypes.string_at(0)
+
+
+def square(x):
+    return np.full(2**18, x) ** 2          # 2 MB: results stay on their worker
+
+
+def total(a):
+    return float(a.sum())
+
+
+def fails(x):
+    raise ValueError(f"bad input {x}")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One real run inside report(): 40 tasks of two functions, 3 failures, a memory
+    kill and a segfault. The cluster is closed before the tests look at what it left."""
+    path = tmp_path_factory.mktemp("report") / "run.html"
+    with localcluster.report(path) as rep:
+        with LocalCluster(n_workers=2, memory_limit=LIMIT, allowed_failures=0, forward_logs=False) as cluster, \
+                Client(cluster) as client:
+            client.gather(client.map(total, client.map(square, range(20))))
+            failed = client.map(fails, range(3))
+            client.gather(failed, errors="skip")
+            errors = {}
+            for name, fn in (("memory", hog), ("crash", crash)):
+                with pytest.raises(KilledWorker) as info:
+                    client.submit(fn).result(60)
+                errors[name] = info.value
+            deaths = list(cluster.deaths)
+            cluster_html = cluster._repr_html_()
+            client_html = client._repr_html_()
+            future_html = failed[0]._repr_html_()
+    return SimpleNamespace(path=path, report=rep, errors=errors, deaths=deaths, cluster_html=cluster_html,
+                           client_html=client_html, future_html=future_html)
+
+
+def _browser():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.environ.get("LOCALCLUSTER_REQUIRE_BROWSER"):
+        pytest.fail("no Chromium on the PATH (apt-get install chromium); .ci/run installs it")
+    pytest.skip("no Chromium on the PATH (apt-get install chromium)")
+
+
+@pytest.fixture
+def page(run):
+    executable = _browser()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 960, "height": 900})
+            problems: list = []
+            page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.on("request", lambda r: problems.append(f"fetched {r.url}") if not r.url.startswith("file:") else None)
+            page.goto(run.path.as_uri())
+            yield page
+            assert problems == [], problems
+        finally:
+            browser.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_report_opens_in_a_real_browser(run, page, tmp_path):
+    stream = page.locator("svg.lc-stream").bounding_box()
+    assert stream["width"] >= 800 and stream["height"] >= 4 * 16, stream
+    tasks = page.locator("rect.lc-task")
+    assert tasks.count() == 20 + 20 + 3 + 2      # square, total, fails, and the two killed runs
+    statuses = [tasks.nth(i).get_attribute("data-status") for i in range(tasks.count())]
+    assert statuses.count("error") == 3 and statuses.count("lost") == 2
+    widths = [tasks.nth(i).bounding_box()["width"] for i in range(tasks.count())]
+    assert min(widths) >= 1 and max(widths) < stream["width"]
+    groups = {tasks.nth(i).get_attribute("data-group") for i in range(tasks.count())}
+    assert groups == {"square", "total", "fails", "hog", "crash"}
+    assert page.locator("svg.lc-timeline polyline.lc-memline").count() >= 2
+    assert page.locator("svg.lc-timeline line.lc-limit").count() == 3      # target, pause, terminate
+    table = page.locator("table.lc-deaths-table").inner_text()
+    assert "memory-limit" in table and "crash" in table and "SIGSEGV" in table
+    summary = page.locator("table.lc-summary").inner_text()
+    assert re.search(r"tasks finished\s+40", summary) and re.search(r"tasks failed\s+3", summary)
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    assert (tmp_path / "report.png").stat().st_size > 20_000
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cause", ["memory-limit", "crash"])
+def test_a_death_marker_sits_at_the_time_of_the_death(run, page, cause):
+    """The marker is where the cluster says the worker died, and where that worker's own
+    memory line ends (two independent records: the death, and the nanny's samples)."""
+    death = next(d for d in run.deaths if d.cause == cause)
+    svg = page.locator("svg.lc-timeline")
+    box = svg.bounding_box()
+    t0, t1, left, width = (float(svg.get_attribute(a)) for a in ("data-t0", "data-t1", "data-left", "data-width"))
+    marker = svg.locator(f'g.lc-death[data-cause="{cause}"] circle')
+    dot = marker.bounding_box()
+    x = dot["x"] + dot["width"] / 2 - box["x"]
+    assert abs(x - (left + (death.time - t0) / (t1 - t0) * width)) <= 1.5
+    points = svg.locator(f'polyline.lc-memline[data-worker="{death.worker}"]').get_attribute("points")
+    last_x = float(points.split()[-1].split(",")[0])
+    assert 0 <= x - last_x <= width * 0.05, (x, last_x)    # the line stops at (or just before) the death
+
+
+def test_the_report_is_self_contained(run):
+    text = run.path.read_text()
+    assert "<script" not in text and "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in text and "@import" not in text
+    assert run.report.html() == text
+
+
+def test_report_refuses_bad_input_and_reuse(run, tmp_path):
+    with pytest.raises(TypeError, match="report\\(path=3\\)"):
+        localcluster.report(3)
+    with pytest.raises(RuntimeError, match="already used"):
+        with run.report:
+            pass
+
+
+def test_a_report_is_written_when_the_block_fails(tmp_path):
+    path = tmp_path / "failed.html"
+    with pytest.raises(ZeroDivisionError):
+        with localcluster.report(path):
+            with Client(n_workers=1, forward_logs=False) as client:
+                client.submit(lambda: 1 / 0).result(30)
+    assert "tasks failed" in path.read_text()
+
+
+# --- the notebook views ---------------------------------------------------------------------
+
+def test_cluster_view_shows_workers_memory_bars_and_a_timeline_with_deaths(run):
+    html = run.cluster_html
+    assert html.count("lc-membar") >= 2 and "lc-timeline" in html
+    assert html.count('class="lc-death"') == 2 and 'data-cause="memory-limit"' in html
+    assert all(f'data-line="{k}"' in html for k in ("target", "pause", "terminate"))
+    assert "<script" not in html and run.client_html.count("lc-workers") == 1
+
+
+def test_killed_worker_view_shows_cause_signal_memory_frames_and_folded_log(run):
+    memory, crashed = run.errors["memory"]._repr_html_(), run.errors["crash"]._repr_html_()
+    assert ">memory-limit<" in memory and "lc-membar" in memory
+    assert ">crash<" in crashed and "SIGSEGV" in crashed and "in crash" in crashed     # the crashing frame
+    assert "<details" in crashed and "Fatal Python error" in crashed
+    assert run.deaths[-1]._repr_html_().startswith('<div class="lc-death-card"')
+
+
+def test_future_view_and_escaping(run):
+    assert ">error<" in run.future_html and "ValueError: bad input 0" in run.future_html
+    from localcluster import render   # user text is escaped, never markup
+    card = render.death_card(SimpleNamespace(
+        worker="<b>w</b>", pid=1, cause="crash", signal=None, exitcode=1, tasks=("<script>",), memory=None,
+        peak_memory=None, memory_limit=None, stack=None, message="&", log_tail=()))
+    assert "<script>" not in card and "&lt;b&gt;w" in card and "&amp;" in card

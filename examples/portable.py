@@ -1,0 +1,109 @@
+"""One script, two clusters: localcluster by default, dask.distributed with
+CLUSTER_BACKEND=distributed. Only the import block differs; everything below it is the
+portable API, in dask's names and meanings. It prints what is portable, one fact a line,
+and the two backends print the same lines (tests/test_distributed_compat.py checks it).
+
+    python examples/portable.py
+    CLUSTER_BACKEND=distributed python examples/portable.py     # pip install distributed
+
+What it deliberately does not print, because the two differ (README: "When one machine
+is not enough"): worker names (``worker-0`` here, ``tcp://127.0.0.1:40123`` in dask), the
+lines of get_worker_logs (strings here, (level, message) pairs in dask; dead workers are
+kept here), restart's return value (the Client here, None in dask), the message of
+KilledWorker (each death's cause here), and what becomes of futures across a restart.
+"""
+import os
+import time
+from concurrent.futures import CancelledError
+
+import numpy as np
+
+# --- the only backend-specific block ------------------------------------------------------
+if os.environ.get("CLUSTER_BACKEND") == "distributed":
+    import dask
+    from distributed import Client, KilledWorker, LocalCluster, as_completed, wait
+    dask.config.set({"distributed.scheduler.allowed-failures": 0})
+    CLUSTER_OPTIONS = {"dashboard_address": None}
+else:
+    from localcluster import Client, KilledWorker, LocalCluster, as_completed, wait
+    CLUSTER_OPTIONS = {"allowed_failures": 0}
+# ------------------------------------------------------------------------------------------
+
+
+def inc(x):
+    return x + 1
+
+
+def fail(x):
+    raise ValueError(f"no {x}")
+
+
+def total(a):
+    return float(a.sum())
+
+
+def pid(_tag):
+    return os.getpid()
+
+
+def die():
+    os._exit(3)     # the worker process ends in the middle of the task
+
+
+def basics(client):
+    print("submit", client.submit(inc, 1).result())
+    futures = client.map(inc, range(10))
+    print("map+gather", client.gather(futures))
+    done, not_done = wait(futures)
+    print("wait", len(done), len(not_done))
+    print("as_completed", sorted(f.result() for f in as_completed(client.map(inc, range(20, 25)))))
+    pairs = as_completed(client.map(inc, range(30, 33)), with_results=True)
+    print("as_completed with_results", sorted(result for _, result in pairs))
+    bad = client.submit(fail, 1)
+    print("exception", type(bad.exception()).__name__, bad.status)
+    print("gather errors=skip", client.gather([client.submit(inc, 2), bad], errors="skip"))
+    try:
+        client.gather([bad])
+    except ValueError as e:
+        print("gather raises the task's own", type(e).__name__, e)
+
+
+def data_and_placement(client):
+    big = client.scatter(np.arange(2_000_000, dtype=float), hash=False)     # 16 MB
+    client.replicate([big], n=2)
+    print("scatter+replicate", client.submit(total, big).result())
+    logs = client.get_worker_logs()
+    print("get_worker_logs", len(logs), "workers")
+    first, second = sorted(logs)                  # worker names (addresses in dask)
+    here = [client.submit(pid, i, workers=[first], pure=False) for i in range(3)]
+    there = client.submit(pid, 0, workers=[second], pure=False)
+    pids = client.gather(here)
+    print("workers=", len(set(pids)), pids[0] != there.result())
+
+
+def cancel_and_death(client):
+    slow = client.submit(time.sleep, 30, pure=False)
+    client.cancel([slow])
+    try:
+        slow.result(timeout=10)
+    except CancelledError as e:
+        print("cancel", slow.cancelled(), slow.status, isinstance(e, CancelledError))
+    doomed = client.submit(die)
+    try:
+        doomed.result(timeout=60)
+    except KilledWorker as e:
+        print("KilledWorker", e.task == doomed.key, e.allowed_failures)
+
+
+def main():
+    with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        basics(client)
+        data_and_placement(client)
+        cancel_and_death(client)
+        client.restart()
+        print("after restart", client.submit(inc, 41).result())
+
+
+if __name__ == "__main__":
+    main()

@@ -30,14 +30,17 @@ import tempfile
 import time
 import traceback
 
+import scale
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "latest.json")
 N_WORKERS = 2
 ARRAY_BYTES = 100_000_000          # "100 MB": 12.5 M float64
-PEERS = ("localcluster", "ppe", "loky", "dask")
-OPTIONAL_PEERS = ("ppe_spawn",)
+PEERS = ("localcluster", "ppe", "ppe_spawn", "loky", "dask", "floor")
+OPTIONAL_PEERS = ()
 PEER_TITLES = {"localcluster": "localcluster", "ppe": "ProcessPool", "loky": "loky", "dask": "dask",
-               "ppe_spawn": "ProcessPool(spawn)"}
+               "ppe_spawn": "ProcessPool(spawn)", "floor": "floor"}
+NOT_A_PEER = ("floor",)            # a column of the table, never "the best peer"
 RESULT_TIMEOUT = 120.0             # any single wait inside a metric
 
 
@@ -115,6 +118,13 @@ class Peer:
     def map(self, fn, items, timeout=RESULT_TIMEOUT):
         raise NotImplementedError
 
+    def map_futures(self, fn, items):
+        """The peer's own map, returning as soon as it hands back its futures (or iterator)."""
+        raise NotImplementedError
+
+    def gather_all(self, fs) -> list:
+        return list(fs)
+
     def pool_pids(self) -> dict:
         """{"workers": [...], "nannies": [...]}"""
         raise NotImplementedError
@@ -160,6 +170,12 @@ class LocalClusterPeer(ClientClusterPeer):
         self.lc.wait(fs, timeout=timeout)
         return self.client.gather(fs)
 
+    def map_futures(self, fn, items):
+        return self.client.map(fn, items, pure=False)
+
+    def gather_all(self, fs) -> list:
+        return self.client.gather(fs)
+
     def pool_pids(self):
         return {"workers": [w.pid for w in self.cluster.workers.values()], "nannies": []}
 
@@ -186,6 +202,9 @@ class PPEPeer(Peer):
 
     def map(self, fn, items, timeout=RESULT_TIMEOUT):
         return list(self.ex.map(fn, items, timeout=timeout))     # chunksize=1 (the default)
+
+    def map_futures(self, fn, items):
+        return self.ex.map(fn, items)        # submits every item before it returns the iterator
 
     def pool_pids(self):
         return {"workers": list(self.ex._processes), "nannies": []}
@@ -513,27 +532,58 @@ POOL_METRICS = {             # share one warmed-up pool, run in this order
     "map": metric_map,
     "bandwidth": metric_bandwidth,
 }
-FRESH_METRICS = {"startup": metric_startup, "recovery": metric_recovery}
+FRESH_METRICS = {"startup": metric_startup, "recovery": metric_recovery,
+                 "queue": lambda cls, quick: scale.metric_queue(cls, quick, noop, warm_up),
+                 "bigmap": lambda cls, quick: scale.metric_bigmap(cls, quick, noop, warm_up)}
 ALL_METRICS = list(POOL_METRICS) + list(FRESH_METRICS)
-GROUPS = [("pool", list(POOL_METRICS)), ("startup", ["startup"]), ("recovery", ["recovery"])]
+GROUPS = [("pool", list(POOL_METRICS)), ("startup", ["startup"]), ("recovery", ["recovery"]),
+          ("scale", ["queue", "bigmap"])]
+# Metrics only some peers run: a 100,000-task queue would take dask minutes; the floor has
+# a figure for four metrics only.
+ONLY_FOR = {"queue": ("localcluster", "ppe", "ppe_spawn", "loky"), "bigmap": ("localcluster", "ppe", "ppe_spawn", "loky")}
+FLOOR_METRICS = ("idle_rss", "latency", "bandwidth", "startup")
 
-# Table rows: (row, label, unit, higher is better, DESIGN target)
+# Table rows: (row, label, unit, higher is better, targets). A target is (reference column,
+# least ratio): the ratio is "localcluster better" (> 1 better), so "<= 0.5x PPE's time" is
+# ("ppe_spawn", 2.0) and "<= 3x the floor's round trip" is ("floor", 1/3). Issue 11's table.
 ROWS = [
-    ("submit_tps", "no-op submit loop", "tasks/s", True, ">= 1.5x PPE"),
-    ("map_tps", "no-op map", "tasks/s", True, ">= 3x PPE"),
-    ("rtt_median_us", "round trip median", "µs", False, "<= 100"),
-    ("rtt_p90_us", "round trip p90", "µs", False, "<= 100"),
-    ("first_result_s", "start -> first result", "s", False, "<= 0.15"),
-    ("workers_up_s", "start -> all workers up", "s", False, "<= 0.3"),
-    ("bw_in_GBps", "100 MB array in", "GB/s", True, ">= 3"),
-    ("bw_roundtrip_GBps", "100 MB array in+out", "GB/s", True, ">= 3"),
-    ("bw_in_pure_GBps", "100 MB in, pure=True", "GB/s", True, ""),
-    ("recovery_s", "SIGKILL -> rerun result", "s", False, "<= 0.25"),
-    ("idle_rss_MB", "idle RSS, whole pool", "MB", False, "<= 60 (2x30)"),
-    ("idle_rss_worker_MB", "idle RSS per worker", "MB", False, "<= 30"),
-    ("idle_uss_MB", "idle USS, whole pool", "MB", False, ""),
-    ("close_s", "close()", "s", False, ""),
+    ("submit_tps", "no-op submit loop", "tasks/s", True, [("ppe_spawn", 3.0), ("dask", 25.0)]),
+    ("map_tps", "no-op map", "tasks/s", True, [("ppe_spawn", 4.0)]),
+    ("rtt_median_us", "round trip median", "µs", False, [("ppe_spawn", 2.0), ("floor", 1 / 3)]),
+    ("rtt_p90_us", "round trip p90", "µs", False, []),
+    ("first_result_s", "start -> first result", "s", False, [("floor", 1 / 1.5)]),
+    ("workers_up_s", "start -> all workers up", "s", False, [("floor", 1 / 2)]),
+    ("bw_in_GBps", "100 MB array in", "GB/s", True, [("floor", 0.8)]),
+    ("bw_roundtrip_GBps", "100 MB array in+out", "GB/s", True, [("floor", 0.8)]),
+    ("bw_in_pure_GBps", "100 MB in, pure=True", "GB/s", True, []),
+    ("recovery_s", "SIGKILL -> rerun result", "s", False, [("dask", 2.0)]),
+    ("idle_rss_MB", "idle RSS, whole pool", "MB", False, []),
+    ("idle_rss_worker_MB", "idle RSS per worker", "MB", False, [("floor", 1 / 1.5)]),
+    ("idle_uss_MB", "idle USS, whole pool", "MB", False, []),
+    ("close_s", "close()", "s", False, []),
+    ("queue_1000_B_per_task", "parent memory per pending task, 1k queued", "B", False, [("max", 1024)]),
+    ("queue_10000_B_per_task", "parent memory per pending task, 10k queued", "B", False, [("max", 1024)]),
+    ("queue_100000_B_per_task", "parent memory per pending task, 100k queued", "B", False, [("max", 1024)]),
+    ("queue_1000_us_per_task", "time per task, 1k queued", "µs", False, []),
+    ("queue_10000_us_per_task", "time per task, 10k queued", "µs", False, []),
+    ("queue_100000_us_per_task", "time per task, 100k queued", "µs", False, []),
+    ("bigmap_returned_s", "big map (200k no-ops; 20k --quick): futures back", "s", False, [("max", 2.0)]),
+    ("bigmap_tasks_per_s", "big map: all results", "tasks/s", True, []),
+    ("bigmap_peak_B_per_task", "big map: parent peak per task", "B", False, [("max", 1024)]),
+    ("bigmap_close_s", "big map: close() with all queued", "s", False, [("max", 0.5)]),
 ]
+
+
+def target_text(targets: list, higher: bool) -> str:
+    """("max", v) and ("min", v) are absolute bounds; (peer, r) a least ratio against a column."""
+    parts = []
+    for ref, least in targets:
+        if ref in ("max", "min"):
+            parts.append(f"{'<=' if ref == 'max' else '>='} {least:g}")
+            continue
+        factor = least if higher else 1 / least
+        parts.append(f"{'>=' if higher else '<='} {factor:g}x {PEER_TITLES[ref]}")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------
@@ -557,6 +607,11 @@ def child_main(peer_name: str, metrics: list, quick: bool, out_path: str) -> int
         os.replace(out_path + ".tmp", out_path)
 
     try:
+        if peer_name == "floor":
+            import floor
+            result["rows"].update(floor.measure(metrics, quick))
+            save()
+            return 0
         cls = PEER_CLASSES[peer_name]
         pool = [m for m in metrics if m in POOL_METRICS]
         if pool:
@@ -702,7 +757,7 @@ def fmt(v, unit) -> str:
         return "n/a"
     if isinstance(v, str):
         return v
-    if unit in ("tasks/s", "µs"):
+    if unit in ("tasks/s", "µs", "B"):
         return f"{v:,.0f}"
     if unit == "MB":
         return f"{v:.1f}"
@@ -717,9 +772,9 @@ def ratio(lc, other, higher) -> "float | None":
     return lc / other if higher else other / lc
 
 
-def build_table(results: dict, peers: list) -> tuple:
+def build_table(results: dict, peers: list) -> list:
     rows_out = []
-    for row, label, unit, higher, target in ROWS:
+    for row, label, unit, higher, targets in ROWS:
         values = {}
         cells = {}
         for p in peers:
@@ -730,31 +785,81 @@ def build_table(results: dict, peers: list) -> tuple:
         if all(v is None for v in values.values()) and all(c == "-" for c in cells.values()):
             continue
         lc = values.get("localcluster")
-        others = {p: v for p, v in values.items() if p != "localcluster" and v is not None}
-        best_peer = None
-        if others:
-            best_peer = (max if higher else min)(others, key=others.get)
-        r_best = ratio(lc, others.get(best_peer), higher) if best_peer else None
-        r_ppe = ratio(lc, values.get("ppe"), higher)
+        others = {p: v for p, v in values.items() if p != "localcluster" and p not in NOT_A_PEER and v is not None}
+        best_peer = (max if higher else min)(others, key=others.get) if others else None
+        checks = []
+        for ref, least in targets:
+            if ref in ("max", "min"):          # an absolute bound on localcluster's own figure
+                met = None if lc is None else (lc <= least if ref == "max" else lc >= least)
+                checks.append({"reference": ref, "bound": least, "ratio": None, "met": met})
+                continue
+            r = ratio(lc, values.get(ref), higher)
+            checks.append({"reference": ref, "least_ratio": least, "ratio": r,
+                           "met": None if r is None else r >= least})
         rows_out.append({"row": row, "metric": label, "unit": unit, "higher_is_better": higher,
-                         "target": target, "values": values, "cells": cells, "best_peer": best_peer,
-                         "lc_vs_best_peer": r_best, "lc_vs_ppe": r_ppe})
+                         "target": target_text(targets, higher), "targets": checks, "values": values,
+                         "cells": cells, "best_peer": best_peer,
+                         "lc_vs_best_peer": ratio(lc, others.get(best_peer), higher) if best_peer else None,
+                         "lc_vs_ppe": ratio(lc, values.get("ppe"), higher),
+                         "lc_vs_ppe_spawn": ratio(lc, values.get("ppe_spawn"), higher),
+                         "lc_vs_floor": ratio(lc, values.get("floor"), higher)})
     return rows_out
 
 
+def _verdict(r: dict) -> str:
+    met = [c["met"] for c in r["targets"]]
+    if not met:
+        return "-"
+    if None in met:
+        return "n/a"
+    return "met" if all(met) else "MISSED"
+
+
 def render(rows: list, peers: list) -> str:
-    head = ["metric", "unit"] + [PEER_TITLES[p] for p in peers] + ["LC vs best peer", "LC vs PPE", "target"]
+    head = (["metric", "unit"] + [PEER_TITLES[p] for p in peers]
+            + ["LC vs best peer", "LC vs PPE(spawn)", "LC vs floor", "target", "met?"])
     lines = []
     for r in rows:
         rb = f"{r['lc_vs_best_peer']:.2f}x ({PEER_TITLES[r['best_peer']]})" if r["lc_vs_best_peer"] else "-"
-        rp = f"{r['lc_vs_ppe']:.2f}x" if r["lc_vs_ppe"] else "-"
-        lines.append([r["metric"], r["unit"]] + [r["cells"][p] for p in peers] + [rb, rp, r["target"] or "-"])
+        rs = f"{r['lc_vs_ppe_spawn']:.2f}x" if r["lc_vs_ppe_spawn"] else "-"
+        rf = f"{r['lc_vs_floor']:.2f}x" if r["lc_vs_floor"] else "-"
+        lines.append([r["metric"], r["unit"]] + [r["cells"][p] for p in peers]
+                     + [rb, rs, rf, r["target"] or "-", _verdict(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
     out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     for l in lines:
         out.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(l, widths)) + " |")
     return "\n".join(out)
+
+
+def chart(rows: list, path: str) -> "str | None":
+    """A PNG: for each metric with a target, localcluster's ratio against each reference
+    (log scale, > 1 better), with the target's least ratio marked. None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    bars = [(f"{r['metric']} vs {PEER_TITLES[c['reference']]}", c["ratio"], c["least_ratio"], c["met"])
+            for r in rows for c in r["targets"] if c["ratio"]]
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(bars) + 1.2))
+    ys = range(len(bars))
+    ax.barh(ys, [b[1] for b in bars], color=["#43a047" if b[3] else "#e53935" for b in bars])
+    ax.scatter([b[2] for b in bars], ys, marker="|", s=400, color="black", zorder=3, label="target")
+    ax.set_yticks(list(ys), [b[0] for b in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="#9e9e9e", linewidth=0.8)
+    ax.set_xlabel("localcluster's ratio (> 1: better than the reference); green: target met")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 _CHILD_PIDS: set = set()
@@ -822,7 +927,7 @@ def main(argv=None) -> int:
     import importlib.util
     for p in peers:
         mod = {"localcluster": "localcluster", "ppe": "concurrent.futures", "loky": "loky",
-               "dask": "distributed", "ppe_spawn": "concurrent.futures"}[p]
+               "dask": "distributed", "ppe_spawn": "concurrent.futures", "floor": "numpy"}[p]
         if importlib.util.find_spec(mod) is None:
             skipped[p] = f"{mod} is not importable"
             print(f"skipping {p}: {skipped[p]}", file=sys.stderr)
@@ -832,10 +937,11 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     results: dict = {p: {"peer": p, "rows": {}, "errors": {}, "notes": {}} for p in available}
     for group, members in GROUPS:
-        todo = [m for m in members if m in metrics]
-        if not todo:
-            continue
         for p in available:
+            todo = [m for m in members if m in metrics and p in ONLY_FOR.get(m, PEERS)
+                    and (p != "floor" or m in FLOOR_METRICS)]
+            if not todo:
+                continue
             print(f"== {p}: {', '.join(todo)}", file=sys.stderr, flush=True)
             res = run_child(p, todo, args.quick, timeout)
             results[p]["rows"].update(res["rows"])
@@ -851,6 +957,9 @@ def main(argv=None) -> int:
         results[p] = {"peer": p, "skipped": skipped[p], "rows": {}, "errors": {}, "notes": {}}
     rows = build_table(results, available)
     table = render(rows, available)
+    # The chart is written beside the JSON, so its directory must exist first.
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    png = chart(rows, os.path.splitext(args.output)[0] + ".png")
     lc_after = count_localcluster_procs()
     lc_after_all = count_localcluster_procs(mine_only=False)
     import multiprocessing
@@ -875,7 +984,6 @@ def main(argv=None) -> int:
         "subreaper": subreaper,
         "elapsed_s": time.monotonic() - t_start,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump({"meta": meta, "table": rows, "text": table, "peers": results}, f, indent=1, default=repr)
 
@@ -884,7 +992,7 @@ def main(argv=None) -> int:
           f"{'quick' if args.quick else 'full'} run, {meta['elapsed_s']:.0f} s; "
           f"localcluster workers left by this run: {lc_after} (system-wide before/after: "
           f"{lc_before}/{lc_after_all}); load average before/after: {load_before[0]:.2f}/"
-          f"{os.getloadavg()[0]:.2f}. JSON: {args.output}")
+          f"{os.getloadavg()[0]:.2f}. JSON: {args.output}" + (f", chart: {png}" if png else ""))
     problems = [(p, k, v) for p in available for k, v in results[p]["errors"].items()]
     for p, k, v in problems:
         print(f"\n--- {p} {k} ---\n{v if isinstance(v, str) else json.dumps(v, indent=1)}".rstrip())

@@ -94,6 +94,7 @@ class LocalCluster:
         self.memory_limit: Optional[int] = available_memory() // max(1, self.n_workers) if limit == "auto" else limit
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         self._status = "starting"
+        self._said_no_worker = False                   # the no-worker warning is given (submit)
         self.scheduler = S.Scheduler(cfg["allowed_failures"])
         self._lock = threading.Lock()                  # guards the scheduler and the nannies
         self._changed = threading.Condition(self._lock)
@@ -170,6 +171,7 @@ class LocalCluster:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"scale(n={n!r}): n must be an integer >= 0")
         self.check_open()
+        self._said_no_worker = False
         self._loop.call(lambda: self._supervisor.scale(n)).result()
         self._supervisor.wait_for(n, timeout)
 
@@ -284,11 +286,16 @@ class LocalCluster:
 
     def submit(self, specs: list, track: Callable[[], Any]) -> Any:
         """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
-        if not self._supervisor.nannies and self._status == "running" and specs:
-            # legitimate (scale up later), but a silent wait is the worst way to find out
+        if self._supervisor.nannies:
+            self._said_no_worker = False
+        elif self._status == "running" and specs and not self._said_no_worker:
+            # Legitimate (scale up later), but a silent wait is the worst way to find out.
+            # Said once while no worker runs: a loop of submits must not flood the log.
+            self._said_no_worker = True
             logger.warning("localcluster: %s submitted while the cluster has no worker; %s until "
-                           "cluster.scale(n) starts one", f"{len(specs)} tasks" if len(specs) > 1 else
-                           f"task {specs[0].key!r}", "they wait" if len(specs) > 1 else "it waits")
+                           "cluster.scale(n) starts one (said once until a worker runs)",
+                           f"{len(specs)} tasks" if len(specs) > 1 else f"task {specs[0].key!r}",
+                           "they wait" if len(specs) > 1 else "it waits")
         return self._dispatch.event(self.scheduler.submit, specs, before=track)
 
     def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,

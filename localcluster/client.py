@@ -45,7 +45,7 @@ class Client:
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
         self.id = f"client-{_PREFIX}-{next(_unique)}"
         self.status = "running"
-        self._futures: dict[str, list] = {}     # key -> weakrefs of Futures
+        self._futures: dict[str, Any] = {}      # key -> a weakref of its Future, or a list of them
         self._refs: dict[str, int] = {}
         # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
         self._refs_lock = threading.RLock()
@@ -68,7 +68,16 @@ class Client:
         """A new Future of ``fut.key`` (the Future calls this as it is made)."""
         key = fut.key
         with self._refs_lock:
-            self._futures.setdefault(key, []).append(weakref.ref(fut))
+            ref = weakref.ref(fut)
+            held = self._futures.get(key)
+            if held is None:
+                self._futures[key] = ref       # the common case: one future, no list
+            elif type(held) is list:
+                if len(held) > 2 * self._refs.get(key, 0) + 8:    # mostly dead: prune, amortized O(1)
+                    held[:] = [r for r in held if r() is not None]
+                held.append(ref)
+            else:
+                self._futures[key] = [held, ref] if held() is not None else ref
             self._refs[key] = self._refs.get(key, 0) + 1
 
     def untrack(self, key: str) -> None:
@@ -86,11 +95,11 @@ class Client:
     def resolve(self, key: str, status: str, value: Any) -> None:
         """The cluster says how ``key``'s task ended: finished (value: the payload, or None
         while the data stays on a worker), error or lost (value: the exception), cancelled."""
-        refs = self._futures.get(key)
+        refs = _refs_of(self._futures.get(key))
         if not refs:
             return
         exc = None
-        for ref in list(refs):
+        for ref in refs:
             fut = ref()
             if fut is None or fut.done():
                 continue
@@ -239,7 +248,7 @@ class Client:
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (the cluster broke)."""
         with self._refs_lock:
-            refs = [r for rs in self._futures.values() for r in rs]
+            refs = [r for held in self._futures.values() for r in _refs_of(held)]
         for ref in refs:
             fut = ref()
             if fut is not None and not fut.done():
@@ -461,3 +470,10 @@ def _rebuild(obj: Any, errors: str) -> Any:
         items = [x for x in (_rebuild(v, errors) for v in obj) if x is not _SKIP]
         return type(obj)(items) if not isinstance(obj, list) else items
     return obj
+
+
+def _refs_of(held: Any) -> list:
+    """The weakrefs ``Client._futures`` holds for a key, as a list (a copy)."""
+    if held is None:
+        return []
+    return list(held) if type(held) is list else [held]

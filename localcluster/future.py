@@ -55,15 +55,40 @@ class _Stored:
         self.payload = payload
 
 
+# Guards the first making of a Future's Condition, and a resolution that finds none.
+_MAKING = threading.Lock()
+# concurrent.futures' own state values (stable since 3.2; the conformance tests hold us to them).
+_PENDING, _FINISHED = "PENDING", "FINISHED"
+
+
 class Future(cf.Future):
     """The result of a task, computed on the cluster."""
 
     def __init__(self, key: str, client: "Client"):
-        super().__init__()
+        # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
+        # 1.4 KB that most futures never use (nobody waits before they finish). It is
+        # made on first use (``_condition``); waiters and callbacks are only ever added
+        # under it, so a future resolved while it has none has neither to wake.
+        self._cond: Optional[threading.Condition] = None
+        self._state = _PENDING
+        self._result: Any = None
+        self._exception: Optional[BaseException] = None
+        self._waiters: list = []
+        self._done_callbacks: list = []
         self.key = key
         self.client = client
         self._lost: Optional[BaseException] = None
         client.track(self)
+
+    @property
+    def _condition(self) -> threading.Condition:
+        cond = self._cond
+        if cond is None:
+            with _MAKING:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
 
     @property
     def status(self) -> str:
@@ -77,7 +102,10 @@ class Future(cf.Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
-        value = self._within(super().result, timeout)
+        if self._state == _FINISHED and self._exception is None:
+            value = self._result         # set before the state: no lock, no Condition made
+        else:
+            value = self._within(super().result, timeout)
         if type(value) is _Stored:
             value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
         return value
@@ -103,9 +131,8 @@ class Future(cf.Future):
             raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
 
     def _materialize(self, stored: _Stored, timeout: Optional[float]) -> Any:
-        with self._condition:
-            if self._result is not stored:   # another thread got there first
-                return self._result
+        if self._result is not stored:      # another thread got there first
+            return self._result
         payload = stored.payload
         if payload is None:
             try:
@@ -122,7 +149,7 @@ class Future(cf.Future):
         except Exception as e:
             step = f"unpickling the result of task {self.key!r} in the client failed"
             raise serialize.restate(e, step) from None
-        with self._condition:
+        with _MAKING:     # finished: only this swap writes _result now; the lock makes it once
             if self._result is stored:
                 self._result = value
             return self._result
@@ -195,6 +222,12 @@ class Future(cf.Future):
 
 def finish(fut: Future, payload: Any) -> None:
     """Done; ``payload`` is the pickled result, or None while the data stays on a worker."""
+    with _MAKING:
+        if fut._cond is None:           # nobody waits, nothing to call back: no Condition
+            if fut._state == _PENDING:
+                fut._result = _Stored(payload)
+                fut._state = _FINISHED
+            return
     try:
         fut.set_result(_Stored(payload))
     except cf.InvalidStateError:   # already resolved (a racing cancel or restart)
@@ -224,7 +257,7 @@ def needs_fetch(fut: Future) -> bool:
 
 def prefill(fut: Future, payload: Any) -> None:
     """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once)."""
-    with fut._condition:
+    with _MAKING:
         if type(fut._result) is _Stored:
             fut._result = _Stored(payload)
 

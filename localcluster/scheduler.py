@@ -33,7 +33,7 @@ from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
 from .invariants import check
 from .placement import Placement
-from .records import Deliver, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
+from .records import EMPTY, Deliver, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
 from .transfers import Transfers, gone as _gone
 
 PENDING = frozenset({"waiting", "ready", "processing"})      # its futures are not done yet
@@ -200,7 +200,7 @@ class Scheduler:
             ts = self.tasks.get(key)
             if ts is None:
                 continue
-            ts.who_has.discard(ws.name)
+            ts.drop_holder(ws.name)
             if ts.state == "memory" and not ts.who_has and ts.data is None:
                 lost.append(ts)
         return lost
@@ -223,7 +223,7 @@ class Scheduler:
                 continue
             if key in death.blamed:
                 ts.suspicious += 1
-                ts.deaths.append(death)
+                ts.deaths += (death,)
                 if ts.suspicious > self.allowed_failures:
                     out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures))
                     continue
@@ -238,7 +238,7 @@ class Scheduler:
         out: list = [Resolve(ts.key, "lost", ts.error)]
         for req in ts.fetchers:
             out.append(Deliver(req, ts.key, error=ts.error))
-        ts.fetchers = []
+        ts.fetchers = ()
         return out + self._fail_dependents(ts, ts.error)
 
     def _pull_back_dependents(self, ts: Task) -> list:
@@ -251,15 +251,15 @@ class Scheduler:
                 continue
             if dts.state == "ready":
                 dts.state = "waiting"
-                dts.waiting_on.add(ts.key)
+                dts.wait_for(ts.key)
             elif dts.state == "processing":
                 ws = self.workers.get(dts.worker)
                 if ws is not None and ts.key not in ws.has:
                     out += self._unassign(dts)
                     dts.state = "waiting"
-                    dts.waiting_on.add(ts.key)
+                    dts.wait_for(ts.key)
             elif dts.state == "waiting":
-                dts.waiting_on.add(ts.key)
+                dts.wait_for(ts.key)
         return out
 
     # --- tasks --------------------------------------------------------------------------
@@ -281,7 +281,7 @@ class Scheduler:
                 for d in set(ts.deps).difference(spec.deps):
                     dts = self.tasks.get(d)
                     if dts is not None:
-                        dts.dependents.discard(spec.key)
+                        dts.drop_dependent(spec.key)
                         if dts.state == "released":
                             out += self._forget(dts)
             kept = ts.dependents if ts is not None else None
@@ -296,7 +296,7 @@ class Scheduler:
                 out.append(self._resolution(ts))
                 continue
             for d in spec.deps:
-                self.tasks[d].dependents.add(spec.key)
+                self.tasks[d].add_dependent(spec.key)
             out += self._make_ready_or_wait(ts)
         return out
 
@@ -319,7 +319,7 @@ class Scheduler:
             ts.nbytes = data.nbytes
             ts.data = data if data.nbytes <= P.INLINE_RESULT or not targets else None
             for ws in (targets if broadcast or not targets else [targets[i % len(targets)]]):
-                ts.who_has.add(ws.name)
+                ts.add_holder(ws.name)
                 ws.has.add(key)
                 out.append(Send(ws.name, P.Put(key, data)))
             out.append(Resolve(key, "finished", ts.data))
@@ -336,7 +336,7 @@ class Scheduler:
 
     def _make_ready_or_wait(self, ts: Task) -> list:
         out: list = []
-        ts.waiting_on = {d for d in ts.deps if self.tasks[d].state != "memory"}
+        ts.waiting_on = {d for d in ts.deps if self.tasks[d].state != "memory"} or EMPTY
         for d in list(ts.waiting_on):
             dts = self.tasks[d]
             if dts.state in FAILED:
@@ -406,17 +406,17 @@ class Scheduler:
         self.placement.finished(duration)
         ws = self.workers[worker]
         ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, type_name, data
-        ts.who_has.add(worker)
+        ts.add_holder(worker)
         ws.has.add(ts.key)
         ts.error = None
         out: list = [Resolve(ts.key, "finished", data)]
         for req in ts.fetchers:
             out += self.transfers.fetch(ts, req)
-        ts.fetchers = []
+        ts.fetchers = ()
         for dkey in sorted(ts.dependents, key=lambda k: self.tasks[k].order if k in self.tasks else 0):
             dts = self.tasks.get(dkey)
             if dts is not None and dts.state == "waiting":
-                dts.waiting_on.discard(ts.key)
+                dts.arrived(ts.key)
                 if not dts.waiting_on:
                     out += self._make_ready_or_wait(dts)
         if not ts.wanted and not self._needed_by_dependents(ts):
@@ -480,7 +480,7 @@ class Scheduler:
         out: list = [Resolve(ts.key, "error", error)]
         for req in ts.fetchers:
             out.append(Deliver(req, ts.key, error=error))
-        ts.fetchers = []
+        ts.fetchers = ()
         return out + self._fail_dependents(ts, error)
 
     def _fail_dependents(self, ts: Task, error: Any) -> list:
@@ -520,7 +520,7 @@ class Scheduler:
         if ts.state in FAILED:
             return req, [Deliver(req, key, error=ts.error)]
         if ts.state != "memory":
-            ts.fetchers.append(req)
+            ts.fetchers += (req,)
             return req, []
         return req, self.transfers.fetch(ts, req)
 
@@ -542,7 +542,7 @@ class Scheduler:
                 out += self.transfers.done(key, target, error)
             if tws is not None and ts is not None:
                 if payload is not None:
-                    ts.who_has.add(target)
+                    ts.add_holder(target)
                     tws.has.add(key)
                     out.append(self.transfers.put(key, target, payload))
                 else:
@@ -587,14 +587,14 @@ class Scheduler:
             if ws is not None:
                 ws.has.discard(ts.key)
                 out.append(Send(name, P.Free((ts.key,))))
-        ts.who_has.clear()
+        ts.drop_holders()
         ts.data = None
         if not ts.dependents or all(d not in self.tasks for d in ts.dependents):
             self.tasks.pop(ts.key, None)
             for d in ts.deps:
                 dts = self.tasks.get(d)
                 if dts is not None:
-                    dts.dependents.discard(ts.key)
+                    dts.drop_dependent(ts.key)
                     if dts.state == "released" or (not dts.wanted and not self._needed_by_dependents(dts)
                                                    and dts.state != "processing"):
                         if dts.state != "released" or dts.key in self.tasks:
@@ -617,7 +617,7 @@ class Scheduler:
         out: list = [Resolve(ts.key, "cancelled")]
         for req in ts.fetchers:
             out.append(Deliver(req, ts.key, error=_gone(ts.key)))
-        ts.fetchers = []
+        ts.fetchers = ()
         for dkey in sorted(ts.dependents):
             dts = self.tasks.get(dkey)
             if dts is not None and dts.state in PENDING:

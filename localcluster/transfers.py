@@ -39,7 +39,7 @@ class Transfers:
     def relay(self, ts: Task, target: WorkerState) -> list:
         """Get ``ts``'s data onto ``target``."""
         if ts.data is not None:
-            ts.who_has.add(target.name)
+            ts.add_holder(target.name)
             target.has.add(ts.key)
             return [self.put(ts.key, target.name, ts.data)]
         if (ts.key, target.name) in self.relaying or not ts.who_has:
@@ -148,7 +148,7 @@ class Transfers:
         if ts is not None and ts.state == "memory":
             return self.fetch(ts, client)
         if ts is not None and ts.state in ("waiting", "ready", "processing"):   # still to come
-            ts.fetchers.append(client)
+            ts.fetchers += (client,)
             return []
         if ts is not None and ts.state == "lost":
             return [Deliver(client, key, error=ts.error)]

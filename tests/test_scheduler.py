@@ -460,7 +460,7 @@ def test_death_reschedules_running_task_on_another_worker():
     acts = died(s, d, running(s, "a"))
     assert runs(acts) == [("a", "w2")]
     ts = s.tasks["a"]
-    assert ts.seq != old and ts.suspicious == 1 and ts.deaths == [d]
+    assert ts.seq != old and ts.suspicious == 1 and ts.deaths == (d,)
     assert "w1" not in s.workers
 
 
@@ -528,7 +528,7 @@ def test_requested_death_blames_nothing():
     s.submit([spec("a")])
     acts = died(s, death("w1", "requested", 0), running(s, "a"))
     assert not resolves(acts) and runs(acts) == [("a", "w2")]
-    assert s.tasks["a"].suspicious == 0 and s.tasks["a"].deaths == []
+    assert s.tasks["a"].suspicious == 0 and s.tasks["a"].deaths == ()
 
 
 def test_exception_death_blames_nothing():

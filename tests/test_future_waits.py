@@ -1,0 +1,60 @@
+"""A Future makes its Condition only when somebody waits on it (future.py): every way
+of waiting must still wake, whichever comes first, the waiter or the result, with
+results resolved by real workers while other threads wait."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+import threading
+
+import localcluster
+
+
+def inc(x):
+    return x + 1
+
+
+def test_many_threads_wait_on_futures_as_they_resolve(client):
+    futures = client.map(inc, range(3000))
+    seen: dict = {}
+    errors: list = []
+
+    def reader(seed: int) -> None:
+        order = list(enumerate(futures))
+        random.Random(seed).shuffle(order)
+        try:
+            for i, fut in order:
+                assert fut.result(timeout=30) == i + 1
+            seen[seed] = True
+        except BaseException as e:   # noqa: BLE001 - reported below, with the thread's seed
+            errors.append((seed, e))
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(seen) == 4
+
+
+def test_every_kind_of_wait_wakes_on_futures_resolved_later_or_already(client):
+    slow = [client.submit(inc, i, pure=False) for i in range(200)]
+    called = threading.Event()
+    slow[-1].add_done_callback(lambda f: called.set())
+    done, not_done = cf.wait(slow, timeout=30)                       # cf.wait installs waiters
+    assert not not_done and len(done) == 200
+    assert [f.result() for f in cf.as_completed(slow, timeout=30)]    # already done: no waiter
+    assert called.wait(30)
+    late = client.submit(inc, 1000, pure=False)
+    first = cf.wait([late], timeout=30, return_when=cf.FIRST_COMPLETED)
+    assert late in first.done and late.result() == 1001
+    assert sorted(f.result() for f in localcluster.as_completed(slow)) == list(range(1, 201))
+    assert repr(late).startswith("<Future: finished")
+
+
+def test_a_future_that_nobody_waited_for_resolves_and_reads_back(client):
+    futures = client.map(inc, range(500))
+    localcluster.wait(futures, timeout=30)
+    assert all(f.done() and f.status == "finished" for f in futures)
+    assert [f.result() for f in futures] == list(range(1, 501))
+    assert client.gather(futures) == list(range(1, 501))

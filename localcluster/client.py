@@ -17,7 +17,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, NamedTuple, Optional
 
 from . import future as _future
 from . import serialize
@@ -66,19 +66,28 @@ class Client:
 
     def track(self, fut: Future) -> None:
         """A new Future of ``fut.key`` (the Future calls this as it is made)."""
-        key = fut.key
         with self._refs_lock:
-            ref = weakref.ref(fut)
-            held = self._futures.get(key)
-            if held is None:
-                self._futures[key] = ref       # the common case: one future, no list
-            elif type(held) is list:
-                if len(held) > 2 * self._refs.get(key, 0) + 8:    # mostly dead: prune, amortized O(1)
-                    held[:] = [r for r in held if r() is not None]
-                held.append(ref)
-            else:
-                self._futures[key] = [held, ref] if held() is not None else ref
-            self._refs[key] = self._refs.get(key, 0) + 1
+            self._track(fut)
+
+    def track_many(self, futures: list) -> None:
+        """New Futures made with ``track=False``: one lock for a whole ``map``."""
+        with self._refs_lock:
+            for fut in futures:
+                self._track(fut)
+
+    def _track(self, fut: Future) -> None:      # under _refs_lock
+        key = fut.key
+        ref = weakref.ref(fut)
+        held = self._futures.get(key)
+        if held is None:
+            self._futures[key] = ref       # the common case: one future, no list
+        elif type(held) is list:
+            if len(held) > 2 * self._refs.get(key, 0) + 8:    # mostly dead: prune, amortized O(1)
+                held[:] = [r for r in held if r() is not None]
+            held.append(ref)
+        else:
+            self._futures[key] = [held, ref] if held() is not None else ref
+        self._refs[key] = self._refs.get(key, 0) + 1
 
     def untrack(self, key: str) -> None:
         """A Future of ``key`` was garbage-collected; the last one releases the key.
@@ -157,23 +166,30 @@ class Client:
             raise TypeError(f"could not pickle {where} of {_name(fn)}(): {type(e).__name__}: {e}. "
                             f"Pass something picklable, or create it inside the task.") from e
 
-    def _spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: "_Options") -> Spec:
-        fn_id, fn_bytes = self._function(fn)
+    def _spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: "_Options",
+              how: "Optional[_Function]" = None) -> Spec:
+        """``how``: the function pickled, named and hashed once, for a whole ``map``."""
+        how = how or self._how(fn, opts.pure)
         payload, deps = self._pickle_args(fn, args, kwargs)
         if key is None:
             if opts.pure:
-                # sha1 runs on the CPU's SHA instructions: ~2 GB/s, three times blake2b here.
-                # A key is an identity, not a security boundary.
-                h = hashlib.sha1(fn_bytes, usedforsecurity=False)
+                h = how.hashed.copy()
                 meta = payload.meta
                 h.update(meta.raw() if not isinstance(meta, bytes) else meta)
                 for b in payload.buffers:
                     h.update(b.raw())
-                key = f"{_name(fn)}-{h.hexdigest()}"
+                key = f"{how.name}-{h.hexdigest()}"
             else:
-                key = f"{_name(fn)}-{_PREFIX}{next(_unique):x}"
-        return Spec(key, fn_id, fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
+                key = f"{how.name}-{_PREFIX}{next(_unique):x}"
+        return Spec(key, how.fn_id, how.fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
                     opts.workers, opts.loose)
+
+    def _how(self, fn: Callable, pure: bool) -> "_Function":
+        fn_id, fn_bytes = self._function(fn)
+        # sha1 runs on the CPU's SHA instructions: ~2 GB/s, three times blake2b here. A
+        # key is an identity, not a security boundary.
+        hashed = hashlib.sha1(fn_bytes, usedforsecurity=False) if pure else None
+        return _Function(fn_id, fn_bytes, _name(fn), hashed)
 
     def _check(self) -> None:
         if self.status != "running":
@@ -226,8 +242,9 @@ class Client:
         else:
             raise TypeError("map(key=...) takes a list of keys, or a string prefix")
         specs = []
+        how = self._how(fn, opts.pure)
         for args, k in zip(items, keys):
-            spec = self._spec(fn, args, kwargs, k, opts)
+            spec = self._spec(fn, args, kwargs, k, opts, how)
             if isinstance(key, str):
                 spec = dataclasses.replace(spec, key=f"{key}-{spec.key.rsplit('-', 1)[-1]}")
             specs.append(spec)
@@ -243,7 +260,14 @@ class Client:
         return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
 
     def _submit(self, specs: list) -> list[Future]:
-        return self.cluster.submit(specs, lambda: [Future(s.key, self) for s in specs])
+        if len(specs) == 1:
+            return self.cluster.submit(specs, lambda: [Future(specs[0].key, self)])
+
+        def track() -> list:
+            futures = [Future(s.key, self, track=False) for s in specs]
+            self.track_many(futures)
+            return futures
+        return self.cluster.submit(specs, track)
 
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (the cluster broke)."""
@@ -410,6 +434,15 @@ class _Strong:
 
     def __call__(self) -> Any:
         return self.obj
+
+
+class _Function(NamedTuple):
+    """A task function as ``_spec`` needs it: its id and bytes, its name for keys, and the
+    sha1 of its bytes for pure keys (copied, then fed each task's arguments)."""
+    fn_id: int
+    fn_bytes: bytes
+    name: str
+    hashed: Any
 
 
 @dataclasses.dataclass(frozen=True)

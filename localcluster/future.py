@@ -64,7 +64,7 @@ _PENDING, _FINISHED = "PENDING", "FINISHED"
 class Future(cf.Future):
     """The result of a task, computed on the cluster."""
 
-    def __init__(self, key: str, client: "Client"):
+    def __init__(self, key: str, client: "Client", track: bool = True):
         # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
         # 1.4 KB that most futures never use (nobody waits before they finish). It is
         # made on first use (``_condition``); waiters and callbacks are only ever added
@@ -78,7 +78,8 @@ class Future(cf.Future):
         self.key = key
         self.client = client
         self._lost: Optional[BaseException] = None
-        client.track(self)
+        if track:           # else the client tracks a batch at once (Client.track_many)
+            client.track(self)
 
     @property
     def _condition(self) -> threading.Condition:

@@ -335,6 +335,10 @@ class Scheduler:
         return self.transfers.stored(ack)
 
     def _make_ready_or_wait(self, ts: Task) -> list:
+        if not ts.deps and not ts.spec.workers:      # most tasks of a big map: ready at once
+            ts.state = "ready"
+            self.placement.push(ts, ())
+            return []
         out: list = []
         ts.waiting_on = {d for d in ts.deps if self.tasks[d].state != "memory"} or EMPTY
         for d in list(ts.waiting_on):

@@ -186,8 +186,28 @@ def dumps_result(obj: Any) -> Payload:
     return _payload(f.getvalue(), buffers)
 
 
+# Argument types the C pickler writes exactly as cloudpickle does (so a pure key does
+# not depend on the path taken) and that can hold neither a Future nor a large buffer.
+_PLAIN = frozenset({int, float, bool, type(None), str, complex})
+
+
+def _plain(args: tuple) -> bool:
+    for a in args:
+        t = type(a)
+        if t not in _PLAIN and (t is not bytes or len(a) >= OUT_OF_BAND):
+            return False
+    return True
+
+
 def dumps_collecting(obj: Any) -> tuple[Payload, tuple]:
     """Pickle task arguments; returns the payload and the keys of the futures found inside."""
+    args, kwargs = obj
+    if not kwargs and _plain(args):
+        # map(f, range(n)) and its kind: the C pickler alone, 1 µs instead of 6.
+        meta = pickle.dumps(obj, protocol=5)
+        if len(meta) < OUT_OF_BAND:
+            return Payload(meta, (), len(meta)), ()
+        return _payload(meta, []), ()
     p = _pickler()
     p.deps = deps = {}
     try:

@@ -356,3 +356,14 @@ def test_describe_shortens_long_reprs():
     assert serialize.describe([1, 2]) == "[1, 2]"
     long = serialize.describe(list(range(1000)))
     assert len(long) == 80 and long.endswith("...") and long.startswith("[0, 1, 2")
+
+
+@pytest.mark.parametrize("args", [(1,), (1, "a", 2.5, None, True, 3j, b"x" * 100), (), ("é" * 10_000,)])
+def test_plain_arguments_pickle_to_the_same_bytes_on_the_fast_path(args):
+    # A pure task's key hashes its pickled arguments: the C pickler's fast path for plain
+    # values must write what cloudpickle writes, or the same call would get two keys.
+    fast, deps = serialize.dumps_collecting((args, {}))
+    slow = serialize.dumps(((args, {})))
+    assert deps == () and bytes(fast.meta.raw() if hasattr(fast.meta, "raw") else fast.meta) == \
+        bytes(slow.meta.raw() if hasattr(slow.meta, "raw") else slow.meta)
+    assert serialize.loads(fast) == (args, {})

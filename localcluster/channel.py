@@ -39,6 +39,7 @@ from typing import Any, Iterator
 from .protocol import MEMFD_THRESHOLD
 
 HAVE_MEMFD = hasattr(os, "memfd_create")
+_CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0)     # Linux; elsewhere descriptors arrive inheritable
 _HEAD = struct.Struct("<QIQ")
 _SIZE = struct.Struct("<Q")
 _FD_FLAG = 1 << 63
@@ -167,7 +168,9 @@ class _Reader:
 
 def _recv_into(sock: socket.socket, reader: _Reader) -> None:
     want = max(_RECV, reader.needed())
-    data, anc, _flags, _addr = sock.recvmsg(want, socket.CMSG_SPACE(_MAX_FDS * 4))
+    # Received descriptors close on exec from the start: a task thread that starts a
+    # program meanwhile must not inherit shared memory (SECURITY.md).
+    data, anc, _flags, _addr = sock.recvmsg(want, socket.CMSG_SPACE(_MAX_FDS * 4), _CLOEXEC)
     if not data:
         for level, kind, cdata in anc:  # pragma: no cover - fds without data cannot happen
             reader.feed(b"", anc)

@@ -330,6 +330,10 @@ def main(cfg: dict) -> None:
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    # pass_fds hands them over inheritable: a program a task starts with close_fds=False
+    # would get our channel to the parent and the board (SECURITY.md).
+    for fd in (cfg["sock_fd"], cfg["board_fd"]):
+        os.set_inheritable(fd, False)
     worker = None
     try:
         worker = Worker(cfg)

@@ -77,6 +77,8 @@ def test_results_spill_to_disk_instead_of_killing_the_worker():
         spill_dir = os.path.join(c.local_directory, info.name)
         assert stat.S_IMODE(os.stat(c.local_directory).st_mode) == 0o700
         assert len(os.listdir(spill_dir)) >= 4
+        assert stat.S_IMODE(os.stat(spill_dir).st_mode) == 0o700          # SECURITY.md
+        assert {stat.S_IMODE(os.stat(os.path.join(spill_dir, n)).st_mode) for n in os.listdir(spill_dir)} == {0o600}
         for i, f in enumerate(futs):
             arr = f.result(60)
             assert arr.shape == (5 * MiB,) and arr[0] == i and arr[-1] == i

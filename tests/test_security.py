@@ -1,0 +1,56 @@
+"""What SECURITY.md promises, checked on real processes: no process of a cluster listens
+on any socket, and the descriptors of a worker's channel and of the shared memory that
+carries large data are never inherited by a program a task starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from localcluster import Client, LocalCluster
+
+np = pytest.importorskip("numpy")
+
+
+def listening(pid: int) -> list:
+    proc = psutil.Process(pid)
+    conns = proc.net_connections(kind="all") if hasattr(proc, "net_connections") else proc.connections(kind="all")
+    return [c for c in conns if c.status == psutil.CONN_LISTEN]
+
+
+def pids(cluster) -> list:
+    me = psutil.Process()
+    return [p.pid for p in me.children(recursive=True)]
+
+
+def fds_of_a_child_that_inherits_everything(big) -> list:
+    # close_fds=False: every descriptor the worker left inheritable would show up here.
+    script = ("import os\n"
+              "for fd in sorted(os.listdir('/proc/self/fd'), key=int):\n"
+              "    try: print(fd, os.readlink('/proc/self/fd/' + fd))\n"
+              "    except OSError: pass   # the listing's own descriptor, closed by now\n")
+    out = subprocess.run([sys.executable, "-c", script], close_fds=False, capture_output=True, text=True,
+                         check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines()), int(big.sum())
+
+
+def test_no_process_of_a_cluster_listens_on_a_socket():
+    with LocalCluster(n_workers=2, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
+        arr = np.ones(20 * 2**20 // 8)
+        assert cl.submit(lambda a: float(a.sum()), cl.scatter(arr)).result(30) == arr.size
+        procs = [os.getpid(), *pids(c)]
+        assert len(procs) >= 3                        # us (scheduler and nannies) and 2 workers
+        assert {pid: listening(pid) for pid in procs} == {pid: [] for pid in procs}
+
+
+def test_task_subprocesses_inherit_no_channel_or_memory_descriptor():
+    with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        big = cl.scatter(np.ones(20 * 2**20 // 8, dtype=np.int64))   # arrives as shared memory
+        fds, total = cl.submit(fds_of_a_child_that_inherits_everything, big).result(30)
+        assert total == 20 * 2**20 // 8
+        # 0-2 are the worker's stdio (/dev/null and the pipes its output is read from).
+        assert sorted(fds) == ["0", "1", "2"], fds
+

@@ -92,6 +92,8 @@ class Client:
     def untrack(self, key: str) -> None:
         """A Future of ``key`` was garbage-collected; the last one releases the key.
         Runs inside the garbage collector, on any thread: hand the key off, never block."""
+        if self.status == "forked":         # the parent's client holds the key
+            return
         with self._refs_lock:
             n = self._refs.get(key, 0) - 1
             if n > 0:
@@ -192,6 +194,8 @@ class Client:
         return _Function(fn_id, fn_bytes, _name(fn), hashed)
 
     def _check(self) -> None:
+        if self.status == "forked":
+            self.cluster.check_open()       # says what a fork means
         if self.status != "running":
             raise RuntimeError("this Client is closed")
         self.cluster.check_open()
@@ -311,7 +315,7 @@ class Client:
         if asynchronous:
             return self._gather_async(futures, errors)
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
-        cf.wait(flat)
+        _future.wait(flat)          # not cf.wait: in a forked child it raises instead of hanging
         lazy = [f for f in flat if _future.needs_fetch(f)]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.cluster.fetch([f.key for f in lazy])
@@ -402,6 +406,12 @@ class Client:
     def get_executor(self, **submit_kwargs: Any) -> Any:
         from .executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
+
+    def after_fork(self) -> None:
+        """In a child forked from this process: inert (see LocalCluster.mark_forked). The
+        lock is new: a thread of the parent may have held it at the fork."""
+        self._refs_lock = threading.RLock()
+        self.status = "forked"
 
     def close(self) -> None:
         if self.status == "closed":

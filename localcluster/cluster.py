@@ -94,6 +94,7 @@ class LocalCluster:
         self.memory_limit: Optional[int] = available_memory() // max(1, self.n_workers) if limit == "auto" else limit
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         self._status = "starting"
+        self._owner_pid = os.getpid()                  # a forked child sees another pid (_after_fork)
         self._said_no_worker = False                   # the no-worker warning is given (submit)
         self.scheduler = S.Scheduler(cfg["allowed_failures"])
         self._lock = threading.Lock()                  # guards the scheduler and the nannies
@@ -204,7 +205,7 @@ class LocalCluster:
         self._supervisor.wait_for(self._supervisor.target, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        if self._status == "closed":
+        if self._status in ("closed", "forked"):     # forked: the workers are the parent's to stop
             return
         self._status = "closing"
         thread = self._loop.thread
@@ -274,7 +275,13 @@ class LocalCluster:
     # --- for the client and its futures ------------------------------------------------------
 
     def check_open(self) -> None:
-        """Raise if the cluster is closed or broken."""
+        """Raise if the cluster is closed or broken, or this process is a fork of its owner."""
+        if self._status == "forked":
+            raise RuntimeError(
+                f"this LocalCluster belongs to process {self._owner_pid}, and this process "
+                f"({os.getpid()}) is a fork of it: its scheduler thread and workers stayed in the "
+                f"parent. Create a new LocalCluster in the child, or start children with the "
+                f"'spawn' or 'forkserver' method of multiprocessing.")
         if self._status in ("closing", "closed"):
             raise RuntimeError("this LocalCluster is closed; create a new one")
         if self._dispatch.broken is not None:
@@ -305,6 +312,12 @@ class LocalCluster:
 
     def cancel(self, keys: list) -> None:
         self._dispatch.event(self.scheduler.cancel, keys)
+
+    def mark_forked(self) -> None:
+        """In a child forked from the owner: inert from now on. Locks other threads held at
+        the fork stay held here, so nothing may take them: every entry point checks this
+        state first, and close() leaves the workers and the directory to the parent."""
+        self._status = "forked"
 
     def release(self, key: str) -> None:
         """The last Future of ``key`` is gone (any thread, even inside the garbage collector)."""
@@ -403,6 +416,16 @@ def _pickled(initializer: Optional[Callable], initargs: tuple) -> Optional[str]:
         return None
     import cloudpickle
     return cloudpickle.dumps((initializer, tuple(initargs))).hex()
+
+
+def _after_fork_in_child() -> None:
+    for cluster in list(_live_clusters):
+        cluster.mark_forked()
+    _live_clusters.clear()       # so the child's atexit closes (and kills) nothing
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -13,6 +13,7 @@ The client resolves its futures through the module functions below (``finish``,
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import queue
 import threading
 import time
@@ -37,6 +38,16 @@ def register_client(client: "Client") -> None:
 
 def unregister_client(client: "Client") -> None:
     _clients.pop(client.id, None)
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_clients.values()):
+        client.after_fork()
+    _clients.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def latest_client() -> "Optional[Client]":
@@ -120,6 +131,8 @@ class Future(cf.Future):
     def _within(self, wait: Callable, timeout: Optional[float]) -> Any:
         """``wait(timeout)``; a timeout says why the task is not done (running where, waiting
         for what, or queued with no worker) instead of an empty TimeoutError."""
+        if self._state != _FINISHED and self.client.status == "forked" and not self.done():
+            self.client.cluster.check_open()      # nobody here would ever resolve it: say why
         try:
             return wait(timeout)
         except cf.TimeoutError:
@@ -298,7 +311,11 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
     if return_when not in (cf.ALL_COMPLETED, cf.FIRST_COMPLETED, cf.FIRST_EXCEPTION):
         raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
                          f"or FIRST_EXCEPTION")
-    result = cf.wait(list(fs), timeout, return_when)
+    fs = list(fs)
+    for f in fs:
+        if isinstance(f, Future) and not f.done() and f.client.status == "forked":
+            f.client.cluster.check_open()     # in a forked child nobody would resolve it
+    result = cf.wait(fs, timeout, return_when)
     if return_when == cf.ALL_COMPLETED and timeout is not None and result.not_done:
         raise TimeoutError(f"{len(result.not_done)} of {len(result.done) + len(result.not_done)} "
                            f"futures were not done after {timeout:g} s")

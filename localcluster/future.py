@@ -70,6 +70,8 @@ class _Stored:
 _MAKING = threading.Lock()
 # concurrent.futures' own state values (stable since 3.2; the conformance tests hold us to them).
 _PENDING, _FINISHED = "PENDING", "FINISHED"
+_CANCELLED, _NOTIFIED = "CANCELLED", "CANCELLED_AND_NOTIFIED"
+_ENDED = (_CANCELLED, _NOTIFIED, _FINISHED)
 
 
 class Future(cf.Future):
@@ -101,6 +103,12 @@ class Future(cf.Future):
                 if cond is None:
                     cond = self._cond = threading.Condition()
         return cond
+
+    def done(self) -> bool:
+        return self._state in _ENDED       # one read: no lock, and no Condition made for it
+
+    def cancelled(self) -> bool:
+        return self._state in (_CANCELLED, _NOTIFIED)
 
     @property
     def status(self) -> str:
@@ -251,6 +259,12 @@ def finish(fut: Future, payload: Any) -> None:
 def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
     if lost:
         fut._lost = exc
+    with _MAKING:
+        if fut._cond is None:           # as in finish(): nobody to wake
+            if fut._state == _PENDING:
+                fut._exception = exc
+                fut._state = _FINISHED
+            return
     try:
         fut.set_exception(exc)
     except cf.InvalidStateError:
@@ -258,6 +272,11 @@ def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
 
 
 def mark_cancelled(fut: Future) -> None:
+    with _MAKING:
+        if fut._cond is None:           # as in finish(): nobody to wake
+            if fut._state == _PENDING:
+                fut._state = _NOTIFIED
+            return
     if cf.Future.cancel(fut):
         fut.set_running_or_notify_cancel()
 

@@ -1,0 +1,84 @@
+"""Ctrl-C: a real SIGINT sent to a Python process blocked in gather, result(), wait, map
+or scale raises KeyboardInterrupt in it within half a second, and the cluster stays
+usable afterwards, then closes cleanly. The signal goes to a child interpreter running
+a script, as it would from a terminal."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    import localcluster
+    from localcluster import Client, LocalCluster
+
+    def until(path):
+        while not os.path.exists(path):
+            time.sleep(0.01)
+
+    def inc(x):
+        return x + 1
+
+    phase, marker = sys.argv[1], sys.argv[2]
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        blocked = client.submit(until, marker, pure=False)
+        calls = {
+            "result": lambda: blocked.result(),
+            "gather": lambda: client.gather([blocked, client.submit(inc, 1)]),
+            "wait": lambda: localcluster.wait([blocked]),
+            "map": lambda: [client.map(inc, range(200_000)) for _ in range(100)],
+            "scale": lambda: cluster.scale(40),
+        }
+        print("go", flush=True)
+        try:
+            calls[phase]()
+            print("returned", flush=True)
+        except KeyboardInterrupt:
+            print(f"interrupted {time.monotonic():.6f}", flush=True)
+        open(marker, "w").close()
+        assert blocked.result(30) is None
+        assert client.submit(inc, 41).result(30) == 42
+        print("usable", flush=True)
+    print("closed", flush=True)
+''')
+
+
+def _main_thread_waits(pid: int) -> bool:
+    """The process's main thread is asleep (blocked in a wait), or the call is running."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in "SR"
+
+
+@pytest.mark.parametrize("phase", ["result", "gather", "wait", "map", "scale"])
+def test_ctrl_c_interrupts_the_call_and_the_cluster_stays_usable(tmp_path, phase):
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), phase, str(tmp_path / "marker")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "go"
+        # "go" is printed just before the call: give the call time to block (the event we
+        # would wait on is inside the child), then interrupt it.
+        time.sleep(0.3)
+        assert _main_thread_waits(proc.pid)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    lines = out.split()
+    assert proc.returncode == 0, err
+    assert "interrupted" in lines, (out, err)
+    latency = float(lines[lines.index("interrupted") + 1]) - sent
+    assert latency < 0.5, f"KeyboardInterrupt came {latency:.3f} s after SIGINT"
+    assert out.rstrip().endswith("usable\nclosed"), out

@@ -53,6 +53,7 @@ from .machine import available_memory, make_cluster_directory, purge_stale_direc
 from .nanny import logger
 from .records import Spec
 from .supervisor import Supervisor, WorkerInfo, WorkerSettings
+from .watchdog import Watchdog
 
 __all__ = ["LocalCluster", "WorkerInfo"]
 
@@ -109,6 +110,11 @@ class LocalCluster:
         self._dispatch.bind(self._supervisor)
         self._callbacks = CallbackThread()
         self._loop.start(self._run)
+        self._watchdog: Optional[Watchdog] = None
+        if cfg["scheduler_watchdog"]:
+            self._watchdog = Watchdog(self._loop, cfg["scheduler_watchdog"], pending=lambda: bool(self.scheduler.tasks),
+                                      on_stall=self._stalled)
+            self._watchdog.start()
         _live_clusters.add(self)
         for callback in list(_watchers):
             callback(self)
@@ -135,6 +141,15 @@ class LocalCluster:
         except BaseException:  # a bug here must be loud and fail everyone at once, never hang
             self._dispatch.break_("scheduler thread", traceback.format_exc())
             self._supervisor.reap_all()
+
+    def _stalled(self, seconds: float, stack: str) -> None:
+        """On the watchdog thread: the scheduler thread has been stuck for ``seconds``."""
+        limit = self.config["scheduler_watchdog"]
+        self._dispatch.break_(f"scheduler thread (busy {seconds:.1f} s without returning, past "
+                              f"scheduler_watchdog={limit:g} s, while tasks were pending)",
+                              f"the scheduler thread's stack when it was found stuck:\n{stack}"
+                              f"RuntimeError: the scheduler thread made no progress for {seconds:.1f} s")
+        self._supervisor.kill_all()     # it cannot stop them itself
 
     # --- public -------------------------------------------------------------------------------
 
@@ -208,6 +223,8 @@ class LocalCluster:
         if self._status in ("closed", "forked"):     # forked: the workers are the parent's to stop
             return
         self._status = "closing"
+        if self._watchdog is not None:
+            self._watchdog.stop()
         thread = self._loop.thread
         if thread is not None and thread.is_alive() and not self._loop.on_loop():
             try:

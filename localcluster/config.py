@@ -32,7 +32,10 @@ def parse_bytes(text: str) -> int:
     m = _BYTES_RE.match(text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(text)
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(n):      # 400 digits: more bytes than a float can count
+        raise ValueError(text)
+    return int(n)
 
 
 def format_bytes(n: float | None) -> str:
@@ -96,7 +99,7 @@ def _fraction(key: str) -> Callable[[Any], Any]:
             return None
         try:
             f = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise _bad(key, value, accepted) from None
         if isinstance(value, bool) or not 0 < f <= 1:
             raise _bad(key, value, accepted)
@@ -162,6 +165,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "local_directory": _directory,
     "forward_logs": _forward_logs,
     "worker_ttl": _seconds("worker_ttl", allow_none=True),
+    "scheduler_watchdog": _seconds("scheduler_watchdog", allow_none=True),
     "memory_target": _fraction("memory_target"),
     "memory_pause": _fraction("memory_pause"),
     "memory_terminate": _fraction("memory_terminate"),
@@ -177,6 +181,7 @@ DEFAULTS: dict[str, Any] = {
     "local_directory": None,
     "forward_logs": True,
     "worker_ttl": 60.0,
+    "scheduler_watchdog": 30.0,   # the scheduler thread busy that long with work pending: broken
     "memory_target": 0.6,
     "memory_pause": 0.8,
     "memory_terminate": 0.95,

@@ -204,8 +204,12 @@ class Dispatcher:
         for client in list(self._clients):
             client.fail_pending(err)
         self.fail_requests(err)
-        with self._changed:
-            self._changed.notify_all()
+        # From the watchdog, the stuck scheduler thread may hold the lock: never wait long.
+        if self._changed.acquire(timeout=1.0):
+            try:
+                self._changed.notify_all()
+            finally:
+                self._changed.release()
         self._loop.wake()
 
     def fail_requests(self, exc: BaseException) -> None:

@@ -34,6 +34,9 @@ class EventLoop:
         self._on_wake = on_wake               # runs first on every wake-up (work queued lock-free)
         self.thread: Optional[threading.Thread] = None
         self._stopped = False                 # run() has returned: commands fail at once
+        # Since when the loop thread has been handling what woke it (None: in select).
+        # Written by the loop thread only; the watchdog reads it.
+        self.busy_since: Optional[float] = None
 
     def start(self, main: Callable[[], None]) -> None:
         self.thread = threading.Thread(target=main, name="localcluster-scheduler", daemon=True)
@@ -95,15 +98,19 @@ class EventLoop:
         try:
             next_tick = time.monotonic()
             while True:
-                now = time.monotonic()
+                now = self.busy_since = time.monotonic()
                 if now >= next_tick:
                     tick(now)
                     next_tick = now + interval
                 if not keep_going():
                     return
-                for key, mask in self._selector.select(max(0.0, next_tick - time.monotonic())):
+                self.busy_since = None
+                ready = self._selector.select(max(0.0, next_tick - time.monotonic()))
+                self.busy_since = time.monotonic()
+                for key, mask in ready:
                     key.data(mask)
         finally:
+            self.busy_since = None
             self._stopped = True
             self._fail_pending()
 

@@ -19,9 +19,9 @@ PACKAGE = Path(localcluster.__file__).resolve().parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 # Underscore names that belong to the standard library, not to another module of ours:
-# os._exit, and the internals of concurrent.futures.Future that future.py's subclass
-# reads on its own instances (its state lives there).
-STDLIB_PRIVATE = {"_exit", "_condition", "_result", "_exception", "_getframe"}
+# os._exit, sys._getframe and sys._current_frames (documented in sys), and the internals
+# of concurrent.futures.Future that future.py's subclass reads on its own instances.
+STDLIB_PRIVATE = {"_exit", "_condition", "_result", "_exception", "_getframe", "_current_frames"}
 
 
 def test_the_import_layers_hold():

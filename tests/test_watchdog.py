@@ -1,0 +1,47 @@
+"""The scheduler thread's watchdog: when that thread gets stuck while tasks are pending,
+every waiter fails at once with ClusterBroken carrying the stuck thread's stack, instead
+of waiting forever. The thread is made stuck for real, inside its handling of a finished
+task, on a real cluster."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from localcluster import Client, ClusterBroken, LocalCluster
+from localcluster import scheduler as S
+
+
+def inc(x):
+    return x + 1
+
+
+def test_a_stuck_scheduler_thread_breaks_the_cluster_with_its_stack(monkeypatch):
+    release = threading.Event()
+    handle = S.Scheduler.handle_messages
+
+    def stuck_in_handling(self, worker, msgs):
+        release.wait(30)             # what a deadlock inside the scheduler looks like
+        return handle(self, worker, msgs)
+
+    with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=0.5) as c, Client(c) as cl:
+        assert cl.submit(inc, 1).result(30) == 2
+        monkeypatch.setattr(S.Scheduler, "handle_messages", stuck_in_handling)
+        fut = cl.submit(inc, 2)
+        try:
+            with pytest.raises(ClusterBroken) as info:
+                fut.result(20)
+            text = str(info.value)
+            assert "scheduler_watchdog=0.5" in text and "stuck_in_handling" in text and "release.wait" in text
+            with pytest.raises(ClusterBroken):
+                cl.submit(inc, 3)
+        finally:
+            release.set()
+
+
+def test_an_idle_scheduler_or_a_long_task_is_not_a_stall():
+    with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=0.3) as c, Client(c) as cl:
+        slow = cl.submit(time.sleep, 1.5)              # the thread waits in select meanwhile
+        assert slow.result(30) is None
+        assert cl.submit(inc, 1).result(30) == 2

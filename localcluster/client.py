@@ -172,7 +172,14 @@ class Client:
               how: "Optional[_Function]" = None) -> Spec:
         """``how``: the function pickled, named and hashed once, for a whole ``map``."""
         how = how or self._how(fn, opts.pure)
-        payload, deps = self._pickle_args(fn, args, kwargs)
+        payload, found = self._pickle_args(fn, args, kwargs)
+        if found:
+            foreign = [k for k, owner in found.items() if owner != self.id]
+            if foreign:
+                raise ValueError(f"the arguments of {how.name}() hold future {foreign[0]!r} of another "
+                                 f"Client (closed or not this one): its data is not on this cluster. "
+                                 f"Pass its result() instead, or submit from the client that made it.")
+        deps = tuple(found)
         if key is None:
             if opts.pure:
                 h = how.hashed.copy()

@@ -323,6 +323,17 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
 serialize.install_futures(Future, _from_pickle)
 
 
+def _only_futures(what: str, fs: Any) -> list:
+    try:
+        fs = list(fs)
+    except TypeError:
+        raise TypeError(f"{what}(fs={fs!r}): expected a Future or an iterable of Futures") from None
+    for i, f in enumerate(fs):
+        if not isinstance(f, cf.Future):
+            raise TypeError(f"{what}(fs=...): item {i} is {type(f).__name__} {f!r:.60}, not a Future")
+    return fs
+
+
 def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):
     """``concurrent.futures.wait`` for our futures: (done, not_done)."""
     if isinstance(fs, Future):
@@ -330,7 +341,7 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
     if return_when not in (cf.ALL_COMPLETED, cf.FIRST_COMPLETED, cf.FIRST_EXCEPTION):
         raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
                          f"or FIRST_EXCEPTION")
-    fs = list(fs)
+    fs = _only_futures("wait", fs)
     for f in fs:
         if isinstance(f, Future) and not f.done() and f.client.status == "forked":
             f.client.cluster.check_open()     # in a forked child nobody would resolve it
@@ -356,6 +367,8 @@ class as_completed:
             self.add(f)
 
     def add(self, future: Future) -> None:
+        if not isinstance(future, cf.Future):
+            raise TypeError(f"as_completed: {type(future).__name__} {future!r:.60} is not a Future")
         with self._lock:
             self._pending += 1
             self._held.add(future)

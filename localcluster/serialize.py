@@ -92,7 +92,7 @@ class _Reusable:
 
     def _reduce_future(self, fut: Any) -> tuple:
         if self.deps is not None:
-            self.deps[fut.key] = None
+            self.deps[fut.key] = fut.client.id
         return (_placeholder, (fut.key, fut.client.id))
 
     def _know_futures(self) -> None:
@@ -199,19 +199,20 @@ def _plain(args: tuple) -> bool:
     return True
 
 
-def dumps_collecting(obj: Any) -> tuple[Payload, tuple]:
-    """Pickle task arguments; returns the payload and the keys of the futures found inside."""
+def dumps_collecting(obj: Any) -> tuple[Payload, dict]:
+    """Pickle task arguments; returns the payload and the futures found inside, as
+    {key: id of the client the future belongs to}."""
     args, kwargs = obj
     if not kwargs and _plain(args):
         # map(f, range(n)) and its kind: the C pickler alone, 1 µs instead of 6.
         meta = pickle.dumps(obj, protocol=5)
         if len(meta) < OUT_OF_BAND:
-            return Payload(meta, (), len(meta)), ()
-        return _payload(meta, []), ()
+            return Payload(meta, (), len(meta)), {}
+        return _payload(meta, []), {}
     p = _pickler()
     p.deps = deps = {}
     try:
-        return _payload(*p.dumps(_wrap(obj))), tuple(deps)
+        return _payload(*p.dumps(_wrap(obj))), deps
     finally:
         p.deps = None
 

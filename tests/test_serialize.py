@@ -364,6 +364,6 @@ def test_plain_arguments_pickle_to_the_same_bytes_on_the_fast_path(args):
     # values must write what cloudpickle writes, or the same call would get two keys.
     fast, deps = serialize.dumps_collecting((args, {}))
     slow = serialize.dumps(((args, {})))
-    assert deps == () and bytes(fast.meta.raw() if hasattr(fast.meta, "raw") else fast.meta) == \
+    assert deps == {} and bytes(fast.meta.raw() if hasattr(fast.meta, "raw") else fast.meta) == \
         bytes(slow.meta.raw() if hasattr(slow.meta, "raw") else slow.meta)
     assert serialize.loads(fast) == (args, {})

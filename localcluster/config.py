@@ -124,6 +124,19 @@ def _memory_limit(value: Any) -> Any:
     return value or None
 
 
+def _ceiling(value: Any) -> Any:
+    accepted = "a multiple of memory_limit >= 1 (such as 1.25), or None for no ceiling"
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise _bad("memory_ceiling", value, accepted) from None
+    if isinstance(value, bool) or not 1 <= f < math.inf:
+        raise _bad("memory_ceiling", value, accepted)
+    return f
+
+
 def _bool(key: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, str):
@@ -166,6 +179,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "forward_logs": _forward_logs,
     "worker_ttl": _seconds("worker_ttl", allow_none=True),
     "scheduler_watchdog": _seconds("scheduler_watchdog", allow_none=True),
+    "worker_cgroup": _bool("worker_cgroup"),
+    "memory_ceiling": _ceiling,
     "memory_target": _fraction("memory_target"),
     "memory_pause": _fraction("memory_pause"),
     "memory_terminate": _fraction("memory_terminate"),
@@ -181,6 +196,8 @@ DEFAULTS: dict[str, Any] = {
     "local_directory": None,
     "forward_logs": True,
     "worker_ttl": 60.0,
+    "worker_cgroup": True,        # a memory cgroup per worker where this process may make one
+    "memory_ceiling": None,       # its kernel limit, as a multiple of memory_limit (cgroup.py)
     "scheduler_watchdog": 30.0,   # the scheduler thread busy that long with work pending: broken
     "memory_target": 0.6,
     "memory_pause": 0.8,

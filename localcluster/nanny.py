@@ -13,6 +13,7 @@ process and their own children can be killed as a group.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -27,12 +28,15 @@ from typing import Any, Optional
 from . import logs
 from .board import Board
 from .channel import Channel
+from .cgroup import WorkerGroup
 from .machine import oom_counters, read_oom_count
 from .machine import rss as read_rss
 from .output import OutputStream
 from .worker import BOOT
 
 logger = logging.getLogger("localcluster")
+
+_groups = itertools.count()      # cgroup names stay unique across clusters of one process
 
 _WORKER_ENV = {
     # dask's pre-spawn environment: return freed memory to the OS promptly, and do
@@ -94,6 +98,7 @@ class Nanny:
         self._oom_paths: list[str] = []
         self._oom_base: dict[str, int] = {}
         self._oom_at = 0.0
+        self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
 
     # --- start -----------------------------------------------------------------------
 
@@ -126,6 +131,15 @@ class Nanny:
         finally:
             child_sock.close()
         self.pid = self.proc.pid
+        # Before its first task (tasks come after Ready): all it and its children allocate
+        # meets the ceiling, and every process a task starts is a member.
+        if self.settings.get("worker_cgroup"):
+            factor = self.settings.get("memory_ceiling")
+            ceiling = int(self.memory_limit * factor) if factor and self.memory_limit else None
+            self.group = WorkerGroup.create(f"{self.name}-{next(_groups)}", ceiling)
+            if self.group is not None and not self.group.add(self.pid):
+                self.group.remove()
+                self.group = None
         self.started = time.monotonic()
         self.chan = Channel(parent_sock)
         forward = {True: "output", "all": "all"}.get(self.forward_logs)
@@ -216,6 +230,8 @@ class Nanny:
         """Collect the exit status, kill whatever the worker left behind, drain its output."""
         code = self.proc.wait()
         self.exitcode = code
+        if self.group is not None:
+            self.group.kill_all()                # every descendant, even one that called setsid
         try:
             os.killpg(self.pid, signal.SIGKILL)   # its own children, started by tasks
         except (ProcessLookupError, PermissionError):
@@ -242,3 +258,6 @@ class Nanny:
                     pipe.close()
         if self.board is not None:
             self.board.close()
+        if self.group is not None:
+            self.group.remove()
+            self.group = None

@@ -220,6 +220,11 @@ def _write(path: str, payload: Payload) -> None:
             f.write(meta)
             for b in bufs:
                 f.write(b)
+            f.flush()
+            if hasattr(os, "posix_fadvise"):
+                # Start writing it out now and let its pages go once clean: spilled data
+                # left as dirty page cache still counts against the worker's memory cgroup.
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     except BaseException:
         _unlink(path)
         raise

@@ -43,12 +43,17 @@ LEVELS = {
     "forward_logs": (("ALL", "all"), (False, False), ("yes", True)),
     "worker_ttl": (("5", 5.0), (None, None), (7, 7.0)),
     "scheduler_watchdog": (("12", 12.0), ("none", None), (3.5, 3.5)),
+    "worker_cgroup": (("off", False), (True, True), (False, False)),
+    "memory_ceiling": (("1.5", 1.5), (2, 2.0), (1.25, 1.25)),
     "memory_target": (("0.5", 0.5), (0.4, 0.4), (False, None)),
     "memory_pause": (("0.85", 0.85), ("0.7", 0.7), (0.75, 0.75)),
     "memory_terminate": (("0.99", 0.99), (1, 1.0), ("false", None)),
     "memory_sample_interval": (("0.5", 0.5), (0.25, 0.25), (2, 2.0)),
     "log_lines": (("10", 10), (20, 20), ("30", 30)),
 }
+
+
+TWO_VALUED = {"worker_cgroup"}
 
 
 def test_every_key_is_covered_here():
@@ -73,7 +78,8 @@ def test_resolve_with_ellipsis_means_not_given():
 def test_keyword_beats_set_beats_environment_beats_default(key, monkeypatch):
     (env, from_env), (set_value, from_set), (kw, from_kw) = LEVELS[key]
     default = config.DEFAULTS[key]
-    assert from_env != default and from_set != from_env and from_kw not in (from_set, from_env)
+    assert from_env != default and from_set != from_env and from_kw != from_set
+    assert from_kw != from_env or key in TWO_VALUED     # a switch has two values: kw beats set
     assert config.resolve()[key] == default
     monkeypatch.setenv(env_name(key), env)
     assert config.get(key) == from_env and config.resolve()[key] == from_env
@@ -167,6 +173,8 @@ BAD = {
     "forward_logs": ("True, False or 'all'", ["maybe", 2, None, "some", 1.0]),
     "worker_ttl": ("a number of seconds > 0 or None", [0, -1, "soon", True, [1]]),
     "scheduler_watchdog": ("a number of seconds > 0 or None", [0, -2, "later", False, float("nan")]),
+    "worker_cgroup": ("True or False", ["maybe", 2, None, 1.0]),
+    "memory_ceiling": ("a multiple of memory_limit >= 1", [0.5, "big", True, -1, float("inf")]),
     "memory_target": ("a fraction between 0 and 1", [0, 1.5, -0.1, "half", True, "0"]),
     "memory_pause": ("a fraction between 0 and 1", [1.01, "2", [0.5]]),
     "memory_terminate": ("a fraction between 0 and 1", [0.0, 7, True]),

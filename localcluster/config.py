@@ -85,7 +85,10 @@ def _seconds(key: str, allow_none: bool) -> Callable[[Any], Any]:
             return None
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
             raise _bad(key, value, accepted)     # NaN fails this too: every comparison with it is False
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:                    # an int with 400 digits is < inf, yet no float
+            raise _bad(key, value, accepted) from None
     return check
 
 

@@ -359,7 +359,10 @@ class Scheduler:
     def _push_ready(self, ts: Task) -> list:
         """Queue a ready task; one whose ``workers=`` are all gone fails, unless they were
         only a preference."""
-        live = [w for w in ts.spec.workers if w not in self.gone] if ts.spec.workers else []
+        # A preference (loose) for a worker that does not run now is no preference: a name
+        # that never ran would otherwise hold the task on a queue nobody serves.
+        live = [w for w in ts.spec.workers if w not in self.gone and (not ts.spec.loose or w in self.workers)] \
+            if ts.spec.workers else []
         if ts.spec.workers and not live and not ts.spec.loose:
             return self._fail(ts, _unplaceable(ts.key, ts.spec.workers))
         self.placement.push(ts, live)

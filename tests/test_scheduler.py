@@ -896,6 +896,14 @@ def test_loose_restriction_prefers_its_worker_then_falls_back_when_it_is_gone():
     assert runs(acts) == [("a", "w1")]
 
 
+def test_a_preference_for_a_worker_that_never_ran_is_no_preference():
+    # found by hypothesis: workers="" with allow_other_workers=True queued the task for a
+    # worker named "" that nobody serves, and it never ran
+    s = sched("w1")
+    acts = s.submit([spec("a", workers={""}, loose=True), spec("b", workers={"w9", "w1"}, loose=True)])
+    assert sorted(runs(acts)) == [("a", "w1"), ("b", "w1")]
+
+
 def test_strict_restriction_to_a_dead_worker_fails_with_a_clear_error():
     s = sched("w1", "w2")
     s.submit([spec("a", workers={"w2"})])

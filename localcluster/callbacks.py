@@ -12,6 +12,8 @@ import queue
 import threading
 from typing import Any, Callable, Optional
 
+from .machine import block_interrupts
+
 logger = logging.getLogger("localcluster")
 
 
@@ -38,6 +40,7 @@ class CallbackThread:
             thread.join(timeout)
 
     def _main(self) -> None:
+        block_interrupts()
         while True:
             item = self._queue.get()
             if item is None:

@@ -22,6 +22,8 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
+from .machine import block_interrupts
+
 
 class EventLoop:
     def __init__(self, on_wake: Callable[[], None]):
@@ -39,7 +41,10 @@ class EventLoop:
         self.busy_since: Optional[float] = None
 
     def start(self, main: Callable[[], None]) -> None:
-        self.thread = threading.Thread(target=main, name="localcluster-scheduler", daemon=True)
+        def run() -> None:
+            block_interrupts()
+            main()
+        self.thread = threading.Thread(target=run, name="localcluster-scheduler", daemon=True)
         self.thread.start()
 
     def on_loop(self) -> bool:

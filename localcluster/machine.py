@@ -173,3 +173,14 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def block_interrupts() -> None:
+    """For a thread of ours, at its start: SIGINT is never delivered to it. The kernel
+    gives a process-directed signal to any thread that does not block it; one that lands
+    on a background thread leaves the main thread asleep in its wait (result(), gather)
+    until that wait ends by itself, so Ctrl-C would seem ignored. Processes started from
+    such a thread inherit the mask: the worker unblocks SIGINT first thing."""
+    import signal
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -19,6 +19,8 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from .machine import block_interrupts
+
 __all__ = ["Watchdog"]
 
 
@@ -42,6 +44,7 @@ class Watchdog:
             self._thread.join()
 
     def _run(self) -> None:
+        block_interrupts()
         while not self._stop.wait(self._limit / 4):
             since = self._loop.busy_since
             if since is None:

@@ -330,6 +330,8 @@ def main(cfg: dict) -> None:
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    if hasattr(signal, "pthread_sigmask"):          # blocked by the parent's thread that started us
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # pass_fds hands them over inheritable: a program a task starts with close_fds=False
     # would get our channel to the parent and the board (SECURITY.md).
     for fd in (cfg["sock_fd"], cfg["board_fd"]):

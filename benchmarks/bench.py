@@ -430,7 +430,9 @@ def metric_idle_rss(peer: Peer, quick: bool) -> dict:
     for p in sorted(mine - set(procs)):
         try:
             pr = psutil.Process(p)
-            helpers[p] = {"cmd": " ".join(pr.cmdline())[:120], "rss_MB": pr.memory_info().rss / 1e6}
+            # the interpreter's own path belongs to this machine: the JSON says "python"
+            argv = ["python" if a == sys.executable else a for a in pr.cmdline()]
+            helpers[p] = {"cmd": " ".join(argv)[:120], "rss_MB": pr.memory_info().rss / 1e6}
         except psutil.Error:
             pass
     out = {

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """How well localcluster's memory sampling works: interval reached, CPU cost, overshoot.
 
-    /work/venv/bin/python benchmarks/memory.py                 # full run, ~2 minutes
-    /work/venv/bin/python benchmarks/memory.py --quick         # ~30 s, fewer/shorter runs
-    /work/venv/bin/python benchmarks/memory.py --only interval,cpu,overshoot --seconds 10 --repeats 5
+    python benchmarks/memory.py                 # full run, ~2 minutes
+    python benchmarks/memory.py --quick         # ~30 s, fewer/shorter runs
+    python benchmarks/memory.py --only interval,cpu,overshoot --seconds 10 --repeats 5
 
 The parent samples each worker's RSS every ``memory_sample_interval`` seconds on
 its scheduler thread and SIGKILLs a worker above ``memory_terminate`` (0.95) of

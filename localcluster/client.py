@@ -271,9 +271,6 @@ class Client:
         return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
 
     def _submit(self, specs: list) -> list[Future]:
-        if len(specs) == 1:
-            return self.cluster.submit(specs, lambda: [Future(specs[0].key, self)])
-
         def track() -> list:
             futures = [Future(s.key, self, track=False) for s in specs]
             self.track_many(futures)

@@ -40,7 +40,14 @@ def unregister_client(client: "Client") -> None:
     _clients.pop(client.id, None)
 
 
+# True in a child forked from this process: every client here is then inert, and a wait on
+# one of its pending futures would never end (_refuse_in_fork).
+_in_forked_child = False
+
+
 def _after_fork_in_child() -> None:
+    global _in_forked_child
+    _in_forked_child = True
     for client in list(_clients.values()):
         client.after_fork()
     _clients.clear()
@@ -139,8 +146,8 @@ class Future(cf.Future):
     def _within(self, wait: Callable, timeout: Optional[float]) -> Any:
         """``wait(timeout)``; a timeout says why the task is not done (running where, waiting
         for what, or queued with no worker) instead of an empty TimeoutError."""
-        if self._state != _FINISHED and self.client.status == "forked" and not self.done():
-            self.client.cluster.check_open()      # nobody here would ever resolve it: say why
+        if _in_forked_child:
+            _refuse_in_fork(self)
         try:
             return wait(timeout)
         except cf.TimeoutError:
@@ -242,14 +249,22 @@ class Future(cf.Future):
 
 # --- how the client resolves a Future, and reads what it holds -------------------------
 
+def _settled_quietly(fut: Future, state: str, result: Any = None, exception: Any = None) -> bool:
+    """Resolve ``fut`` without its Condition when it has none: then nobody waits on it and
+    no callback is registered (both are only ever added under it). False: it has one."""
+    with _MAKING:
+        if fut._cond is not None:
+            return False
+        if fut._state == _PENDING:      # else already resolved (a racing cancel or restart)
+            fut._result, fut._exception = result, exception
+            fut._state = state          # last: a lock-free reader sees the state after the rest
+        return True
+
+
 def finish(fut: Future, payload: Any) -> None:
     """Done; ``payload`` is the pickled result, or None while the data stays on a worker."""
-    with _MAKING:
-        if fut._cond is None:           # nobody waits, nothing to call back: no Condition
-            if fut._state == _PENDING:
-                fut._result = _Stored(payload)
-                fut._state = _FINISHED
-            return
+    if _settled_quietly(fut, _FINISHED, result=_Stored(payload)):
+        return
     try:
         fut.set_result(_Stored(payload))
     except cf.InvalidStateError:   # already resolved (a racing cancel or restart)
@@ -259,12 +274,8 @@ def finish(fut: Future, payload: Any) -> None:
 def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
     if lost:
         fut._lost = exc
-    with _MAKING:
-        if fut._cond is None:           # as in finish(): nobody to wake
-            if fut._state == _PENDING:
-                fut._exception = exc
-                fut._state = _FINISHED
-            return
+    if _settled_quietly(fut, _FINISHED, exception=exc):
+        return
     try:
         fut.set_exception(exc)
     except cf.InvalidStateError:
@@ -272,11 +283,8 @@ def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
 
 
 def mark_cancelled(fut: Future) -> None:
-    with _MAKING:
-        if fut._cond is None:           # as in finish(): nobody to wake
-            if fut._state == _PENDING:
-                fut._state = _NOTIFIED
-            return
+    if _settled_quietly(fut, _NOTIFIED):
+        return
     if cf.Future.cancel(fut):
         fut.set_running_or_notify_cancel()
 
@@ -323,6 +331,12 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
 serialize.install_futures(Future, _from_pickle)
 
 
+def _refuse_in_fork(fut: cf.Future) -> None:
+    """In a forked child, a pending future of the parent's client is never resolved: say why."""
+    if isinstance(fut, Future) and not fut.done() and fut.client.status == "forked":
+        fut.client.cluster.check_open()
+
+
 def _only_futures(what: str, fs: Any) -> list:
     try:
         fs = list(fs)
@@ -342,9 +356,9 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
         raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
                          f"or FIRST_EXCEPTION")
     fs = _only_futures("wait", fs)
-    for f in fs:
-        if isinstance(f, Future) and not f.done() and f.client.status == "forked":
-            f.client.cluster.check_open()     # in a forked child nobody would resolve it
+    if _in_forked_child:
+        for f in fs:
+            _refuse_in_fork(f)
     result = cf.wait(fs, timeout, return_when)
     if return_when == cf.ALL_COMPLETED and timeout is not None and result.not_done:
         raise TimeoutError(f"{len(result.not_done)} of {len(result.done) + len(result.not_done)} "

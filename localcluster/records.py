@@ -114,35 +114,39 @@ class Task:
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
 
+    # The sets below start as EMPTY: _grown makes a set of the task's own on the first add.
     def add_dependent(self, key: str) -> None:
-        if self.dependents is EMPTY:
-            self.dependents = set()
-        self.dependents.add(key)
+        self.dependents = _grown(self.dependents, key)
 
     def drop_dependent(self, key: str) -> None:
-        if self.dependents:
-            self.dependents.discard(key)
+        _dropped(self.dependents, key)
 
     def wait_for(self, key: str) -> None:
-        if self.waiting_on is EMPTY:
-            self.waiting_on = set()
-        self.waiting_on.add(key)
+        self.waiting_on = _grown(self.waiting_on, key)
 
     def arrived(self, key: str) -> None:
-        if self.waiting_on:
-            self.waiting_on.discard(key)
+        _dropped(self.waiting_on, key)
 
     def add_holder(self, worker: str) -> None:
-        if self.who_has is EMPTY:
-            self.who_has = set()
-        self.who_has.add(worker)
+        self.who_has = _grown(self.who_has, worker)
 
     def drop_holder(self, worker: str) -> None:
-        if self.who_has:
-            self.who_has.discard(worker)
+        _dropped(self.who_has, worker)
 
     def drop_holders(self) -> None:
         self.who_has = EMPTY
+
+
+def _grown(items: "set | frozenset", item: str) -> set:
+    if items is EMPTY:
+        return {item}
+    items.add(item)
+    return items
+
+
+def _dropped(items: "set | frozenset", item: str) -> None:
+    if items:               # EMPTY is falsy, so only a set of the task's own is changed
+        items.discard(item)
 
 
 class WorkerState:

@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import pytest
+from _util import wait_for
 
 SCRIPT = textwrap.dedent('''
     import os, sys, time
@@ -35,8 +36,8 @@ SCRIPT = textwrap.dedent('''
             "map": lambda: [client.map(inc, range(200_000)) for _ in range(100)],
             "scale": lambda: cluster.scale(40),
         }
-        print("go", flush=True)
         try:
+            print("go", flush=True)      # inside the try: a signal right after it is still caught
             calls[phase]()
             print("returned", flush=True)
         except KeyboardInterrupt:
@@ -49,10 +50,17 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _main_thread_waits(pid: int) -> bool:
-    """The process's main thread is asleep (blocked in a wait), or the call is running."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] in "SR"
+def _main_thread(pid: int) -> tuple:
+    """(state, CPU ticks) of the process's main thread, from /proc."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def _in_the_call(pid: int, phase: str, ticks_at_go: int) -> bool:
+    """The blocking calls put the main thread to sleep in its wait; map keeps it computing."""
+    state, ticks = _main_thread(pid)
+    return ticks > ticks_at_go + 5 if phase == "map" else state == "S"
 
 
 @pytest.mark.parametrize("phase", ["result", "gather", "wait", "map", "scale"])
@@ -63,10 +71,8 @@ def test_ctrl_c_interrupts_the_call_and_the_cluster_stays_usable(tmp_path, phase
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "go"
-        # "go" is printed just before the call: give the call time to block (the event we
-        # would wait on is inside the child), then interrupt it.
-        time.sleep(0.3)
-        assert _main_thread_waits(proc.pid)
+        _state, ticks = _main_thread(proc.pid)
+        wait_for(lambda: _in_the_call(proc.pid, phase, ticks))
         sent = time.monotonic()
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)

@@ -21,9 +21,8 @@ def listening(pid: int) -> list:
     return [c for c in conns if c.status == psutil.CONN_LISTEN]
 
 
-def pids(cluster) -> list:
-    me = psutil.Process()
-    return [p.pid for p in me.children(recursive=True)]
+def our_children() -> list:
+    return [p.pid for p in psutil.Process().children(recursive=True)]
 
 
 def fds_of_a_child_that_inherits_everything(big) -> list:
@@ -41,7 +40,7 @@ def test_no_process_of_a_cluster_listens_on_a_socket():
     with LocalCluster(n_workers=2, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
         arr = np.ones(20 * 2**20 // 8)
         assert cl.submit(lambda a: float(a.sum()), cl.scatter(arr)).result(30) == arr.size
-        procs = [os.getpid(), *pids(c)]
+        procs = [os.getpid(), *our_children()]
         assert len(procs) >= 3                        # us (scheduler and nannies) and 2 workers
         assert {pid: listening(pid) for pid in procs} == {pid: [] for pid in procs}
 

@@ -150,7 +150,7 @@ class Transfers:
         if ts is not None and ts.state in ("waiting", "ready", "processing"):   # still to come
             ts.fetchers += (client,)
             return []
-        if ts is not None and ts.state == "lost":
+        if ts is not None and ts.state in ("lost", "erred"):   # erred: its recompute cannot run
             return [Deliver(client, key, error=ts.error)]
         return [Deliver(client, key, error=gone(key))]
 

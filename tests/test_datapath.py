@@ -187,6 +187,19 @@ def test_recompute_from_lineage_after_the_holder_is_killed(kind, n):
         assert [d.cause for d in cluster.deaths] == ["signal"]
 
 
+@pytest.mark.parametrize("kind,n", LARGE_ONLY)
+def test_a_result_lost_with_the_only_worker_it_may_run_on_says_so(kind, n):
+    """Its recompute cannot be placed: the fetch fails with that reason, not a CancelledError
+    that blames a release nobody made."""
+    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
+        w0, _ = names(cluster)
+        r = client.submit(make, kind, n, workers=[w0])
+        wait([r], timeout=60)
+        kill(cluster, w0)
+        with pytest.raises(RuntimeError, match=f"may run only on {w0}.*no such worker is left"):
+            r.result(60)
+
+
 # --- memory accounting: what a worker says it holds is what its RSS grew by -------------------
 
 @pytest.mark.parametrize("how", ["result", "scattered"])

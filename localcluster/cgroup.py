@@ -3,12 +3,15 @@ a delegated cgroup-v2 subtree; the v1 memory controller counts too).
 
 It gives three things the process tree alone does not:
 
-* with ``memory_ceiling`` (a multiple of ``memory_limit``, off by default), a hard
-  ceiling (``memory.limit_in_bytes`` / ``memory.max``): a burst between two of the
-  nanny's samples meets the kernel, inside the worker's group, instead of taking the
-  machine. Off by default because the kernel charges shared memory to the process that
-  first wrote it: the memfd of a large result a client still holds counts against the
-  worker that produced it, so a ceiling would kill workers whose results are kept;
+* a hard ceiling at ``memory_ceiling`` times ``memory_limit`` (``memory.limit_in_bytes``
+  / ``memory.max``): a burst between two of the nanny's samples meets the kernel, inside
+  the worker's group, instead of taking the machine. The kernel charges a memfd's pages
+  to the group of the process that wrote them, and a worker writes the memfd of every
+  large value it sends, which its receiver (the client, another worker) may hold for
+  hours: counted against the worker, a client keeping results would get the worker
+  killed. So the worker keeps its own limit at the ceiling *plus* the shared memory
+  charged to its group *plus* what it is writing now (:class:`SharedAllowance`): the
+  ceiling bounds what the worker itself holds;
 * exact OOM evidence: the group's own ``oom_kill`` counter (``memory.oom_control`` /
   ``memory.events``), which only this worker's processes can raise;
 * every descendant stops with its worker, even one that left the process group with
@@ -23,14 +26,19 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Optional
 
 from .machine import memory_cgroups
 
-__all__ = ["WorkerGroup"]
+__all__ = ["SharedAllowance", "WorkerGroup", "limit_file"]
 
 logger = logging.getLogger("localcluster")
+
+def limit_file(version: str) -> str:
+    return "memory.limit_in_bytes" if version == "v1" else "memory.max"
+
 
 class WorkerGroup:
     def __init__(self, path: str, version: str):
@@ -38,7 +46,7 @@ class WorkerGroup:
         self.version = version
 
     @classmethod
-    def create(cls, name: str, ceiling: Optional[int]) -> "Optional[WorkerGroup]":
+    def create(cls, name: str, ceiling: Optional[int] = None) -> "Optional[WorkerGroup]":
         """A new group for worker ``name`` beside this process's memory cgroup, with the
         ``ceiling`` in bytes when given; None where that is not allowed."""
         for version, directory in sorted(memory_cgroups(), key=lambda g: g[0] != "v1"):
@@ -48,18 +56,29 @@ class WorkerGroup:
             except OSError:
                 continue
             group = cls(path, version)
-            limit_file = "memory.limit_in_bytes" if version == "v1" else "memory.max"
+            limit = os.path.join(path, limit_file(version))
             try:
-                if not os.path.exists(os.path.join(path, limit_file)):
-                    raise OSError(f"no {limit_file}: the memory controller is not delegated here")
+                if not os.path.exists(limit):
+                    raise OSError(f"no {limit}: the memory controller is not delegated here")
                 if ceiling:
-                    with open(os.path.join(path, limit_file), "w") as f:
-                        f.write(str(int(ceiling)))
+                    _write(limit, int(ceiling))
             except OSError:
                 group.remove()
                 continue
             return group
         return None
+
+    def set_limit(self, limit: int) -> None:
+        try:
+            _write(os.path.join(self.path, limit_file(self.version)), limit)
+        except OSError as e:
+            logger.warning("localcluster: the memory ceiling of %s was not set: %s", self.path, e)
+
+    @property
+    def oom_counter(self) -> str:
+        """The file whose ``oom_kill`` rises only when the OOM killer takes one of this group's
+        processes (whatever limit, the group's or the machine's, ran out)."""
+        return os.path.join(self.path, "memory.oom_control" if self.version == "v1" else "memory.events")
 
     def add(self, pid: int) -> bool:
         try:
@@ -115,6 +134,79 @@ class WorkerGroup:
                     logger.warning("localcluster: could not remove the worker cgroup %s (%s)", self.path, e)
                     return
                 time.sleep(0.01)
+
+
+class SharedAllowance:
+    """In the worker: its group's limit is ``ceiling`` + the shared memory charged to the
+    group + the memfd bytes being written now + ``slack`` (so most sends write nothing).
+
+    The nanny sets the first limit once it accepts the worker (until then there is none,
+    and this writes nothing); from then on only the worker writes it, so no two writers
+    race. Shared memory is read from the group's ``memory.stat`` when a send needs more
+    than the slack left, and at every heartbeat, which also lowers the limit again once
+    receivers have dropped what the worker sent them. A limit the kernel refuses (v1 says
+    EBUSY to one below usage) is tried again at the next heartbeat; a group that is gone
+    switches this off. Any thread; state under ``_lock``.
+    """
+
+    def __init__(self, path: str, version: str, ceiling: int, slack: int = 32 << 20):
+        self._limit_path = os.path.join(path, limit_file(version))
+        self._stat_path = os.path.join(path, "memory.stat")
+        self.ceiling = ceiling
+        self.slack = slack
+        self._lock = threading.Lock()
+        self.limit: Optional[int] = None    # as last read or written; None: none set yet (guarded by _lock, as are the next two)
+        self.shared = 0                     # shmem charged to the group, as last read
+        self.writing = 0                    # memfd bytes being written now
+        self.enabled = True
+
+    def charge(self, delta: int) -> None:
+        """``+n`` before writing ``n`` bytes of memfd, ``-n`` once written (they are in
+        ``memory.stat`` then)."""
+        with self._lock:
+            self.writing += delta
+            if delta > 0 and self.enabled and (
+                    self.limit is None or self.ceiling + self.shared + self.writing > self.limit):
+                self._update()
+
+    def settle(self) -> None:
+        with self._lock:
+            if self.enabled:
+                self._update(lower=True)
+
+    def _update(self, lower: bool = False) -> None:
+        try:
+            self.limit = _read_limit(self._limit_path)
+            if self.limit is None:
+                return
+            self.shared = _shmem(self._stat_path)
+            want = self.ceiling + self.shared + self.writing + self.slack
+            if want > self.limit or (lower and want < self.limit - self.slack):
+                _write(self._limit_path, want)
+                self.limit = want
+        except FileNotFoundError:
+            self.enabled = False
+        except OSError as e:
+            logger.debug("localcluster: the worker's memory limit was not changed: %s", e)
+
+
+def _read_limit(path: str) -> Optional[int]:
+    with open(path) as f:
+        text = f.read().strip()
+    return None if text == "max" or int(text) >= 1 << 62 else int(text)
+
+
+def _shmem(stat_path: str) -> int:
+    with open(stat_path, "rb") as f:
+        for line in f:
+            if line.startswith(b"shmem "):
+                return int(line.split()[1])
+    return 0
+
+
+def _write(path: str, value: int) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
 
 
 def _zombie(pid: int) -> bool:

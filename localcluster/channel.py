@@ -34,7 +34,7 @@ import struct
 import sys
 import threading
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from .protocol import MEMFD_THRESHOLD
 
@@ -79,15 +79,24 @@ def _from_memfd(fd: int, size: int) -> pickle.PickleBuffer:
         os.close(fd)
 
 
-def encode(msg: Any) -> tuple[list, list[int]]:
-    """Frame ``msg``: (byte chunks to send, memfd descriptors to pass along). The caller closes the fds."""
+def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[list, list[int]]:
+    """Frame ``msg``: (byte chunks to send, memfd descriptors to pass along). The caller closes
+    the fds. ``charge(+n)`` is called before ``n`` bytes of memfd are written, ``charge(-n)`` after."""
     buffers: list[pickle.PickleBuffer] = []
     env = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+    if not buffers:     # most messages
+        return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
+    views = [pb.raw() for pb in buffers]
+    shared: list[bool] = []         # per buffer: it crosses as a memfd
+    for v in views:
+        shared.append(HAVE_MEMFD and v.nbytes >= MEMFD_THRESHOLD and sum(shared) < _MAX_FDS)
+    to_write = sum(v.nbytes for v, s in zip(views, shared) if s)
     sizes, inline, fds = [], [], []
+    if charge is not None and to_write:
+        charge(to_write)
     try:
-        for pb in buffers:
-            view = pb.raw()
-            if HAVE_MEMFD and view.nbytes >= MEMFD_THRESHOLD and len(fds) < _MAX_FDS:
+        for view, memfd in zip(views, shared):
+            if memfd:
                 fds.append(_to_memfd(view))
                 sizes.append(view.nbytes | _FD_FLAG)
             else:
@@ -97,6 +106,9 @@ def encode(msg: Any) -> tuple[list, list[int]]:
         for fd in fds:
             os.close(fd)
         raise
+    finally:
+        if charge is not None and to_write:
+            charge(-to_write)
     size_bytes = b"".join(_SIZE.pack(s) for s in sizes)
     total = _HEAD.size + len(size_bytes) + len(env) + sum(v.nbytes for v in inline)
     head = _HEAD.pack(total, len(sizes), len(env)) + size_bytes
@@ -198,8 +210,9 @@ def _skip(chunks: list, n: int) -> list:
 class BlockingChannel:
     """The worker's end: blocking reads, thread-safe whole-frame sends."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, charge: Optional[Callable[[int], None]] = None):
         self.sock = sock
+        self.charge = charge        # passed to encode(): the memfd bytes it writes
         self._reader = _Reader()
         self._pending: deque = deque()
         self._lock = threading.Lock()
@@ -208,7 +221,7 @@ class BlockingChannel:
         return self.sock.fileno()
 
     def send(self, msg: Any) -> None:
-        self.send_frame(*encode(msg))
+        self.send_frame(*encode(msg, self.charge))
 
     def send_frame(self, chunks: list, fds: list[int]) -> None:
         """Send a frame made by :func:`encode` (encode first to tell a message that cannot be

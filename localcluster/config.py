@@ -200,7 +200,7 @@ DEFAULTS: dict[str, Any] = {
     "forward_logs": True,
     "worker_ttl": 60.0,
     "worker_cgroup": True,        # a memory cgroup per worker where this process may make one
-    "memory_ceiling": None,       # its kernel limit, as a multiple of memory_limit (cgroup.py)
+    "memory_ceiling": 1.2,        # its kernel limit, as a multiple of memory_limit (cgroup.py)
     "scheduler_watchdog": 30.0,   # the scheduler thread busy that long with work pending: broken
     "memory_target": 0.6,
     "memory_pause": 0.8,

@@ -29,7 +29,7 @@ from . import logs
 from .board import Board
 from .channel import Channel
 from .cgroup import WorkerGroup
-from .machine import oom_counters, read_oom_count
+from .machine import memory_cgroups, oom_counters, read_oom_count
 from .machine import rss as read_rss
 from .output import OutputStream
 from .worker import BOOT
@@ -99,6 +99,8 @@ class Nanny:
         self._oom_base: dict[str, int] = {}
         self._oom_at = 0.0
         self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
+        self.ceiling: Optional[int] = None        # its kernel limit, bytes, once the worker is accepted
+        self.in_group = False                     # a member of it at the last look (something may move it out)
 
     # --- start -----------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class Nanny:
         env.pop("PYTHONSTARTUP", None)
         if self.spill_dir:
             os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
+        self._make_group(cfg)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT, json.dumps(cfg)],
@@ -128,17 +131,18 @@ class Nanny:
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, env=env,
             )
+        except BaseException:
+            if self.group is not None:
+                self.group.remove()
+                self.group = None
+            raise
         finally:
             child_sock.close()
         self.pid = self.proc.pid
-        # Before its first task (tasks come after Ready): all it and its children allocate
-        # meets the ceiling, and every process a task starts is a member.
-        if self.settings.get("worker_cgroup"):
-            factor = self.settings.get("memory_ceiling")
-            ceiling = int(self.memory_limit * factor) if factor and self.memory_limit else None
-            self.group = WorkerGroup.create(f"{self.name}-{next(_groups)}", ceiling)
-            if self.group is not None and not self.group.add(self.pid):
-                self.group.remove()
+        if self.group is not None:
+            self.in_group = self.group.add(self.pid)
+            if not self.in_group:
+                self.group.remove()     # the worker's allowance then finds no group and stops
                 self.group = None
         self.started = time.monotonic()
         self.chan = Channel(parent_sock)
@@ -152,6 +156,26 @@ class Nanny:
         self._oom_paths = oom_counters(self.pid)
         self._oom_base = read_oom_count(self._oom_paths)
         self._oom_at = self.started
+
+    def _make_group(self, cfg: dict) -> None:
+        """Its memory cgroup, made before the process so the worker is told which group's
+        limit is its own to keep (cgroup.SharedAllowance); joined right after the start,
+        so every process a task starts is a member."""
+        if not self.settings.get("worker_cgroup"):
+            return
+        factor = self.settings.get("memory_ceiling")
+        self.ceiling = int(self.memory_limit * factor) if factor and self.memory_limit else None
+        self.group = WorkerGroup.create(f"{self.name}-{next(_groups)}", None)
+        if self.group is not None and self.ceiling:
+            cfg["cgroup"] = [self.group.path, self.group.version, self.ceiling]
+
+    def enforce_ceiling(self) -> None:
+        """Once the worker is accepted (its idle footprint fits the limit, see the
+        supervisor), before its first task: from now on what it and its children allocate
+        meets the kernel's limit. Not before, so that a limit below an idle worker is told
+        as such instead of as the OOM killer."""
+        if self.group is not None and self.ceiling:
+            self.group.set_limit(self.ceiling)
 
     # --- while it runs ---------------------------------------------------------------
 
@@ -194,6 +218,8 @@ class Nanny:
     def _refresh_oom_baseline(self, now: float) -> None:
         # A narrow window before the death keeps unrelated OOM kills elsewhere out of the evidence.
         paths = oom_counters(self.pid)
+        if self.group is not None:
+            self.in_group = self.group.path in {d for _, d in memory_cgroups(self.pid)}
         if paths:
             self._oom_paths = sorted(set(self._oom_paths) | set(paths))
         self._oom_base = read_oom_count(self._oom_paths)
@@ -241,8 +267,13 @@ class Nanny:
         return code
 
     def oom_evidence(self) -> bool:
-        now = read_oom_count(self._oom_paths)
-        return any(now.get(p, 0) > base for p, base in self._oom_base.items())
+        # In its own group, that group's counter is exact: it rises whatever limit ran out
+        # (the group's, a container's, the machine's), and an OOM kill of another process
+        # on the machine in the same moment is not this worker's. A zombie already counts
+        # as outside every group, so membership is what was seen while it lived.
+        paths = [self.group.oom_counter] if self.in_group else self._oom_paths
+        now = read_oom_count(paths)
+        return any(now.get(p, 0) > self._oom_base.get(p, now[p]) for p in now)
 
     def close(self) -> None:
         for fd_attr in ("sentinel",):

@@ -353,6 +353,7 @@ class Supervisor:
             n.kill("memory-limit")
         else:
             self._startup_failures.clear()
+            n.enforce_ceiling()
         self._changed.notify_all()
         return self._scheduler.add_worker(n.name, n.nthreads) if n.reason is None else []
 

@@ -38,6 +38,7 @@ from . import logs
 from . import protocol as P
 from . import serialize
 from .board import Board
+from .cgroup import SharedAllowance
 from .channel import BlockingChannel, encode
 from .store import Store, StoreError
 
@@ -73,7 +74,11 @@ class Worker:
         self.name = cfg["name"]
         self.nthreads = cfg["nthreads"]
         self.board = Board(self.nthreads, fd=cfg["board_fd"])
-        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]))
+        # the memfd of every large value it sends is charged to its memory cgroup, however
+        # long the receiver keeps it: the group's limit makes room for those (cgroup.py)
+        self.allowance = SharedAllowance(*cfg["cgroup"]) if cfg.get("cgroup") else None
+        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]),
+                                    self.allowance.charge if self.allowance else None)
         limit = cfg.get("memory_limit")
         target = cfg.get("memory_target")
         self.spill_at = int(limit * target) if limit and target else None
@@ -182,7 +187,7 @@ class Worker:
                 raise KeyError(f"worker {self.name!r} no longer holds {msg.key!r}")
             payload = self.store.payload(msg.key)
             step = "framing it for the channel"
-            frame = encode(P.Data(msg.request, msg.key, payload, None))
+            frame = encode(P.Data(msg.request, msg.key, payload, None), self.chan.charge)
         except Exception as e:
             error = StoreError(f"sending the data of {msg.key!r} from worker {self.name!r} failed while "
                                f"{step}: {type(e).__name__}: {e}")
@@ -305,6 +310,8 @@ class Worker:
     def _heartbeat(self) -> None:
         while True:
             self.board.beat()
+            if self.allowance is not None:
+                self.allowance.settle()
             if self.spill_at is not None:
                 self.store.spill_for_rss(self.spill_at)
             time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)

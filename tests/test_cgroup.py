@@ -67,7 +67,7 @@ def burst(n_bytes: int) -> int:
 
 def test_a_burst_between_samples_meets_the_ceiling_as_the_oom_killer(cgroups_allowed):
     pytest.importorskip("numpy")
-    with LocalCluster(n_workers=1, memory_limit=200 * MiB, memory_ceiling=1.25, memory_sample_interval=30,
+    with LocalCluster(n_workers=1, memory_limit=200 * MiB, memory_sample_interval=30,
                       allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(burst, 600 * MiB)
         with pytest.raises(KilledWorker, match="oom-killer"):
@@ -75,3 +75,71 @@ def test_a_burst_between_samples_meets_the_ceiling_as_the_oom_killer(cgroups_all
         (death,) = c.deaths
         assert death.cause == "oom-killer" and death.signal == "SIGKILL" and death.tasks == (fut.key,)
         assert cl.submit(burst, 8 * MiB).result(30) == MiB          # the next worker is fine
+
+
+def make(n_bytes: int, fill: float):
+    import numpy as np
+    return np.full(n_bytes // 8, fill)
+
+
+def group_of(pid: int) -> str:
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controllers == "memory":
+                return f"/sys/fs/cgroup/memory{path}"
+            if controllers == "" and os.path.exists(f"/sys/fs/cgroup{path}/memory.max"):
+                return f"/sys/fs/cgroup{path}"
+    raise AssertionError(f"worker {pid} is in no memory cgroup")
+
+
+def shmem(group: str) -> int:
+    with open(os.path.join(group, "memory.stat")) as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("shmem "))
+
+
+def test_results_the_client_keeps_do_not_count_against_the_ceiling_of_the_worker_that_made_them(cgroups_allowed):
+    """The kernel charges a memfd to the group of its writer: 320 MiB of results sent to
+    the client and kept there are charged to a worker whose ceiling is 240 MiB. It must
+    live on, run a task of its own size, and still meet its ceiling in a burst."""
+    pytest.importorskip("numpy")
+    with LocalCluster(n_workers=2, memory_limit=200 * MiB, memory_sample_interval=30, allowed_failures=0,
+                      forward_logs=False) as c, Client(c) as cl:
+        (maker, other) = c.workers.values()
+        kept = []
+        for i in range(8):
+            fut = cl.submit(make, 40 * MiB, i, workers=[maker.name])
+            kept.append(fut.result(60))
+            del fut
+        # and results the other worker fetched from it
+        held = [cl.submit(make, 40 * MiB, 10 + i, workers=[maker.name]) for i in range(2)]
+        total = cl.submit(lambda *arrays: sum(float(a[-1]) for a in arrays), *held, workers=[other.name])
+        assert total.result(60) == 21.0
+        assert shmem(group_of(maker.pid)) >= 320 * MiB
+        assert not c.deaths
+        assert [float(a[0]) for a in kept] == list(range(8)) and all(a.nbytes == 40 * MiB for a in kept)
+        assert cl.submit(burst, 150 * MiB, workers=[maker.name]).result(60) == 150 * MiB // 8
+        fut = cl.submit(burst, 600 * MiB, workers=[maker.name])
+        with pytest.raises(KilledWorker, match="oom-killer"):
+            fut.result(60)
+        assert [d.cause for d in c.deaths] == ["oom-killer"]
+
+
+def test_an_oom_kill_elsewhere_on_the_machine_is_not_blamed_on_a_worker_killed_at_that_moment(cgroups_allowed):
+    """The machine's counter rises for any OOM kill; a worker in its own group is judged by
+    that group's counter alone. memory_sample_interval=30: no fresh baseline in between."""
+    with LocalCluster(n_workers=1, memory_sample_interval=30, forward_logs=False) as c:
+        (info,) = c.workers.values()
+        elsewhere = WorkerGroup.create("elsewhere", 64 * MiB)
+        try:
+            hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(1); a = []\n"
+                                    "while True: a.append(bytearray(2**20))"], stdin=subprocess.PIPE)
+            assert elsewhere.add(hog.pid)
+            hog.stdin.write(b"x")
+            hog.stdin.close()
+            assert hog.wait(60) == -signal.SIGKILL            # the OOM killer, in its group
+        finally:
+            elsewhere.remove()
+        os.kill(info.pid, signal.SIGKILL)
+        wait_for(lambda: len(c.deaths) == 1)
+        assert c.deaths[0].cause == "signal"

@@ -21,6 +21,7 @@ import io
 import pickle
 import threading
 import traceback
+import types
 from collections import ChainMap
 from typing import Any, Callable, Optional
 
@@ -326,13 +327,36 @@ def loads_exception(data: bytes, key: Optional[str] = None) -> BaseException:
     if tb is not None:
         try:
             from tblib import Traceback
-            exc = exc.with_traceback(Traceback.from_dict(tb).as_traceback())
+            exc = exc.with_traceback(_detached_traceback(Traceback.from_dict(tb)))
         except Exception:  # pragma: no cover
             pass
     if not isinstance(exc, Exception):
         # SystemExit or KeyboardInterrupt from a task must not end or interrupt the caller
         return TaskError(type_name, _stopping(exc, tb_text, key), tb_text, step, original=exc)
     return exc
+
+
+_GENERATOR = (lambda: (yield)).__code__
+
+
+def _detached_traceback(tb: Any) -> Optional[types.TracebackType]:
+    """A real traceback of tblib's ``Traceback`` whose frames lead nowhere. tblib's own
+    ``as_traceback`` raises in frames whose ``f_back`` is the stack that called it, so an
+    exception kept by pytest or IPython (``sys.last_value``) would keep every local of the
+    code that received it alive: the erred Future among them, and so its key and all it
+    depends on in the cluster. A generator that never ran has a frame with no ``f_back``."""
+    entries = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        entries.append((code.co_filename, code.co_name, tb.tb_lineno, tb.tb_frame.f_globals))
+        tb = tb.tb_next
+    out = None
+    for filename, name, lineno, f_globals in reversed(entries):
+        code = _GENERATOR.replace(co_filename=filename, co_name=name, co_firstlineno=lineno)
+        frame = types.FunctionType(code, dict(f_globals))().gi_frame
+        # lasti -1: no column positions, which the stand-in code could only get wrong
+        out = types.TracebackType(out, frame, -1, lineno)
+    return out
 
 
 def _stopping(exc: BaseException, tb_text: str, key: Optional[str]) -> str:

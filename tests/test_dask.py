@@ -117,10 +117,6 @@ def flaky(marker: str) -> int:
     return 1
 
 
-@pytest.mark.xfail(reason="client.py Client.resolve: the frame that fails a Future stays referenced by the "
-                          "f_back of the tblib traceback frames of the exception it sets (serialize.loads_exception), "
-                          "so a kept exception keeps its erred key, and all it depends on, on the cluster; "
-                          "a retry gets the old error back")
 def test_a_retry_runs_again_while_the_first_exception_is_kept(client, tmp_path):
     """pytest keeps the exception, as IPython keeps sys.last_value."""
     task = dask.delayed(flaky, pure=True)(str(tmp_path / "m"), dask_key_name="flaky-part-3")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import traceback
 
 import pytest
 
@@ -71,6 +72,22 @@ def test_except_catches_an_exception_whose_init_takes_two_arguments(client):
     assert err.record == {"id": 7} and err.why == "negative amount"
     assert str(err) == "record {'id': 7}: negative amount"
     assert any(f.name == "raise_bad_record" for f in __import__("traceback").extract_tb(err.__traceback__))
+
+
+def test_the_task_frames_of_a_received_exception_lead_nowhere(client):
+    """They show the task's files and lines, and no frame of the parent that received them:
+    an exception kept by pytest or IPython keeps nothing of the cluster's code alive."""
+    with pytest.raises(BadRecord) as info:
+        client.submit(raise_bad_record).result(30)
+    tb, remote = info.value.__traceback__, []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "raise_bad_record":
+            remote.append(tb)
+        tb = tb.tb_next
+    (last,) = remote
+    assert last.tb_frame.f_code.co_filename == __file__ and last.tb_frame.f_back is None
+    assert last.tb_lineno == raise_bad_record.__code__.co_firstlineno + 1
+    assert "raise BadRecord" in "".join(traceback.format_tb(last))
 
 
 def test_the_cause_chain_survives(client):

@@ -72,6 +72,9 @@ def _check_runs(s: Any) -> None:
     for seq, key in s.cancelled_runs.items():
         assert seq not in s.runs, f"run {seq} of {key!r} is both running and cancelled"
         assert seq in empty, f"cancelled run {seq} of {key!r} holds no worker's slot"
+    for seq, name in (*s.placement.stealing.items(), *s.placement.started.items()):
+        assert name in s.workers and seq in s.workers[name].processing, \
+            f"run {seq} asked back from {name}, which does not hold it"
 
 
 def _check_workers(s: Any) -> None:

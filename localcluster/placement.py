@@ -6,7 +6,11 @@ scheduler's tasks and workers, and owns:
 - the ready queues: one shared heap, and one per worker for tasks that ``workers=``
   restricts (entries are deleted lazily: a popped key is checked against its task);
 - the run numbers (``seq``) and ``runs`` (seq -> (key, worker)) of what it sent;
-- ``avg_duration``, which sizes each worker's prefetch.
+- ``avg_duration``, which sizes each worker's prefetch;
+- ``stealing`` (seq -> worker): runs asked back from a worker whose queue outlasts its
+  threads while another worker has threads idle (a long task, or a cancelled one that
+  runs on, would otherwise hold the runs prefetched behind it). The worker gives back
+  those not started (``Unqueued``), and they are placed again.
 
 A run goes to the open worker already holding most of its inputs' bytes, then the least
 loaded one; inputs it lacks are relayed to it first (``Transfers.relay``).
@@ -21,6 +25,9 @@ from . import protocol as P
 from .records import Send, Task, WorkerState
 
 
+STEAL_MAX_BYTES = 64 << 20
+
+
 class Placement:
     def __init__(self, tasks: dict, workers: dict, transfers: "object"):
         self._tasks = tasks            # the scheduler's, read here
@@ -31,6 +38,8 @@ class Placement:
         self._seq = itertools.count(1)
         self.runs: dict[int, tuple[str, str]] = {}   # seq -> (key, worker)
         self.avg_duration: Optional[float] = None
+        self.stealing: dict[int, str] = {}           # seq -> worker asked to give it back, until it answers
+        self.started: dict[int, str] = {}            # seq -> worker that had started it when asked, until it ends
 
     def __bool__(self) -> bool:
         return bool(self._shared or self._on)
@@ -59,7 +68,7 @@ class Placement:
         """Send ready tasks to open workers, up to each one's capacity."""
         out: list = []
         if not (self._shared or self._on):      # the common case, after most events: nothing queued
-            return out
+            return self._steal()
         open_workers = [w for w in self._workers.values() if not w.paused and not w.closing]
         if not open_workers:
             return out
@@ -84,12 +93,71 @@ class Placement:
             heapq.heappop(self._shared)
             caps[ws.name] -= 1
             out += self._run(ts, ws)
+        return out + (self._steal() if not self._shared else [])
+
+    def _steal(self) -> list:
+        """Ask workers whose queued runs outlast their threads to give some back, as many as
+        threads stand idle elsewhere, newest first (the likeliest not to have started), each
+        run at most once. Not a run whose inputs an idle worker lacks by more than
+        ``STEAL_MAX_BYTES``: moving them could cost more than the wait."""
+        workers = self._workers.values()
+        if not any(len(w.processing) > w.nthreads for w in workers):
+            return []
+        thieves = [w for w in workers if not w.paused and not w.closing and len(w.processing) < w.nthreads]
+        idle = sum(w.nthreads - len(w.processing) for w in thieves) - len(self.stealing)
+        out: list = []
+        for victim in sorted(workers, key=lambda w: w.nthreads - len(w.processing)):
+            if idle <= 0:
+                break
+            asked = sum(1 for name in self.stealing.values() if name == victim.name)
+            excess = len(victim.processing) - victim.nthreads - asked
+            if excess <= 0:
+                continue
+            seqs: list = []
+            for seq in reversed(victim.processing):
+                if len(seqs) >= min(excess, idle):
+                    break
+                ts = self._tasks.get(victim.processing[seq])
+                if seq not in self.stealing and seq not in self.started and ts is not None and ts.seq == seq \
+                        and self._may_move(ts, thieves):
+                    seqs.append(seq)
+                    self.stealing[seq] = victim.name
+            if seqs:
+                idle -= len(seqs)
+                out.append(Send(victim.name, P.Steal(tuple(seqs))))
         return out
+
+    def _may_move(self, ts: Task, thieves: list) -> bool:
+        spec = ts.spec
+        for w in thieves:
+            if spec.workers and not spec.loose and w.name not in spec.workers:
+                continue
+            if not ts.deps or sum(self._tasks[d].nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
+                return True
+        return False
+
+    def ended(self, seq: int) -> None:
+        """Run ``seq`` ended, or was given back."""
+        self.stealing.pop(seq, None)
+        self.started.pop(seq, None)
+
+    def kept(self, seq: int) -> None:
+        """The worker had started run ``seq`` when asked for it: never ask again."""
+        worker = self.stealing.pop(seq, None)
+        if worker is not None:
+            self.started[seq] = worker
+
+    def worker_gone(self, name: str) -> None:
+        for runs in (self.stealing, self.started):
+            for seq in [seq for seq, w in runs.items() if w == name]:
+                del runs[seq]
 
     def clear(self) -> None:
         self._shared.clear()
         self._on.clear()
         self.runs.clear()
+        self.stealing.clear()
+        self.started.clear()
 
     def _capacity(self, ws: WorkerState) -> int:
         """Runs a worker may hold: its threads plus a prefetch sized by how short tasks are,

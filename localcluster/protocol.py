@@ -101,6 +101,13 @@ class Cancel:
 
 
 @_dc
+class Steal:
+    """Give back these queued runs if they have not started: a worker with idle threads
+    will take them (a run already under way finishes here as usual)."""
+    seqs: tuple
+
+
+@_dc
 class Stop:
     """Exit cleanly."""
 
@@ -140,6 +147,14 @@ class Failed:
 class Skipped:
     """A cancelled run was dropped before it started."""
     seq: int
+
+
+@_dc
+class Unqueued:
+    """The answer to Steal: of the runs ``asked`` for, those ``taken`` out of the queue
+    before they started."""
+    asked: tuple
+    taken: tuple
 
 
 @_dc

@@ -170,6 +170,7 @@ class Scheduler:
         if ws is None:
             return []
         self.gone.add(death.worker)
+        self.placement.worker_gone(death.worker)
         out: list = self._orphaned_restrictions(death.worker)
         lost = self._copies_lost(ws)
         recompute: list = []
@@ -378,8 +379,8 @@ class Scheduler:
         return out
 
     def handle_messages(self, worker: str, msgs: list) -> list:
-        """A frame of task messages from one worker (Finished, Failed, Skipped, Data,
-        Stored), with placement run once for all of them (the events skip it meanwhile)."""
+        """A frame of task messages from one worker (Finished, Failed, Skipped, Unqueued,
+        Data, Stored), with placement run once for all of them (the events skip it meanwhile)."""
         out: list = []
         self._deferring = True
         try:
@@ -391,6 +392,8 @@ class Scheduler:
                     out += self.failed(worker, m.seq, m.error)
                 elif t is P.Skipped:
                     out += self.skipped(worker, m.seq)
+                elif t is P.Unqueued:
+                    out += self.unqueued(worker, m.asked, m.taken)
                 elif t is P.Data:
                     out += self.data(worker, m.request, m.key, m.data, m.error)
                 elif t is P.Stored:
@@ -459,6 +462,7 @@ class Scheduler:
             return None
         key = ws.processing.pop(seq, None)
         self.runs.pop(seq, None)
+        self.placement.ended(seq)
         ts = self.tasks.get(key) if key is not None else None
         if ts is None or ts.seq != seq or ts.state != "processing":
             return None
@@ -470,6 +474,23 @@ class Scheduler:
         """The worker dropped a cancelled run before starting it."""
         self._take_run(worker, seq)
         return self._orphan(worker, seq)
+
+    @_placing
+    def unqueued(self, worker: str, asked: tuple, taken: tuple) -> list:
+        """The answer to a steal: the runs ``taken`` back before they started are placed again."""
+        for seq in asked:
+            if seq not in taken:
+                self.placement.kept(seq)
+        out: list = []
+        for seq in taken:
+            ts = self._take_run(worker, seq)
+            if ts is None:              # cancelled or released meanwhile
+                out += self._orphan(worker, seq)
+            else:
+                ts.state = "ready"
+                out += self._push_ready(ts)
+        ws = self.workers.get(worker)
+        return out + (self._maybe_retire(ws) if ws is not None else [])
 
     def _orphan(self, worker: str, seq: int) -> list:
         """A run we no longer care about (cancelled, released) ended: free what it left."""

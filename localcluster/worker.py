@@ -3,7 +3,8 @@
 Threads::
 
     reader role      one thread at a time reads the channel: Run -> run queue (or parked until
-                     its deps arrive), Put/Free -> store, Export -> Data reply, Cancel, Stop;
+                     its deps arrive), Put/Free -> store, Export -> Data reply, Cancel, Steal
+                     (queued runs given back), Stop;
                      EOF -> exit. An idle executor takes the role itself, so a Run that arrives
                      at an idle worker is executed by the thread that read it: no thread hop
                      (a GIL hand-off between threads costs more than a process round trip).
@@ -163,6 +164,10 @@ class Worker:
                     self.chan.send(P.Skipped(seq))
                 elif seq in self.pending:
                     self.cancelled.add(seq)
+        elif isinstance(msg, P.Steal):
+            taken = tuple(seq for seq in msg.seqs if self._unqueue(seq))
+            self.pending.difference_update(taken)
+            self.chan.send(P.Unqueued(msg.seqs, taken))
         elif isinstance(msg, P.Stop):
             self._flush()
             sys.stdout.flush()
@@ -170,6 +175,17 @@ class Worker:
             os._exit(0)
         else:
             raise TypeError(f"unexpected message {msg!r}")
+
+    def _unqueue(self, seq: int) -> bool:
+        """Take run ``seq`` out of the queue (or the parked runs) if no executor took it yet."""
+        if self.parked.pop(seq, None) is not None:
+            return True
+        with self._cond:
+            for i, run in enumerate(self._runs):
+                if run.seq == seq:
+                    del self._runs[i]
+                    return True
+        return False
 
     def _arrived(self, key: str) -> None:
         for seq, (run, missing) in list(self.parked.items()):

@@ -196,6 +196,32 @@ def test_cancel_pending_dependents(client):
     assert client.submit(inc, 1).result(10) == 2
 
 
+def until(path):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return os.getpid()
+
+
+@pytest.mark.parametrize("long_task", ["running", "cancelled and running on"])
+def test_runs_queued_behind_a_long_task_move_to_an_idle_worker(tmp_path, long_task):
+    """Prefetch puts runs on a worker ahead of time; one stuck behind a long task (or a
+    cancelled one, which runs on: Python cannot interrupt it) is given back to an idle worker."""
+    marker = tmp_path / "go"
+    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
+        w0 = sorted(c.workers)[0]
+        long = cl.submit(until, str(marker), workers=[w0], pure=False)
+        wait_for(lambda: long.key in c.running_tasks())
+        shorts = cl.map(getpid, range(40), pure=False)
+        if long_task != "running":
+            cl.cancel([long])
+        done, not_done = wait(shorts, timeout=20)
+        assert not not_done, f"{len(not_done)} runs still wait behind the long task"
+        assert {f.result() for f in shorts} >= {c.workers[name].pid for name in c.workers if name != w0}
+        marker.touch()
+        if long_task == "running":
+            assert long.result(30) == c.workers[w0].pid
+
+
 def test_future_is_a_concurrent_futures_future(client):
     fs = client.map(inc, range(10))
     done, not_done = cf.wait(fs, timeout=10)

@@ -38,7 +38,7 @@ def scatter(s, key, workers, small=False):
 
 
 EVENTS = ("add_worker", "set_paused", "retire", "worker_died", "submit", "scatter", "replicate", "stored",
-          "finished", "failed", "skipped", "fetch", "data", "release", "cancel", "clear", "acquire",
+          "finished", "failed", "skipped", "unqueued", "fetch", "data", "release", "cancel", "clear", "acquire",
           "handle_messages")
 
 
@@ -385,6 +385,70 @@ def test_recomputed_input_nobody_needs_any_more_is_freed_when_it_finishes():
     acts = finish(s, "a")
     assert sends(acts, P.Free) == [("w2", P.Free(("a",)))]
     assert not resolves(acts) or resolves(acts)["a"].status == "finished"
+
+
+# --- stealing: runs queued behind a busy thread go to an idle worker -------------------
+
+def w1_busy_w2_idle(**kw):
+    """a, c, e on w1 (a running, c and e queued behind it), b, d, f on w2, all finished."""
+    s = sched("w1", "w2")
+    s.submit([spec(k, **kw) for k in "abcdef"])
+    assert [s.tasks[k].worker for k in "abcdef"] == ["w1", "w2"] * 3
+    for k in "bd":
+        assert sends(finish(s, k), P.Steal) == []
+    return s, finish(s, "f")
+
+
+def test_an_idle_worker_takes_back_the_newest_run_queued_behind_a_busy_thread():
+    s, acts = w1_busy_w2_idle()
+    seq_e = s.tasks["e"].seq
+    assert sends(acts, P.Steal) == [("w1", P.Steal((seq_e,)))]        # one idle thread: one run
+    assert s.finished("w2", 999, BIG, "int", None, 0.005) == []         # nothing more asked meanwhile
+    acts = s.unqueued("w1", (seq_e,), (seq_e,))
+    assert runs(acts) == [("e", "w2")] and s.tasks["e"].state == "processing"
+    assert sends(finish(s, "e"), P.Steal) == [("w1", P.Steal((s.tasks["c"].seq,)))]
+
+
+def test_a_run_that_had_started_stays_and_finishes_where_it_is():
+    s, acts = w1_busy_w2_idle()
+    seq_e = s.tasks["e"].seq
+    acts = s.unqueued("w1", (seq_e,), ())
+    assert runs(acts) == [] and s.tasks["e"].worker == "w1"
+    assert sends(acts, P.Steal) == [("w1", P.Steal((s.tasks["c"].seq,)))]   # not e again
+    assert resolves(finish(s, "e"))["e"].status == "finished"
+
+
+def test_a_run_cancelled_while_asked_back_is_freed_not_placed_again():
+    s, _ = w1_busy_w2_idle()
+    seq_e = s.tasks["e"].seq
+    s.cancel(["e"])
+    acts = s.unqueued("w1", (seq_e,), (seq_e,))
+    assert runs(acts) == [] and "e" not in s.tasks and seq_e not in s.workers["w1"].processing
+
+
+def test_runs_only_their_worker_may_run_are_not_asked_back():
+    s = sched("w1", "w2")
+    s.submit([spec(k, workers=["w1"]) for k in "ace"] + [spec(k, workers=["w2"]) for k in "bdf"])
+    for k in "bdf":
+        assert sends(finish(s, k), P.Steal) == []
+    assert len(s.workers["w1"].processing) == 3
+
+
+def test_a_run_whose_inputs_the_idle_worker_lacks_by_much_is_not_asked_back():
+    s = sched("w1", "w2")
+    s.submit([spec("big")])
+    finish(s, "big", nbytes=1 << 30)                    # on w1
+    s.submit([spec(k, "big") for k in "ace"] + [spec(k) for k in "bdf"])
+    assert [s.tasks[k].worker for k in "acebdf"] == ["w1"] * 3 + ["w2"] * 3
+    for k in "bdf":
+        assert sends(finish(s, k), P.Steal) == []
+
+
+def test_runs_asked_of_a_worker_that_dies_are_forgotten_and_run_again():
+    s, _ = w1_busy_w2_idle()
+    acts = died(s, death("w1"), {})
+    assert not s.placement.stealing and not s.placement.started
+    assert sorted(runs(acts)) == [("a", "w2"), ("c", "w2"), ("e", "w2")]
 
 
 # --- cancel ----------------------------------------------------------------------------

@@ -143,3 +143,55 @@ def test_an_oom_kill_elsewhere_on_the_machine_is_not_blamed_on_a_worker_killed_a
         os.kill(info.pid, signal.SIGKILL)
         wait_for(lambda: len(c.deaths) == 1)
         assert c.deaths[0].cause == "signal"
+
+
+# --- the worker's allowance, on files standing in for a group's ---------------------------
+
+@pytest.fixture
+def fake_group(tmp_path):
+    def write(name, text):
+        (tmp_path / name).write_text(text)
+
+    def limit():
+        return (tmp_path / "memory.max").read_text()
+    write("memory.max", "max")
+    write("memory.stat", "anon 1000\nshmem 0\nfile 0\n")
+    return tmp_path, write, limit
+
+
+def test_the_allowance_writes_nothing_until_the_nanny_sets_a_ceiling(fake_group):
+    from localcluster.cgroup import SharedAllowance
+    path, write, limit = fake_group
+    a = SharedAllowance(str(path), "v2", ceiling=100 * MiB, slack=8 * MiB)
+    a.charge(50 * MiB)
+    a.charge(-50 * MiB)
+    a.settle()
+    assert limit() == "max"
+
+
+def test_the_allowance_makes_room_for_what_is_written_and_gives_it_back_once_freed(fake_group):
+    from localcluster.cgroup import SharedAllowance
+    path, write, limit = fake_group
+    write("memory.max", str(100 * MiB))                  # the nanny accepted the worker
+    a = SharedAllowance(str(path), "v2", ceiling=100 * MiB, slack=8 * MiB)
+    a.charge(4 * MiB)                                     # within the slack: no write needed...
+    assert int(limit()) == 100 * MiB + 4 * MiB + 8 * MiB  # ...but the first look sets it
+    a.charge(-4 * MiB)
+    write("memory.stat", f"shmem {4 * MiB}\n")
+    a.charge(300 * MiB)                                   # a large result on its way out
+    assert int(limit()) >= 100 * MiB + 4 * MiB + 300 * MiB
+    a.charge(-300 * MiB)
+    write("memory.stat", f"shmem {304 * MiB}\n")          # the receiver keeps it
+    a.settle()
+    assert int(limit()) >= 100 * MiB + 304 * MiB
+    write("memory.stat", "shmem 0\n")                     # and lets it go
+    a.settle()
+    assert int(limit()) == 100 * MiB + 8 * MiB
+
+
+def test_the_allowance_stops_when_its_group_is_gone(fake_group):
+    from localcluster.cgroup import SharedAllowance
+    path, write, limit = fake_group
+    a = SharedAllowance(str(path / "gone"), "v2", ceiling=100 * MiB)
+    a.charge(10 * MiB)
+    assert not a.enabled

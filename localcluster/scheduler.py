@@ -499,9 +499,16 @@ class Scheduler:
         if ws is None:
             return []
         out: list = []
-        if key is not None and key not in ws.has:
+        if key is not None and key not in ws.has and not self._running_again(key, worker):
             out.append(Send(worker, P.Free((key,))))
         return out + self._maybe_retire(ws)
+
+    def _running_again(self, key: str, worker: str) -> bool:
+        """A newer run of ``key`` is on ``worker``: a Free sent now could arrive after that run
+        stored its result, and drop it (the worker then no longer holds what we think it does).
+        The newer result replaces the stale one anyway."""
+        ts = self.tasks.get(key)
+        return ts is not None and ts.state == "processing" and ts.worker == worker
 
     def _fail(self, ts: Task, error: Any) -> list:
         ts.state, ts.error = "erred", error

@@ -222,6 +222,29 @@ def test_runs_queued_behind_a_long_task_move_to_an_idle_worker(tmp_path, long_ta
             assert long.result(30) == c.workers[w0].pid
 
 
+def late_bytes(path, n):
+    until(path)
+    with open(f"{path}.ended", "w"):
+        pass
+    return b"old" * n
+
+
+def test_a_cancelled_run_ending_late_leaves_the_result_of_its_key_run_again(tmp_path):
+    """Cancelled while running, the first run goes on; the key submitted again runs on the
+    other thread and stores its result. The first run ending must not drop that result."""
+    marker, n = tmp_path / "go", 1 << 20
+    with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
+        first = cl.submit(late_bytes, str(marker), n, key="k")
+        wait_for(lambda: "k" in c.running_tasks())
+        cl.cancel([first])
+        second = cl.submit(bytes, 3 * n, key="k")
+        assert cl.submit(len, second).result(30) == 3 * n
+        marker.touch()
+        wait_for(lambda: os.path.exists(f"{marker}.ended"))     # and its result is made and dropped now
+        assert cl.submit(len, second, pure=False).result(10) == 3 * n      # parked forever if k was dropped
+        assert second.result(30) == bytes(3 * n)
+
+
 def test_future_is_a_concurrent_futures_future(client):
     fs = client.map(inc, range(10))
     done, not_done = cf.wait(fs, timeout=10)

@@ -504,6 +504,20 @@ def test_finished_after_cancel_frees_its_result():
     assert ("w1", P.Free(("a",))) in sends(acts, P.Free)
 
 
+def test_a_cancelled_run_ending_frees_nothing_while_a_newer_run_of_its_key_is_on_that_worker():
+    """The Free would reach the worker after the newer run stored its result, and drop it:
+    the scheduler would then ask the worker for data it no longer holds (seen in the soak)."""
+    s = sched("w1")
+    s.submit([spec("k")])
+    old = s.tasks["k"].seq
+    s.release("k")
+    s.submit([spec("k")])
+    assert s.tasks["k"].worker == "w1" and s.tasks["k"].seq != old
+    assert sends(s.finished("w1", old, BIG, "int", None, 0.0), P.Free) == []
+    acts = finish(s, "k")
+    assert resolves(acts)["k"].status == "finished" and s.tasks["k"].who_has == {"w1"}
+
+
 def test_fetch_of_cancelled_task_is_answered():
     s = sched("w1")
     s.submit([spec("a")])

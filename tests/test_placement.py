@@ -6,7 +6,7 @@ import signal
 
 import numpy as np
 import pytest
-from _util import block_until
+from _util import block_until, wait_for
 
 from localcluster import Client, LocalCluster
 
@@ -36,11 +36,12 @@ def test_scatter_puts_data_where_it_is_told(trio):
     w0, w1, w2 = sorted(cluster.workers)
     [f] = client.scatter([np.ones(1_000_000)], workers=[w2])
     f.result(30)
-    managed = {name: info.managed for name, info in cluster.workers.items()}
-    assert managed[w2] >= 8_000_000 and managed[w0] == managed[w1] == 0
+    # the figures come from the workers' boards, written once the data is stored
+    wait_for(lambda: cluster.workers[w2].managed >= 8_000_000)
+    assert cluster.workers[w0].managed == cluster.workers[w1].managed == 0
     fs = client.scatter([np.ones(1_000_000)] * 2, workers=[w0, w1], broadcast=True)
     client.gather(fs)
-    assert cluster.workers[w0].managed >= 16_000_000 and cluster.workers[w1].managed >= 16_000_000
+    wait_for(lambda: cluster.workers[w0].managed >= 16_000_000 and cluster.workers[w1].managed >= 16_000_000)
 
 
 def pid_once_released(path):

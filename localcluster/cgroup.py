@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ from typing import Optional
 
 from .machine import memory_cgroups
 
-__all__ = ["SharedAllowance", "WorkerGroup", "limit_file"]
+__all__ = ["SharedAllowance", "WorkerGroup", "limit_file", "purge_stale_groups"]
 
 logger = logging.getLogger("localcluster")
 
@@ -50,6 +51,9 @@ class WorkerGroup:
         """A new group for worker ``name`` beside this process's memory cgroup, with the
         ``ceiling`` in bytes when given; None where that is not allowed."""
         for version, directory in sorted(memory_cgroups(), key=lambda g: g[0] != "v1"):
+            if directory not in _purged:
+                _purged.add(directory)
+                purge_stale_groups(directory)
             path = os.path.join(directory, f"localcluster-{os.getpid()}-{name}")
             try:
                 os.mkdir(path, 0o755)
@@ -134,6 +138,38 @@ class WorkerGroup:
                     logger.warning("localcluster: could not remove the worker cgroup %s (%s)", self.path, e)
                     return
                 time.sleep(0.01)
+
+
+_GROUP = re.compile(r"localcluster-(\d+)-.+")
+_purged: set = set()     # directories this process has purged (once each is enough)
+
+
+def purge_stale_groups(directory: str) -> None:
+    """Remove the worker groups a killed process left behind (a SIGKILLed parent cannot
+    remove them): those named for a pid that no longer runs. The kernel refuses to remove
+    a group while any process is in it, so a live group is never lost."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        m = _GROUP.fullmatch(name)
+        if m is None or int(m.group(1)) == os.getpid() or _running(int(m.group(1))):
+            continue
+        try:
+            os.rmdir(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class SharedAllowance:

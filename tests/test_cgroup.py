@@ -195,3 +195,50 @@ def test_the_allowance_stops_when_its_group_is_gone(fake_group):
     a = SharedAllowance(str(path / "gone"), "v2", ceiling=100 * MiB)
     a.charge(10 * MiB)
     assert not a.enabled
+
+
+KILLED_PARENT = """
+import os
+from localcluster import Client, LocalCluster
+with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
+    cl.submit(sum, [1, 2]).result(30)
+    print(os.getpid(), flush=True)
+    os.kill(os.getpid(), 9)
+"""
+
+
+def test_groups_a_killed_parent_left_are_removed_by_the_next_cluster_and_live_ones_kept(cgroups_allowed, tmp_path):
+    from localcluster.machine import memory_cgroups
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_PARENT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    dead = int(proc.stdout.split()[0])
+    directories = [d for _, d in memory_cgroups()]
+
+    def left_by(pid):
+        return [n for d in directories if os.path.isdir(d) for n in os.listdir(d)
+                if n.startswith(f"localcluster-{pid}-")]
+    assert len(left_by(dead)) == 2          # SIGKILL: it could not clean up
+    # a live process's group, empty or not, whatever its name says, stays
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = WorkerGroup.create("live", None)
+    try:
+        assert live.add(sleeper.pid)
+        decoy = os.path.join(os.path.dirname(live.path), f"localcluster-{dead}-decoy")
+        os.mkdir(decoy)
+        sleeper_group = os.path.basename(live.path)
+        with open(os.path.join(decoy, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))       # a process inside a dead pid's group: kept too
+        nxt = tmp_path / "next.py"          # the next cluster, in a process of its own
+        nxt.write_text(KILLED_PARENT.replace("    os.kill(os.getpid(), 9)\n", ""))
+        assert subprocess.run([sys.executable, str(nxt)], capture_output=True, timeout=60).returncode == 0
+        assert left_by(dead) == [os.path.basename(decoy)]
+        assert sleeper_group in os.listdir(os.path.dirname(live.path))
+        with open(os.path.join(live.path, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        os.rmdir(decoy)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        live.remove()

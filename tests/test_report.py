@@ -105,7 +105,8 @@ def test_the_report_opens_in_a_real_browser(run, page, tmp_path):
     statuses = [tasks.nth(i).get_attribute("data-status") for i in range(tasks.count())]
     assert statuses.count("error") == 3 and statuses.count("lost") == 2
     widths = [tasks.nth(i).bounding_box()["width"] for i in range(tasks.count())]
-    assert min(widths) >= 1 and max(widths) < stream["width"]
+    # render.py draws each at least 1 unit wide; the page may scale the SVG by a hair (0.99997)
+    assert min(widths) >= 0.99 and max(widths) < stream["width"]
     groups = {tasks.nth(i).get_attribute("data-group") for i in range(tasks.count())}
     assert groups == {"square", "total", "fails", "hog", "crash"}
     assert page.locator("svg.lc-timeline polyline.lc-memline").count() >= 2

@@ -31,8 +31,8 @@ Thread 0x00007f3b2a7fc640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 975 in run
 
 Current thread 0x00007f3b2affd640 (most recent call first):
-  File "/home/me/job.py", line 3 in f
-  File "/home/me/job.py", line 7 in g
+  File "jobs/job.py", line 3 in f
+  File "jobs/job.py", line 7 in g
   File "{PKG}/worker.py", line 190 in _run
   File "/usr/lib/python3.11/threading.py", line 975 in run
 
@@ -120,7 +120,7 @@ def test_crash_stack_is_the_crashing_threads_block():
     lines = stack.splitlines()
     assert lines[0] == "Fatal Python error: Segmentation fault"
     assert "computing row 17" not in stack
-    assert 'File "/home/me/job.py", line 3 in f' in stack
+    assert 'File "jobs/job.py", line 3 in f' in stack
     assert "_beat" not in stack and "in main" not in stack      # other threads stay in the log
     assert "Extension modules" not in stack
 
@@ -152,7 +152,7 @@ def test_crashing_thread_with_thread_name():
 
 def test_top_frames():
     stack = crash_stack(FAULTHANDLER)
-    assert top_frames(stack, 2) == ['File "/home/me/job.py", line 3 in f', 'File "/home/me/job.py", line 7 in g']
+    assert top_frames(stack, 2) == ['File "jobs/job.py", line 3 in f', 'File "jobs/job.py", line 7 in g']
     assert len(top_frames(stack)) == 2      # localcluster's worker loop and the thread bootstrap are dropped
     assert "worker.py" not in stack and "threading.py" not in stack
     assert top_frames("\n".join(FAULTHANDLER), 10)[-1].endswith("in run")   # stops at the block's end

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Optional
 
-from .machine import memory_cgroups
+from .machine import memory_cgroups, pid_alive
 
 __all__ = ["SharedAllowance", "WorkerGroup", "limit_file", "purge_stale_groups"]
 
@@ -154,22 +154,12 @@ def purge_stale_groups(directory: str) -> None:
         return
     for name in names:
         m = _GROUP.fullmatch(name)
-        if m is None or int(m.group(1)) == os.getpid() or _running(int(m.group(1))):
+        if m is None or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
             continue
         try:
             os.rmdir(os.path.join(directory, name))
         except OSError:
             pass
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SharedAllowance:

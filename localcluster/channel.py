@@ -88,9 +88,13 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[li
         return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
     views = [pb.raw() for pb in buffers]
     shared: list[bool] = []         # per buffer: it crosses as a memfd
+    n_fds = to_write = 0
     for v in views:
-        shared.append(HAVE_MEMFD and v.nbytes >= MEMFD_THRESHOLD and sum(shared) < _MAX_FDS)
-    to_write = sum(v.nbytes for v, s in zip(views, shared) if s)
+        memfd = HAVE_MEMFD and v.nbytes >= MEMFD_THRESHOLD and n_fds < _MAX_FDS
+        shared.append(memfd)
+        if memfd:
+            n_fds += 1
+            to_write += v.nbytes
     sizes, inline, fds = [], [], []
     if charge is not None and to_write:
         charge(to_write)

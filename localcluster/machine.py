@@ -150,7 +150,7 @@ def _purge_one(base: str, name: str) -> None:
         try:
             fd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:                   # older version, or being made right now
-            if time.time() - st.st_mtime > LEGACY_GRACE and not _pid_alive(int(_NAME.fullmatch(name).group(1))):
+            if time.time() - st.st_mtime > LEGACY_GRACE and not pid_alive(int(_NAME.fullmatch(name).group(1))):
                 shutil.rmtree(path, ignore_errors=True)
             return
         try:
@@ -165,7 +165,7 @@ def _purge_one(base: str, name: str) -> None:
         os.close(dir_fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

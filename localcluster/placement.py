@@ -138,8 +138,9 @@ class Placement:
 
     def ended(self, seq: int) -> None:
         """Run ``seq`` ended, or was given back."""
-        self.stealing.pop(seq, None)
-        self.started.pop(seq, None)
+        if self.stealing or self.started:       # on every run's end: most often both are empty
+            self.stealing.pop(seq, None)
+            self.started.pop(seq, None)
 
     def kept(self, seq: int) -> None:
         """The worker had started run ``seq`` when asked for it: never ask again."""

@@ -54,6 +54,7 @@ class Store:
         self.target = target
         self._mem: OrderedDict[str, Entry] = OrderedDict()   # least recently used first
         self._disk: dict[str, tuple[str, int]] = {}          # key -> (path, nbytes)
+        self._made: dict[str, int] = {}                      # key -> the run whose result it holds
         self._lock = threading.RLock()
         self._counter = 0
         self.managed = 0
@@ -65,19 +66,22 @@ class Store:
 
     # --- in ---------------------------------------------------------------------------
 
-    def put_result(self, key: str, value: Any, payload: Payload) -> None:
-        """A task's result and its pickled form (which the caller made to measure it)."""
+    def put_result(self, key: str, value: Any, payload: Payload, seq: int = 0) -> None:
+        """A task's result and its pickled form (which the caller made to measure it), made
+        by run ``seq`` (see :meth:`free_made_by`)."""
         if serialize.self_contained(payload):
-            self._put(key, Entry(_ABSENT, payload, payload.nbytes))
+            self._put(key, Entry(_ABSENT, payload, payload.nbytes), seq)
         else:
-            self._put(key, Entry(value, None, payload.nbytes))
+            self._put(key, Entry(value, None, payload.nbytes), seq)
 
     def put_payload(self, key: str, payload: Payload) -> None:
         self._put(key, Entry(_ABSENT, payload, payload.nbytes))
 
-    def _put(self, key: str, entry: Entry) -> None:
+    def _put(self, key: str, entry: Entry, seq: int = 0) -> None:
         with self._lock:
             self._discard(key)
+            if seq:
+                self._made[key] = seq
             self._mem[key] = entry
             self.managed += entry.nbytes
             self._maybe_spill(keep=key)
@@ -143,7 +147,16 @@ class Store:
                 self._discard(key)
             self._changed()
 
+    def free_made_by(self, key: str, seq: int) -> None:
+        """Free ``key`` if what is stored under it is the result of run ``seq``, not of a
+        newer run of the same key (a cancelled run that ended late must not drop that)."""
+        with self._lock:
+            if self._made.get(key) == seq:
+                self._discard(key)
+                self._changed()
+
     def _discard(self, key: str) -> None:
+        self._made.pop(key, None)
         entry = self._mem.pop(key, None)
         if entry is not None:
             self.managed -= entry.nbytes

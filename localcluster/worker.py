@@ -93,8 +93,6 @@ class Worker:
         self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
         self.fns: dict[int, Any] = {}
         self.cancelled: set = set()
-        self._made: dict[str, int] = {}     # key -> seq of the run whose result the store holds
-        self._made_lock = threading.Lock()  # storing a result and marking whose it is are one step
         self.pending: set = set()    # seqs received and not yet answered
         self._out: list = []
         self._out_lock = threading.Lock()
@@ -158,10 +156,7 @@ class Worker:
         elif isinstance(msg, P.Export):
             self._export(msg)
         elif isinstance(msg, P.Free):
-            with self._made_lock:
-                self.store.free(msg.keys)
-                for key in msg.keys:
-                    self._made.pop(key, None)
+            self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):
             for seq in msg.seqs:
                 if self.parked.pop(seq, None) is not None:
@@ -263,10 +258,7 @@ class Worker:
             board.stop(row)
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
                 self.cancelled.discard(run.seq)
-                with self._made_lock:       # unless a newer run of the key stored it meanwhile
-                    if self._made.get(run.key) == run.seq:
-                        del self._made[run.key]
-                        self.store.free((run.key,))
+                self.store.free_made_by(run.key, run.seq)     # not a newer run's result
             self._reply(reply)
 
     def _reply(self, reply: Any) -> None:
@@ -303,12 +295,11 @@ class Worker:
             return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what), start,
                             time.perf_counter() - t0, row)
         type_name = type(result).__qualname__
-        with self._made_lock:
-            # A cancelled run stores nothing: a newer run of its key may have stored its own
-            # result already (the parent sends Cancel before it sends the key again).
-            if run.seq not in self.cancelled:
-                self.store.put_result(run.key, result, payload)
-                self._made[run.key] = run.seq
+        # A cancelled run stores nothing: a newer run of its key may have stored its own
+        # result already. Cancel arrives before the key is sent again, so a run that sees
+        # no Cancel here stores before any newer run of its key exists.
+        if run.seq not in self.cancelled:
+            self.store.put_result(run.key, result, payload, run.seq)
         data = payload if payload.nbytes <= P.INLINE_RESULT else None
         return P.Finished(run.seq, payload.nbytes, type_name, data, time.perf_counter() - t0, start, row)
 

@@ -16,7 +16,7 @@ import weakref
 
 import psutil
 import pytest
-from _util import wait_for
+from _util import block_until, wait_for
 
 import localcluster
 from localcluster import Client, LocalCluster, TaskError, as_completed, config, wait
@@ -197,8 +197,7 @@ def test_cancel_pending_dependents(client):
 
 
 def until(path):
-    while not os.path.exists(path):
-        time.sleep(0.01)
+    block_until(path)
     return os.getpid()
 
 
@@ -223,7 +222,7 @@ def test_runs_queued_behind_a_long_task_move_to_an_idle_worker(tmp_path, long_ta
 
 
 def late_bytes(path, n):
-    until(path)
+    block_until(path)
     with open(f"{path}.ended", "w"):
         pass
     return b"old" * n

@@ -17,7 +17,8 @@ Task states::
 Data on the move (relays between workers, fetches for the client, replicas) is the
 business of its part ``Transfers`` (transfers.py). Small results travel with their
 ``Finished`` message and are kept here, so relaying them, and answering ``result()``,
-costs no extra round trip.
+costs no extra round trip. Letting go of keys (release, cancel, and freeing what cancelled
+runs left on workers) is the business of ``Forgetting`` (forgetting.py).
 
 Every public event runs placement (``_assign``) once at its end; a frame of worker
 messages goes through ``handle_messages``, which runs placement once for all of them.
@@ -31,12 +32,12 @@ from typing import Any, Callable, Optional
 
 from . import protocol as P
 from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
+from .forgetting import PENDING, Forgetting
 from .invariants import check
 from .placement import Placement
 from .records import EMPTY, Deliver, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
 from .transfers import Transfers, gone as _gone
 
-PENDING = frozenset({"waiting", "ready", "processing"})      # its futures are not done yet
 ENDED = frozenset({"memory", "erred", "lost"})               # its futures are done
 FAILED = frozenset({"erred", "lost"})
 
@@ -58,10 +59,11 @@ class Scheduler:
         self.gone: set = set()                      # names of workers that died (names are never reused)
         self._order = itertools.count()
         self._request = itertools.count(1)
-        self.cancelled_runs: dict[int, str] = {}    # seq -> key, until the worker answers
         self.transfers = Transfers(self.tasks, self.workers, self._request)
         self.placement = Placement(self.tasks, self.workers, self.transfers)
         self.runs = self.placement.runs             # seq -> (key, worker): the same dict
+        self.forgetting = Forgetting(self.tasks, self.workers, self.runs, self._maybe_retire)
+        self.cancelled_runs = self.forgetting.cancelled_runs   # seq -> key, until the worker answers: the same dict
         self._deferring = False                     # inside batch(): placement waits for its end
 
     def validate(self) -> None:
@@ -177,12 +179,12 @@ class Scheduler:
         for ts in sorted(lost, key=lambda t: t.order):
             if ts.spec is None:
                 out += self._lost_for_good(ts, death)
-            elif ts.wanted or self._needed_by_dependents(ts):
+            elif ts.wanted or self.forgetting.needed_by_dependents(ts):
                 ts.state = "waiting"
                 recompute.append(ts)
             else:
                 ts.state = "released"
-                out += self._forget(ts)
+                out += self.forgetting.forget(ts)
         out += self._runs_interrupted(ws, death, timed_out, recompute)
         for ts in lost:
             out += self._pull_back_dependents(ts)
@@ -256,7 +258,7 @@ class Scheduler:
             elif dts.state == "processing":
                 ws = self.workers.get(dts.worker)
                 if ws is not None and ts.key not in ws.has:
-                    out += self._unassign(dts)
+                    out += self.forgetting.unassign(dts)
                     dts.state = "waiting"
                     dts.wait_for(ts.key)
             elif dts.state == "waiting":
@@ -284,7 +286,7 @@ class Scheduler:
                     if dts is not None:
                         dts.drop_dependent(spec.key)
                         if dts.state == "released":
-                            out += self._forget(dts)
+                            out += self.forgetting.forget(dts)
             kept = ts.dependents if ts is not None else None
             ts = self.tasks[spec.key] = Task(spec.key, spec, next(self._order))
             if kept:
@@ -412,7 +414,7 @@ class Scheduler:
                  data: Optional[P.Payload], duration: float = 0.0) -> list:
         ts = self._take_run(worker, seq)
         if ts is None:
-            return self._orphan(worker, seq)
+            return self.forgetting.orphan(worker, seq)
         self.placement.finished(duration)
         ws = self.workers[worker]
         ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, type_name, data
@@ -429,8 +431,8 @@ class Scheduler:
                 dts.arrived(ts.key)
                 if not dts.waiting_on:
                     out += self._make_ready_or_wait(dts)
-        if not ts.wanted and not self._needed_by_dependents(ts):
-            out += self._release(ts)
+        if not ts.wanted and not self.forgetting.needed_by_dependents(ts):
+            out += self.forgetting.release(ts)
         out += self._release_inputs(ts)
         return out + self._maybe_retire(ws)
 
@@ -440,15 +442,15 @@ class Scheduler:
         for d in ts.deps:
             dts = self.tasks.get(d)
             if (dts is not None and dts.state == "memory" and not dts.wanted
-                    and not self._needed_by_dependents(dts)):
-                out += self._release(dts)
+                    and not self.forgetting.needed_by_dependents(dts)):
+                out += self.forgetting.release(dts)
         return out
 
     @_placing
     def failed(self, worker: str, seq: int, error: bytes) -> list:
         ts = self._take_run(worker, seq)
         if ts is None:
-            return self._orphan(worker, seq)
+            return self.forgetting.orphan(worker, seq)
         if ts.retries > 0:
             ts.retries -= 1
             out = self._make_ready_or_wait(ts)
@@ -473,7 +475,7 @@ class Scheduler:
     def skipped(self, worker: str, seq: int) -> list:
         """The worker dropped a cancelled run before starting it."""
         self._take_run(worker, seq)
-        return self._orphan(worker, seq)
+        return self.forgetting.orphan(worker, seq)
 
     @_placing
     def unqueued(self, worker: str, asked: tuple, taken: tuple) -> list:
@@ -485,30 +487,12 @@ class Scheduler:
         for seq in taken:
             ts = self._take_run(worker, seq)
             if ts is None:              # cancelled or released meanwhile
-                out += self._orphan(worker, seq)
+                out += self.forgetting.orphan(worker, seq)
             else:
                 ts.state = "ready"
                 out += self._push_ready(ts)
         ws = self.workers.get(worker)
         return out + (self._maybe_retire(ws) if ws is not None else [])
-
-    def _orphan(self, worker: str, seq: int) -> list:
-        """A run we no longer care about (cancelled, released) ended: free what it left."""
-        key = self.cancelled_runs.pop(seq, None)
-        ws = self.workers.get(worker)
-        if ws is None:
-            return []
-        out: list = []
-        if key is not None and key not in ws.has and not self._running_again(key, worker):
-            out.append(Send(worker, P.Free((key,))))
-        return out + self._maybe_retire(ws)
-
-    def _running_again(self, key: str, worker: str) -> bool:
-        """A newer run of ``key`` is on ``worker``: a Free sent now could arrive after that run
-        stored its result, and drop it (the worker then no longer holds what we think it does).
-        The newer result replaces the stale one anyway."""
-        ts = self.tasks.get(key)
-        return ts is not None and ts.state == "processing" and ts.worker == worker
 
     def _fail(self, ts: Task, error: Any) -> list:
         ts.state, ts.error = "erred", error
@@ -525,19 +509,9 @@ class Scheduler:
             if dts is None or dts.state not in PENDING:
                 continue
             if dts.state == "processing":
-                out += self._unassign(dts)
+                out += self.forgetting.unassign(dts)
             out += self._fail(dts, error)
         return out
-
-    def _unassign(self, ts: Task) -> list:
-        ws = self.workers.get(ts.worker)
-        ts.worker = None
-        self.runs.pop(ts.seq, None)
-        if ws is None:
-            return []
-        ws.processing[ts.seq] = None     # the slot is busy until the worker answers
-        self.cancelled_runs[ts.seq] = ts.key
-        return [Send(ws.name, P.Cancel((ts.seq,)))]
 
     def _resolution(self, ts: Task) -> Resolve:
         if ts.state == "memory":
@@ -584,82 +558,23 @@ class Scheduler:
                     for dkey in list(ts.dependents):
                         dts = self.tasks.get(dkey)
                         if dts is not None and dts.state == "processing" and dts.worker == target:
-                            out += self._unassign(dts) + self._fail(dts, error)
+                            out += self.forgetting.unassign(dts) + self._fail(dts, error)
                 out += self._maybe_retire(tws)
         ws = self.workers.get(holder)
         if ws is not None:
             out += self._maybe_retire(ws)
         return out
 
-    # --- forgetting ---------------------------------------------------------------------
+    # --- forgetting (forgetting.py) ---------------------------------------------------
 
     @_placing
     def release(self, key: str) -> list:
         """The client dropped its last future of ``key``."""
-        ts = self.tasks.get(key)
-        if ts is None:
-            return []
-        ts.wanted = max(0, ts.wanted - 1)
-        if ts.wanted or self._needed_by_dependents(ts):
-            return []
-        return self._release(ts)
-
-    def _needed_by_dependents(self, ts: Task) -> bool:
-        return any(self.tasks[d].state in PENDING for d in ts.dependents if d in self.tasks)
-
-    def _release(self, ts: Task) -> list:
-        out: list = []
-        if ts.state == "processing":
-            out += self._unassign(ts)
-        ts.state = "released"
-        out += self._forget(ts)
-        return out
-
-    def _forget(self, ts: Task) -> list:
-        out: list = []
-        for name in sorted(ts.who_has):
-            ws = self.workers.get(name)
-            if ws is not None:
-                ws.has.discard(ts.key)
-                out.append(Send(name, P.Free((ts.key,))))
-        ts.drop_holders()
-        ts.data = None
-        if not ts.dependents or all(d not in self.tasks for d in ts.dependents):
-            self.tasks.pop(ts.key, None)
-            for d in ts.deps:
-                dts = self.tasks.get(d)
-                if dts is not None:
-                    dts.drop_dependent(ts.key)
-                    if dts.state == "released" or (not dts.wanted and not self._needed_by_dependents(dts)
-                                                   and dts.state != "processing"):
-                        if dts.state != "released" or dts.key in self.tasks:
-                            dts.state = "released"
-                            out += self._forget(dts)
-        for ws in self.workers.values():
-            out += self._maybe_retire(ws) if ws.closing else []
-        return out
+        return self.forgetting.release_key(key)
 
     @_placing
     def cancel(self, keys: list) -> list:
-        out: list = []
-        for key in keys:
-            ts = self.tasks.get(key)
-            if ts is not None and ts.state in PENDING:
-                out += self._cancel(ts)
-        return out
-
-    def _cancel(self, ts: Task) -> list:
-        out: list = [Resolve(ts.key, "cancelled")]
-        for req in ts.fetchers:
-            out.append(Deliver(req, ts.key, error=_gone(ts.key)))
-        ts.fetchers = ()
-        for dkey in sorted(ts.dependents):
-            dts = self.tasks.get(dkey)
-            if dts is not None and dts.state in PENDING:
-                out += self._cancel(dts)
-        ts.wanted = 0
-        out += self._release(ts)
-        return out
+        return self.forgetting.cancel(keys)
 
     def clear(self, error: BaseException) -> list:
         """Everything is forgotten (restart, close): every unfinished future gets ``error``."""

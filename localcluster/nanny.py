@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from typing import Any, Optional
@@ -101,6 +102,12 @@ class Nanny:
         self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
         self.ceiling: Optional[int] = None        # its kernel limit, bytes, once the worker is accepted
         self.in_group = False                     # a member of it at the last look (something may move it out)
+        # Moving a process into a cgroup waits for the kernel (an RCU grace period, 10-15 ms
+        # here on cgroup v1), so a thread does it: the loop thread, which respawns a dead
+        # worker while the dead one's tasks run again elsewhere, does not wait. Joined
+        # (``_joined``) before anything reads the membership, and before the worker is
+        # accepted, so every task runs in the group.
+        self._joining: Optional[threading.Thread] = None
 
     # --- start -----------------------------------------------------------------------
 
@@ -140,10 +147,9 @@ class Nanny:
             child_sock.close()
         self.pid = self.proc.pid
         if self.group is not None:
-            self.in_group = self.group.add(self.pid)
-            if not self.in_group:
-                self.group.remove()     # the worker's allowance then finds no group and stops
-                self.group = None
+            self._joining = threading.Thread(target=self._join_group, name=f"localcluster-cgroup-{self.name}",
+                                             daemon=True)
+            self._joining.start()
         self.started = time.monotonic()
         self.chan = Channel(parent_sock)
         forward = {True: "output", "all": "all"}.get(self.forward_logs)
@@ -169,11 +175,30 @@ class Nanny:
         if self.group is not None and self.ceiling:
             cfg["cgroup"] = [self.group.path, self.group.version, self.ceiling]
 
+    def _join_group(self) -> None:
+        self.in_group = self.group.add(self.pid)
+
+    def _joined(self, wait: bool = True) -> bool:
+        """Whether the move into its group is over (``wait``: wait for it). A worker that
+        could not join has no group: its allowance then finds none and stops."""
+        joining = self._joining
+        if joining is None:
+            return True
+        if not wait and joining.is_alive():
+            return False
+        joining.join()
+        self._joining = None
+        if not self.in_group and self.group is not None:
+            self.group.remove()
+            self.group = None
+        return True
+
     def enforce_ceiling(self) -> None:
         """Once the worker is accepted (its idle footprint fits the limit, see the
         supervisor), before its first task: from now on what it and its children allocate
         meets the kernel's limit. Not before, so that a limit below an idle worker is told
         as such instead of as the OOM killer."""
+        self._joined()
         if self.group is not None and self.ceiling:
             self.group.set_limit(self.ceiling)
 
@@ -218,7 +243,7 @@ class Nanny:
     def _refresh_oom_baseline(self, now: float) -> None:
         # A narrow window before the death keeps unrelated OOM kills elsewhere out of the evidence.
         paths = oom_counters(self.pid)
-        if self.group is not None:
+        if self.group is not None and self._joined(wait=False):
             self.in_group = self.group.path in {d for _, d in memory_cgroups(self.pid)}
         if paths:
             self._oom_paths = sorted(set(self._oom_paths) | set(paths))
@@ -254,6 +279,7 @@ class Nanny:
 
     def reap(self) -> int:
         """Collect the exit status, kill whatever the worker left behind, drain its output."""
+        self._joined()      # first: the pid is not reused while the process is not reaped
         code = self.proc.wait()
         self.exitcode = code
         if self.group is not None:
@@ -271,11 +297,13 @@ class Nanny:
         # (the group's, a container's, the machine's), and an OOM kill of another process
         # on the machine in the same moment is not this worker's. A zombie already counts
         # as outside every group, so membership is what was seen while it lived.
+        self._joined()
         paths = [self.group.oom_counter] if self.in_group else self._oom_paths
         now = read_oom_count(paths)
         return any(now.get(p, 0) > self._oom_base.get(p, now[p]) for p in now)
 
     def close(self) -> None:
+        self._joined()
         for fd_attr in ("sentinel",):
             fd = getattr(self, fd_attr)
             if fd is not None:

@@ -277,14 +277,18 @@ class Client:
             return futures
         return self.cluster.submit(specs, track)
 
+    def fail_keys(self, keys: tuple, exc: BaseException) -> None:
+        """Fail the pending futures of ``keys`` with ``exc`` (restart, close)."""
+        futures = self._futures
+        with self._refs_lock:
+            refs = [r for key in keys for r in _refs_of(futures.get(key))]
+        _future.fail_many([f for r in refs if (f := r()) is not None], exc)
+
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (the cluster broke)."""
         with self._refs_lock:
             refs = [r for held in self._futures.values() for r in _refs_of(held)]
-        for ref in refs:
-            fut = ref()
-            if fut is not None and not fut.done():
-                _future.fail(fut, exc)
+        _future.fail_many([f for r in refs if (f := r()) is not None], exc)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:

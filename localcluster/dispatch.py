@@ -8,7 +8,8 @@ Data flow::
         Send    -> the worker's channel now (or corked behind a backlog, or left for
                    the scheduler thread when the socket is full)
         Retire  -> the supervisor stops that worker
-        Resolve -> Client.resolve, outside the lock     Deliver -> the waiting request
+        Resolve, FailMany -> the clients' futures, outside the lock
+        Deliver -> the waiting request
 
 Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
 thread hop; ``on_worker_messages``, ``free_released``, ``uncork`` and the channel
@@ -136,7 +137,7 @@ class Dispatcher:
             t = type(a)
             if t is S.Send:
                 sends.setdefault(a.worker, []).append(a.msg)
-            elif t is S.Resolve or t is S.Deliver:
+            elif t is S.Resolve or t is S.Deliver or t is S.FailMany:
                 post.append(a)
             elif t is S.Retire:
                 self._workers.retire(a.worker)
@@ -161,9 +162,13 @@ class Dispatcher:
             return
         clients = list(self._clients)    # once per batch: iterating a WeakSet is not cheap
         for a in post:
-            if type(a) is S.Resolve:
+            t = type(a)
+            if t is S.Resolve:
                 for client in clients:
                     client.resolve(a.key, a.status, a.value)
+            elif t is S.FailMany:
+                for client in clients:
+                    client.fail_keys(a.keys, a.error)
             else:
                 fut = self.requests.pop(a.request, None)
                 if fut is not None and not fut.done():

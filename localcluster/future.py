@@ -282,6 +282,20 @@ def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
         pass
 
 
+def fail_many(futs: list, exc: BaseException) -> None:
+    """``fail`` for many futures (restart, close, a broken cluster), taking the lock once."""
+    loud = []
+    with _MAKING:
+        for fut in futs:
+            if fut._cond is not None:
+                loud.append(fut)
+            elif fut._state == _PENDING:
+                fut._result, fut._exception = None, exc
+                fut._state = _FINISHED
+    for fut in loud:
+        fail(fut, exc)
+
+
 def mark_cancelled(fut: Future) -> None:
     if _settled_quietly(fut, _NOTIFIED):
         return

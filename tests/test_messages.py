@@ -230,10 +230,17 @@ def test_pending_work_at_close_gets_cluster_closed(tmp_path):
     c = LocalCluster(n_workers=1, forward_logs=False)
     cl = Client(c)
     fut = cl.submit(block_until, marker, pure=False)
+    queued = cl.map(abs, range(-2000, 0))      # failed in one batch, each future all the same
+    called = []
+    queued[7].add_done_callback(called.append)   # one with a callback, so with a Condition
     c.close()
     with pytest.raises(ClusterClosed, match="closed") as info:
         fut.result(10)
     assert isinstance(info.value, cf.CancelledError)
+    assert called == [queued[7]]
+    assert all(f.done() and f.status == "error" and isinstance(f.exception(0), ClusterClosed) for f in queued)
+    with pytest.raises(ClusterClosed):
+        queued[-1].result(0)
     cl.close()
 
 

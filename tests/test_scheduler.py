@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError
 
 from localcluster import protocol as P
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
-from localcluster.records import Spec
+from localcluster.records import FailMany, Spec
 from localcluster.death import blamed_runs
 from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send
 from localcluster.serialize import dumps
@@ -931,9 +931,9 @@ def test_clear_resolves_every_unfinished_key():
     req_m, _ = s.fetch("m")
     err = RuntimeError("restarted")
     acts = s.clear(err)
-    res = resolves(acts)
-    assert set(res) == {"p", "w", "r0", "r1", "r2", "r3"}
-    assert all(r.status == "error" and r.value is err for r in res.values())
+    failed = [a for a in acts if isinstance(a, FailMany)]
+    assert len(failed) == 1 and failed[0].error is err and not resolves(acts)
+    assert sorted(failed[0].keys) == ["p", "r0", "r1", "r2", "r3", "w"]
     assert {d.request for d in delivers(acts)} == {req_p, req_m}
     assert all(d.error is err for d in delivers(acts))
     assert s.tasks == {} and s.workers["w1"].processing == {} and s.workers["w1"].has == set()

@@ -7,6 +7,8 @@ import concurrent.futures as cf
 import random
 import threading
 
+import pytest
+
 import localcluster
 
 
@@ -58,3 +60,28 @@ def test_a_future_that_nobody_waited_for_resolves_and_reads_back(client):
     assert all(f.done() and f.status == "finished" for f in futures)
     assert [f.result() for f in futures] == list(range(1, 501))
     assert client.gather(futures) == list(range(1, 501))
+
+
+def test_waiting_for_all_makes_a_condition_only_for_a_future_pending_at_its_turn(client):
+    # cf.wait would take every future's Condition, so make one (1.2 KB) for each of a big map's
+    # futures; localcluster.wait and gather wait on one pending future at a time.
+    futures = client.map(inc, range(2000))
+    head = futures[0]
+    head.result(30)                        # waited on: it has a Condition
+    done, not_done = localcluster.wait(futures, timeout=30)
+    assert len(done) == 2000 and not not_done
+    with_condition = sum(f._cond is not None for f in futures)
+    assert with_condition < 1000, with_condition       # results arrive in batches
+    before = with_condition
+    assert localcluster.wait(futures, timeout=0).not_done == set()
+    assert client.gather(futures) == list(range(1, 2001))
+    assert sum(f._cond is not None for f in futures) == before     # all done: none made
+    slow = client.submit(block_then, 0.05, pure=False)              # one pending: it is waited on
+    assert localcluster.wait(futures + [slow], timeout=30).done == set(futures) | {slow}
+    with pytest.raises(TimeoutError, match="1 of 2 futures were not done"):
+        localcluster.wait([head, client.submit(block_then, 60, pure=False)], timeout=0.2)
+
+
+def block_then(seconds):
+    threading.Event().wait(seconds)
+    return seconds

@@ -135,14 +135,31 @@ class Task:
     def arrived(self, key: str) -> None:
         _dropped(self.waiting_on, key)
 
+    # who_has: with one holder (most tasks), a frozenset shared by every task that worker
+    # alone holds (a set of one is 216 bytes a task); a set of the task's own from two on.
     def add_holder(self, worker: str) -> None:
-        self.who_has = _grown(self.who_has, worker)
+        held = self.who_has
+        if not held:
+            self.who_has = _SOLE.get(worker) or _SOLE.setdefault(worker, frozenset((worker,)))
+        elif type(held) is frozenset:
+            if worker not in held:
+                self.who_has = {*held, worker}
+        else:
+            held.add(worker)
 
     def drop_holder(self, worker: str) -> None:
-        _dropped(self.who_has, worker)
+        held = self.who_has
+        if worker in held:
+            if type(held) is frozenset:      # shared: never changed in place
+                self.who_has = EMPTY
+            else:
+                held.discard(worker)
 
     def drop_holders(self) -> None:
         self.who_has = EMPTY
+
+
+_SOLE: dict[str, frozenset] = {}     # worker name -> frozenset({name}); names are few
 
 
 def _grown(items: "set | frozenset", item: str) -> set:

@@ -1075,3 +1075,20 @@ def test_validate_names_the_broken_invariant():
     s.tasks["b"].state = "bogus"
     with pytest.raises(AssertionError, match="'b' has unknown state 'bogus'"):
         s.validate()
+
+
+def test_tasks_one_worker_holds_share_one_holder_set_and_never_change_it_for_each_other():
+    s = sched("w1")
+    s.submit([spec("a"), spec("b")])
+    finish(s, "a")
+    finish(s, "b")
+    a, b = s.tasks["a"], s.tasks["b"]
+    assert a.who_has == {"w1"} == b.who_has
+    assert a.who_has is b.who_has            # one shared frozenset, not a set of 216 bytes per task
+    a.add_holder("w2")                       # a replica: a set of a's own
+    assert a.who_has == {"w1", "w2"} and b.who_has == {"w1"}
+    a.drop_holder("w1")
+    b.drop_holder("w1")
+    assert a.who_has == {"w2"} and not b.who_has
+    a.add_holder("w2")
+    assert a.who_has == {"w2"}

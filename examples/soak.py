@@ -54,9 +54,12 @@ def soak(seconds: float, seed: int = 0, n_workers: int = 3, log=print) -> dict:
                     victim = kr.choice(workers)
                     try:
                         os.kill(victim.pid, signal.SIGKILL)
-                        kills.append(victim.pid)
                     except ProcessLookupError:
-                        pass
+                        continue
+                    # A worker killed a moment ago still shows as running until its death is
+                    # handled, and a kill of its unreaped pid succeeds: one death, not two.
+                    if victim.pid not in kills:
+                        kills.append(victim.pid)
 
         thread = threading.Thread(target=killer, name="soak-killer", daemon=True)
         thread.start()

@@ -478,7 +478,9 @@ class Supervisor:
             delay = 0.1 * 2 ** (len(self._startup_failures) - 1)
             self._respawn_at.append(time.monotonic() + delay)
             return
-        self.spawn()
+        # On the next tick (within 50 ms), not now: starting a process holds this thread
+        # 2-5 ms, while the dead worker's tasks, just sent elsewhere, come back in about 1.
+        self._respawn_at.append(time.monotonic())
 
     # --- reading, from user threads ---------------------------------------------------------
 

@@ -125,10 +125,14 @@ class Supervisor:
         if n.sentinel is not None:
             self._loop.register(n.sentinel, lambda _mask: self._on_exit(n))
 
+    def _alive(self) -> list:
+        """Workers neither stopping nor retiring. Caller holds the lock, or is the scheduler thread."""
+        return [n for n in self.nannies.values() if not n.reason and not self._scheduler_closing(n.name)]
+
     def scale(self, target: int) -> None:
         self.target = target
         with self._lock:
-            alive = [n for n in self.nannies.values() if not n.reason and not self._scheduler_closing(n.name)]
+            alive = self._alive()
         for _ in range(target - len(alive)):
             self.spawn()
         if len(alive) <= target:
@@ -222,7 +226,9 @@ class Supervisor:
         for t in list(self._respawn_at):
             if now >= t:
                 self._respawn_at.remove(t)
-                if self._phase() not in ("closing", "closed") and self._dispatch.broken is None:
+                # scale() or restart() since the death may have made up the number already
+                if self._phase() not in ("closing", "closed") and self._dispatch.broken is None \
+                        and len(self._alive()) < self.target:
                     self.spawn()
 
     def _tick_one(self, n: Nanny, now: float) -> None:

@@ -302,6 +302,24 @@ def test_restart_cancels_pending_and_gives_fresh_workers(client, cluster):
     assert client.submit(inc, 1).result(10) == 2
 
 
+def exit_now():
+    os._exit(3)
+
+
+def test_restart_just_after_a_death_starts_exactly_as_many_workers(tmp_path):
+    # The dead worker's replacement waits for the next tick; restart in between starts a
+    # full set itself, and the replacement must not come on top (restart waits for exactly n).
+    with LocalCluster(n_workers=2, threads_per_worker=1, allowed_failures=0, forward_logs=False) as cluster, \
+            Client(cluster) as client:
+        with pytest.raises(KilledWorker):
+            client.submit(exit_now).result(30)
+        client.restart(timeout=20)
+        assert len(cluster.workers) == 2 and client.submit(inc, 1).result(10) == 2
+        cluster.scale(3)
+        client.wait_for_workers(3, timeout=20)
+        assert len(cluster.workers) == 3
+
+
 def test_twenty_restarts_neither_hang_nor_leak(client, cluster):
     for i in range(20):
         client.restart()

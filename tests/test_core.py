@@ -524,3 +524,32 @@ def test_a_future_with_a_done_callback_is_freed_with_its_data(client):
     gc.collect()
     assert ref() is None
     wait_for(lambda: sum(w.managed for w in client.cluster.workers.values()) == 0)
+
+
+class _SeesCollector:
+    """An argument that records, as it is pickled for its task, whether the cyclic GC runs."""
+    seen: list = []
+
+    def __init__(self, i):
+        self.i = i
+
+    def __reduce__(self):
+        _SeesCollector.seen.append(gc.isenabled())
+        return (int, (self.i,))
+
+
+def test_map_pauses_the_cyclic_collector_while_it_makes_tasks_and_restores_it(client):
+    _SeesCollector.seen = []
+    assert gc.isenabled()
+    assert client.gather(client.map(abs, [_SeesCollector(-i) for i in range(50)])) == list(range(50))
+    assert _SeesCollector.seen == [False] * 50 and gc.isenabled()
+    _SeesCollector.seen = []
+    gc.disable()             # the user's choice is kept
+    try:
+        assert client.gather(client.map(abs, [_SeesCollector(-1)], pure=False)) == [1]
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(TypeError):
+        client.map(abs, [(x for x in ())], pure=False)      # unpicklable: fails inside, the collector comes back
+    assert gc.isenabled()

@@ -280,15 +280,8 @@ class Client:
             return futures
         return self.cluster.submit(specs, track)
 
-    def fail_keys(self, keys: tuple, exc: BaseException) -> None:
-        """Fail the pending futures of ``keys`` with ``exc`` (restart, close)."""
-        futures = self._futures
-        with self._refs_lock:
-            refs = [r for key in keys for r in _refs_of(futures.get(key))]
-        _future.fail_many([f for r in refs if (f := r()) is not None], exc)
-
     def fail_pending(self, exc: BaseException) -> None:
-        """Fail every pending future of this client with ``exc`` (the cluster broke)."""
+        """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""
         with self._refs_lock:
             refs = [r for held in self._futures.values() for r in _refs_of(held)]
         _future.fail_many([f for r in refs if (f := r()) is not None], exc)

@@ -8,7 +8,7 @@ Data flow::
         Send    -> the worker's channel now (or corked behind a backlog, or left for
                    the scheduler thread when the socket is full)
         Retire  -> the supervisor stops that worker
-        Resolve, FailMany -> the clients' futures, outside the lock
+        Resolve, FailAll -> the clients' futures, outside the lock
         Deliver -> the waiting request
 
 Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
@@ -137,7 +137,7 @@ class Dispatcher:
             t = type(a)
             if t is S.Send:
                 sends.setdefault(a.worker, []).append(a.msg)
-            elif t is S.Resolve or t is S.Deliver or t is S.FailMany:
+            elif t is S.Resolve or t is S.Deliver or t is S.FailAll:
                 post.append(a)
             elif t is S.Retire:
                 self._workers.retire(a.worker)
@@ -166,9 +166,9 @@ class Dispatcher:
             if t is S.Resolve:
                 for client in clients:
                     client.resolve(a.key, a.status, a.value)
-            elif t is S.FailMany:
+            elif t is S.FailAll:
                 for client in clients:
-                    client.fail_keys(a.keys, a.error)
+                    client.fail_pending(a.error)
             else:
                 fut = self.requests.pop(a.request, None)
                 if fut is not None and not fut.done():

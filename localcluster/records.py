@@ -1,5 +1,5 @@
 """The scheduler's records (Task, WorkerState), what the client submits (Spec) and
-the actions the state machine emits (Send, Resolve, FailMany, Deliver, Retire)."""
+the actions the state machine emits (Send, Resolve, FailAll, Deliver, Retire)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,10 +26,9 @@ class Resolve:
 
 
 @dataclass(frozen=True, slots=True)
-class FailMany:
-    """The futures of every key in ``keys`` fail with ``error`` (restart, close): one action
-    for a whole queue, so closing with 200,000 tasks queued makes no object per task."""
-    keys: tuple
+class FailAll:
+    """Every pending future fails with ``error`` (restart, close): one action for a whole
+    queue, so closing with 200,000 tasks queued makes no object and no lookup per task."""
     error: BaseException
 
 

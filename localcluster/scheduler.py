@@ -35,7 +35,7 @@ from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, b
 from .forgetting import PENDING, Forgetting
 from .invariants import check
 from .placement import Placement
-from .records import EMPTY, Deliver, FailMany, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
+from .records import EMPTY, Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
 from .transfers import Transfers, gone as _gone
 
 ENDED = frozenset({"memory", "erred", "lost"})               # its futures are done
@@ -578,8 +578,7 @@ class Scheduler:
 
     def clear(self, error: BaseException) -> list:
         """Everything is forgotten (restart, close): every unfinished future gets ``error``."""
-        pending = tuple(key for key, ts in self.tasks.items() if ts.state in PENDING)
-        out: list = [FailMany(pending, error)] if pending else []
+        out: list = [FailAll(error)] if any(ts.state in PENDING for ts in self.tasks.values()) else []
         for ts in self.tasks.values():
             for req in ts.fetchers:
                 out.append(Deliver(req, ts.key, error=error))

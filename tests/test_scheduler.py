@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError
 
 from localcluster import protocol as P
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
-from localcluster.records import FailMany, Spec
+from localcluster.records import FailAll, Spec
 from localcluster.death import blamed_runs
 from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send
 from localcluster.serialize import dumps
@@ -931,13 +931,14 @@ def test_clear_resolves_every_unfinished_key():
     req_m, _ = s.fetch("m")
     err = RuntimeError("restarted")
     acts = s.clear(err)
-    failed = [a for a in acts if isinstance(a, FailMany)]
+    failed = [a for a in acts if isinstance(a, FailAll)]     # every pending future: p, w, r0-r3
     assert len(failed) == 1 and failed[0].error is err and not resolves(acts)
-    assert sorted(failed[0].keys) == ["p", "r0", "r1", "r2", "r3", "w"]
     assert {d.request for d in delivers(acts)} == {req_p, req_m}
     assert all(d.error is err for d in delivers(acts))
     assert s.tasks == {} and s.workers["w1"].processing == {} and s.workers["w1"].has == set()
     assert runs(s.submit([spec("z")])) == [("z", "w1")]
+    finish(s, "z")
+    assert not [a for a in s.clear(err) if isinstance(a, FailAll)]      # nothing pending: nothing to fail
 
 
 # --- blame rules -----------------------------------------------------------------------

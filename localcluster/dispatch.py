@@ -119,10 +119,7 @@ class Dispatcher:
         while released:
             keys.append(released.popleft())
         with self._lock:
-            actions = []
-            for key in keys:
-                actions += self._scheduler.release(key)
-            post = self.apply(actions)
+            post = self.apply(self._scheduler.release_many(keys))
         self.post(post)
 
     # --- actions ------------------------------------------------------------------------

@@ -65,7 +65,8 @@ class Forgetting:
             for d in ts.deps:
                 out += self._unlink(d, ts.key)
         for ws in self._workers.values():
-            out += self._maybe_retire(ws) if ws.closing else []
+            if ws.closing:
+                out += self._maybe_retire(ws)
         return out
 
     def _unlink(self, d: str, dependent: str) -> list:

@@ -572,6 +572,21 @@ class Scheduler:
         """The client dropped its last future of ``key``."""
         return self.forgetting.release_key(key)
 
+    def release_many(self, keys: list) -> list:
+        """``release`` for many keys (a map's futures dropped at once): placement runs once,
+        not once a key, and each worker gets one Free for all its keys."""
+        out: list = []
+        for key in keys:
+            out += self.forgetting.release_key(key)
+        frees: dict[str, list] = {}
+        kept = []
+        for a in out:
+            if type(a) is Send and type(a.msg) is P.Free:
+                frees.setdefault(a.worker, []).extend(a.msg.keys)
+            else:
+                kept.append(a)
+        return kept + [Send(w, P.Free(tuple(ks))) for w, ks in frees.items()] + self._assign()
+
     @_placing
     def cancel(self, keys: list) -> list:
         return self.forgetting.cancel(keys)

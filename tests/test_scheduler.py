@@ -39,7 +39,7 @@ def scatter(s, key, workers, small=False):
 
 EVENTS = ("add_worker", "set_paused", "retire", "worker_died", "submit", "scatter", "replicate", "stored",
           "finished", "failed", "skipped", "unqueued", "fetch", "data", "release", "cancel", "clear", "acquire",
-          "handle_messages")
+          "handle_messages", "release_many")
 
 
 class Checked(Scheduler):
@@ -1093,3 +1093,19 @@ def test_tasks_one_worker_holds_share_one_holder_set_and_never_change_it_for_eac
     assert a.who_has == {"w2"} and not b.who_has
     a.add_holder("w2")
     assert a.who_has == {"w2"}
+
+
+def test_release_many_frees_each_workers_keys_in_one_message_and_places_once():
+    s = sched("w1", "w2")
+    keys = [f"k{i}" for i in range(6)]
+    s.submit([spec(k) for k in keys])
+    for k in keys:
+        finish(s, k)
+    holders = {k: next(iter(s.tasks[k].who_has)) for k in keys}
+    acts = s.release_many(keys)
+    frees = sends(acts, P.Free)
+    assert sorted(w for w, _m in frees) == sorted(set(holders.values()))      # one Free per worker
+    assert {k for _w, m in frees for k in m.keys} == set(keys)
+    assert all(holders[k] == w for w, m in frees for k in m.keys)
+    assert not any(k in s.tasks for k in keys)
+    assert s.release_many(["nobody", "knows"]) == []

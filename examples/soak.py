@@ -91,6 +91,11 @@ def soak(seconds: float, seed: int = 0, n_workers: int = 3, log=print) -> dict:
         finally:
             stop.set()
             thread.join()
+        # The last kill may land while the last round ends: its death is recorded once the
+        # scheduler thread has handled it, a few ms later. Wait for that, not forever.
+        deadline = time.monotonic() + 15
+        while set(kills) - {d.pid for d in cluster.deaths} and time.monotonic() < deadline:
+            time.sleep(0.01)
         deaths = list(cluster.deaths)
         cluster_deaths = {d.pid: d for d in deaths}
         report["kills"] = len(kills)

@@ -266,11 +266,13 @@ class Supervisor:
         if cfg["memory_pause"]:
             paused = rss > cfg["memory_pause"] * limit
             if paused != n.paused:
+                # The scheduler first: a user thread that reads the worker as paused (n.paused)
+                # must find it paused for placement too, or a submit in between is sent to it.
+                self._dispatch.event(self._scheduler.set_paused, n.name, paused)
                 n.paused = paused
                 n.add_log(f"[nanny] {'paused' if paused else 'resumed'}: memory {format_bytes(rss)} "
                           f"{'above' if paused else 'below'} {int(cfg['memory_pause'] * 100)}% of "
                           f"{format_bytes(limit)}")
-                self._dispatch.event(self._scheduler.set_paused, n.name, paused)
 
     def _check_timeouts(self, n: Nanny, now: float) -> None:
         """A run past its timeout (measured from its real start, on the board) stops the worker,

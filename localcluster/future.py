@@ -382,7 +382,7 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
 
 
 # What cf.wait returns (a namedtuple of that name and those fields).
-DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done")
+_DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done")
 
 
 def _wait_all(fs: list, timeout: Optional[float]) -> Any:
@@ -399,7 +399,7 @@ def _wait_all(fs: list, timeout: Optional[float]) -> Any:
             break
         cf.wait((f,), left)
     done = {f for f in fs if f.done()}
-    return DoneAndNotDone(done, set(fs) - done)
+    return _DoneAndNotDone(done, set(fs) - done)
 
 
 class as_completed:

@@ -567,10 +567,9 @@ class Scheduler:
 
     # --- forgetting (forgetting.py) ---------------------------------------------------
 
-    @_placing
     def release(self, key: str) -> list:
         """The client dropped its last future of ``key``."""
-        return self.forgetting.release_key(key)
+        return self.release_many([key])
 
     def release_many(self, keys: list) -> list:
         """``release`` for many keys (a map's futures dropped at once): placement runs once,

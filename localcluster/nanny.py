@@ -30,7 +30,7 @@ from . import logs
 from .board import Board
 from .channel import Channel
 from .cgroup import WorkerGroup
-from .machine import memory_cgroups, oom_counters, read_oom_count
+from .machine import oom_counters, read_oom_count
 from .machine import rss as read_rss
 from .output import OutputStream
 from .worker import BOOT
@@ -242,9 +242,11 @@ class Nanny:
 
     def _refresh_oom_baseline(self, now: float) -> None:
         # A narrow window before the death keeps unrelated OOM kills elsewhere out of the evidence.
+        # Membership is not read again here: once joined, a worker stays in its group, and
+        # a process read while it exits (between the RSS and this) shows in none, which
+        # would judge its SIGKILL by the machine's counter, where any OOM kill elsewhere
+        # in that second would pass for its own.
         paths = oom_counters(self.pid)
-        if self.group is not None and self._joined(wait=False):
-            self.in_group = self.group.path in {d for _, d in memory_cgroups(self.pid)}
         if paths:
             self._oom_paths = sorted(set(self._oom_paths) | set(paths))
         self._oom_base = read_oom_count(self._oom_paths)

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 
 from . import protocol as P
 from . import scheduler as S
+from .channel import let_go
 from .death import ClusterBroken
 from .history import History, TaskRecord
 from .loop import EventLoop
@@ -172,6 +173,8 @@ class Dispatcher:
                     if a.error is not None:
                         fut.set_exception(as_exception(a.error, a.key))
                     else:
+                        if a.data is not None:      # going to user code, which may write into it
+                            let_go(a.data.buffers)
                         fut.set_result(a.data)
 
     def send(self, n: Nanny, msgs: list) -> None:

@@ -7,12 +7,14 @@ import array
 import os
 import pickle
 import random
+import re
 import select
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -256,6 +258,46 @@ def test_a_received_array_is_as_writable_as_the_one_sent(pair, nbytes):
     assert writable
 
 
+def _mapping(address: int) -> dict:
+    """The /proc/self/smaps fields (kB) of the mapping that holds ``address``."""
+    header = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ")
+    fields: Optional[dict] = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            h = header.match(line)
+            if h:
+                if fields is not None:
+                    break
+                if int(h[1], 16) <= address < int(h[2], 16):
+                    fields = {}
+            elif fields is not None and line.rstrip().endswith(" kB"):
+                name, _, rest = line.partition(":")
+                fields[name] = int(rest.split()[0])
+    assert fields is not None, f"no mapping holds {address:#x}"
+    return fields
+
+
+@needs_memfd
+def test_a_received_memfd_is_mapped_not_copied_until_written(pair):
+    """Receiving 8 MB maps the sender's pages (in the RSS at once, for memory supervision)
+    and copies none of them; writing one byte copies one page."""
+    a, b = pair
+    tx, rx = Channel(a), BlockingChannel(b)
+    arr = np.arange(MEMFD_THRESHOLD, dtype=np.float64)      # 8 MB
+    tx.send(serialize.dumps(arr))
+    (payload,) = rx.recv_all()
+    back = serialize.loads(payload)
+    assert np.array_equal(back, arr)
+    m = _mapping(back.__array_interface__["data"][0])
+    assert m["Rss"] * 1024 >= arr.nbytes, m                  # populated when it arrived
+    assert m["Anonymous"] == 0, m                             # no copy was made
+    back[12345] = -1.0
+    m = _mapping(back.__array_interface__["data"][0])
+    assert m["Anonymous"] == 4, m                             # one page, copied on write
+    assert arr[12345] == 12345.0
+    del payload, back
+
+
 @needs_memfd
 def test_a_received_payload_can_be_sent_on_as_it_is(memfds):
     """What arrives (PickleBuffers over mappings) relays through a second channel unchanged."""
@@ -274,6 +316,47 @@ def test_a_received_payload_can_be_sent_on_as_it_is(memfds):
     finally:
         for c in (src, mid_in, mid_out, dst):
             c.close()
+
+
+def _relay(memfds: list, change) -> tuple:
+    """worker -> parent -> worker: what the last worker got, and how many memfds were written."""
+    a1, b1 = socket.socketpair()
+    a2, b2 = socket.socketpair()
+    src, mid_in, mid_out, dst = BlockingChannel(a1), Channel(b1), Channel(a2), BlockingChannel(b2)
+    try:
+        arr = np.arange(BIG // 8, dtype=np.float64)
+        src.send(("put", serialize.dumps(arr)))
+        (msg,) = pump(mid_out, mid_in, 1)
+        change(msg[1])
+        assert mid_out.send(msg) is True
+        (relayed,) = dst.recv_all()
+        del msg
+        return arr, serialize.loads(relayed[1]), len(memfds)
+    finally:
+        for c in (src, mid_in, mid_out, dst):
+            c.close()
+
+
+@needs_memfd
+def test_the_parent_relays_a_memfd_without_copying_it(memfds):
+    """A value on its way from one worker to another: the parent passes on the memfd the
+    holder wrote (one memfd in all) and the bytes arrive intact."""
+    sent, got, written = _relay(memfds, lambda payload: None)
+    assert np.array_equal(got, sent)
+    assert written == 1
+
+
+@needs_memfd
+def test_data_let_go_to_user_code_is_copied_when_sent_again(memfds):
+    """Once the parent gives a received value to user code (let_go), its descriptor is
+    closed: what user code wrote into it is what a later send carries, in a new memfd."""
+    def user_writes(payload):
+        channel.let_go(payload.buffers)
+        value = serialize.loads(payload)
+        value[7] = -7.0
+    sent, got, written = _relay(memfds, user_writes)
+    assert got[7] == -7.0 and np.array_equal(got[8:], sent[8:])
+    assert written == 2
 
 
 @needs_memfd

@@ -223,6 +223,7 @@ class LocalCluster:
         if self._status in ("closed", "forked"):     # forked: the workers are the parent's to stop
             return
         self._status = "closing"
+        self._dispatch.stop_releasing()
         if self._watchdog is not None:
             self._watchdog.stop()
         thread = self._loop.thread

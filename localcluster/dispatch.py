@@ -44,6 +44,8 @@ from .serialize import loads_exception
 
 logger = logging.getLogger("localcluster")
 
+_RELEASE_CHUNK = 5000      # keys let go under the lock at once (~20 µs each)
+
 
 class Dispatcher:
     def __init__(self, lock: threading.Lock, changed: threading.Condition, scheduler: S.Scheduler,
@@ -57,6 +59,7 @@ class Dispatcher:
         self._clients: "weakref.WeakSet" = weakref.WeakSet()
         self.requests: dict[int, Future] = {}      # fetch / replicate answers, by request id
         self._released: deque = deque()      # keys whose last Future is gone; any thread appends
+        self._closing = False                # set by the closing thread: released keys no longer matter
         self.broken: Optional[Exception] = None
 
     def bind(self, workers: Any) -> None:
@@ -113,15 +116,21 @@ class Dispatcher:
         return self._scheduler.handle_messages(worker, msgs)
 
     def free_released(self) -> None:
+        """In chunks, so that neither a submit waiting for the lock nor close() waits behind
+        200,000 keys let go at once (a big map's futures dropped together)."""
         released = self._released
-        if not released:
-            return
-        keys = []
-        while released:
-            keys.append(released.popleft())
-        with self._lock:
-            post = self.apply(self._scheduler.release_many(keys))
-        self.post(post)
+        while released and not self._closing:
+            keys = []
+            while released and len(keys) < _RELEASE_CHUNK:
+                keys.append(released.popleft())
+            with self._lock:
+                post = self.apply(self._scheduler.release_many(keys))
+            self.post(post)
+
+    def stop_releasing(self) -> None:
+        """The cluster is closing: what is still to release goes with everything else."""
+        self._closing = True
+        self._released.clear()
 
     # --- actions ------------------------------------------------------------------------
 

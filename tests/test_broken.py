@@ -36,7 +36,13 @@ def worker_pids(cluster):
 
 def assert_stopped(pids):
     """The workers were killed and reaped (they exit and are reaped right after the futures fail)."""
-    gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=30)
+    procs = []
+    for p in pids:
+        try:
+            procs.append(psutil.Process(p))
+        except psutil.NoSuchProcess:    # already gone: what we wait for
+            pass
+    gone, alive = psutil.wait_procs(procs, timeout=30)
     assert not alive
     assert not any(psutil.pid_exists(p) for p in pids)
 

@@ -11,7 +11,9 @@ It gives three things the process tree alone does not:
   hours: counted against the worker, a client keeping results would get the worker
   killed. So the worker keeps its own limit at the ceiling *plus* the shared memory
   charged to its group *plus* what it is writing now (:class:`SharedAllowance`): the
-  ceiling bounds what the worker itself holds;
+  ceiling bounds what the worker itself holds. The other way round, what a worker
+  receives is mapped, not copied, so it stays charged to its writer (the parent, or the
+  worker it was relayed from): the ceiling does not count it, the RSS the nanny samples does;
 * exact OOM evidence: the group's own ``oom_kill`` counter (``memory.oom_control`` /
   ``memory.events``), which only this worker's processes can raise;
 * every descendant stops with its worker, even one that left the process group with

@@ -104,12 +104,10 @@ class _Held(mmap.mmap):
 
 def _from_memfd(fd: int, size: int, hold: bool) -> pickle.PickleBuffer:
     global _populate_read
+    flags = mmap.MAP_PRIVATE if hold or _populate_read else mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
     try:
-        if hold or _populate_read:
-            m = (_Held if hold else mmap.mmap)(fd, size, flags=mmap.MAP_PRIVATE, prot=_PROT, **_NO_FD)
-        else:
-            m = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0), prot=_PROT, **_NO_FD)
-        if hold:        # the parent: a relay never reads the bytes; user code faults in what it reads
+        m = (_Held if hold else mmap.mmap)(fd, size, flags=flags, prot=_PROT, **_NO_FD)
+        if hold:        # the parent: a relay never reads the bytes, so nothing is populated
             m.fd, fd = fd, -1
         elif _populate_read:
             try:
@@ -147,21 +145,22 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[li
         return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
     views = [pb.raw() for pb in buffers]
     shared: list[bool] = []         # per buffer: it crosses as a memfd
+    held: list[int] = []            # per buffer: the descriptor it passes on as it is, else -1
     n_fds = to_write = 0
     for v in views:
         memfd = HAVE_MEMFD and v.nbytes >= MEMFD_THRESHOLD and n_fds < _MAX_FDS
         shared.append(memfd)
+        held.append(_held_fd(v) if memfd else -1)
         if memfd:
             n_fds += 1
-            to_write += v.nbytes if _held_fd(v) < 0 else 0
+            to_write += v.nbytes if held[-1] < 0 else 0
     sizes, inline, fds = [], [], []
     if charge is not None and to_write:
         charge(to_write)
     try:
-        for view, memfd in zip(views, shared):
+        for view, memfd, fd in zip(views, shared, held):
             if memfd:
-                held = _held_fd(view)
-                fds.append(_to_memfd(view) if held < 0 else os.dup(held))
+                fds.append(_to_memfd(view) if fd < 0 else os.dup(fd))
                 sizes.append(view.nbytes | _FD_FLAG)
             else:
                 inline.append(view)

@@ -167,7 +167,8 @@ def test_a_worker_read_in_no_group_while_it_exits_is_still_judged_by_its_own_gro
                 return []
             return real(pid)
         monkeypatch.setattr(machine, "memory_cgroups", exiting)
-        monkeypatch.setattr("localcluster.nanny.memory_cgroups", exiting, raising=False)   # where it was read
+        # and wherever it is imported by name: the nanny read it there before the fix
+        monkeypatch.setattr("localcluster.nanny.memory_cgroups", exiting, raising=False)
         wait_for(lambda: len(seen) >= 2)     # the nanny looked at least once since
         _oom_kill_elsewhere()
         os.kill(info.pid, signal.SIGKILL)

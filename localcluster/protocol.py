@@ -46,7 +46,22 @@ class Payload:
     nbytes: int
 
 
+# Small values repeat (None, True, small ints): each arrives as one shared Payload, so
+# that a big map's 200,000 finished no-ops do not each keep their own in the parent
+# (~100 B a task). Bounded: once full, what is new is no longer shared.
+_SHARED_MAX_BYTES = 24
+_SHARED_MAX = 4096
+_shared: dict = {}
+
+
 def _payload_from_wire(meta: Any, buffers: tuple, nbytes: int) -> Payload:
+    if not buffers and type(meta) is bytes and len(meta) <= _SHARED_MAX_BYTES:
+        p = _shared.get(meta)
+        if p is None or p.nbytes != nbytes:
+            p = Payload(meta, (), nbytes)
+            if len(_shared) < _SHARED_MAX:
+                _shared[meta] = p
+        return p
     # pickle hands a read-only out-of-band buffer back as a memoryview (READONLY_BUFFER);
     # wrap it again, or the Payload could not be pickled out-of-band a second time.
     if type(meta) is memoryview:

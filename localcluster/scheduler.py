@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from typing import Any, Callable, Optional
 
 from . import protocol as P
@@ -417,7 +418,8 @@ class Scheduler:
             return self.forgetting.orphan(worker, seq)
         self.placement.finished(duration)
         ws = self.workers[worker]
-        ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, type_name, data
+        # interned: each message brings its own copy of a name most tasks share
+        ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, sys.intern(type_name), data
         ts.add_holder(worker)
         ws.has.add(ts.key)
         ts.error = None

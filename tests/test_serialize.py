@@ -195,6 +195,20 @@ def test_dumps_result_matches_dumps_and_falls_back_to_cloudpickle():
     assert fn(1) == 42
 
 
+def test_small_results_arrive_as_one_shared_payload_each():
+    """A big map's finished no-ops keep one Payload between them in the parent."""
+    values = (None, True, False, 0, 1, 255, "ok", 1.5)
+    first = [over_the_wire(serialize.dumps_result(v), writable=False) for v in values]
+    again = [over_the_wire(serialize.dumps_result(v), writable=False) for v in values]
+    for v, a, b in zip(values, first, again):
+        assert a is b
+        back = serialize.loads(b)
+        assert back == v and type(back) is type(v)
+    assert len({id(p) for p in first}) == len(values)      # one per value, not one for all
+    big = [over_the_wire(serialize.dumps_result("x" * 100), writable=False) for _ in range(2)]
+    assert big[0] is not big[1] and serialize.loads(big[1]) == "x" * 100
+
+
 def test_closures_and_local_classes_travel():
     def make():
         class Local:

@@ -100,6 +100,7 @@ class EventLoop:
 
     def run(self, tick: Callable[[float], None], interval: float, keep_going: Callable[[], bool]) -> None:
         """Select and dispatch until ``keep_going()`` is false; ``tick(now)`` every ``interval``."""
+        registered = self._selector.get_map()
         try:
             next_tick = time.monotonic()
             while True:
@@ -113,7 +114,11 @@ class EventLoop:
                 ready = self._selector.select(max(0.0, next_tick - time.monotonic()))
                 self.busy_since = time.monotonic()
                 for key, mask in ready:
-                    key.data(mask)
+                    # A handler earlier in this batch may have unregistered it: a worker's
+                    # death closes its channel and sentinel, whose events are in the same
+                    # batch, and its fd numbers may already belong to its replacement.
+                    if registered.get(key.fd) is key:
+                        key.data(mask)
         finally:
             self.busy_since = None
             self._stopped = True

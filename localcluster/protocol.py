@@ -32,7 +32,7 @@ def _dc(cls: type) -> type:
     Not ``dataclasses.dataclass(frozen=True, slots=True)``: making 19 classes with it, and
     importing it (and ``inspect``), was 13 of the ~50 ms a worker spends importing before
     it can say Ready. The generated ``__init__`` is the one dataclasses writes."""
-    names = tuple(cls.__dict__.get("__annotations__", {}))
+    names = tuple(cls.__annotations__)       # in definition order
     defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
     ns = {k: v for k, v in cls.__dict__.items() if k not in names and k not in ("__dict__", "__weakref__")}
     ns["__slots__"] = names

@@ -172,6 +172,12 @@ def dumps_result(obj: Any) -> Payload:
     faster for small values), cloudpickle for what only it can pickle (lambdas,
     classes made inside the task). Pickling by reference is safe in this direction:
     pickle checks that the name resolves to the very same object here."""
+    t = type(obj)
+    if t in _PLAIN or (t is bytes and len(obj) < OUT_OF_BAND):
+        # None, numbers, short strings: most results. The C pickler alone, ~0.5 µs instead
+        # of ~4 (a Pickler and a BytesIO made for each); the bytes are the same.
+        meta = pickle.dumps(obj, protocol=5)
+        return Payload(meta, (), len(meta)) if len(meta) < OUT_OF_BAND else _payload(meta, [])
     buffers: list = []
 
     def keep(pb: pickle.PickleBuffer) -> bool:

@@ -195,6 +195,17 @@ def test_dumps_result_matches_dumps_and_falls_back_to_cloudpickle():
     assert fn(1) == 42
 
 
+@pytest.mark.parametrize("value", [None, 0, -1, 2**70, 1.5, True, 1j, "x", "é" * 10, b"b" * 10,
+                                   b"b" * (OUT_OF_BAND - 1), "s" * OUT_OF_BAND])
+def test_a_plain_result_pickles_to_the_same_bytes_on_the_fast_path(value):
+    p = serialize.dumps_result(value)
+    meta = p.meta if type(p.meta) is bytes else bytes(p.meta.raw())
+    assert meta == pickle.dumps(value, protocol=5) and p.buffers == () and p.nbytes == len(meta)
+    assert (type(p.meta) is bytes) == (len(meta) < OUT_OF_BAND)     # a large one leaves the stream
+    back = serialize.loads(over_the_wire(p, writable=False))
+    assert back == value and type(back) is type(value)
+
+
 def test_small_results_arrive_as_one_shared_payload_each():
     """A big map's finished no-ops keep one Payload between them in the parent."""
     values = (None, True, False, 0, 1, 255, "ok", 1.5)

@@ -53,7 +53,8 @@ class Forgetting:
 
     def forget(self, ts: Task) -> list:
         out: list = []
-        for name in sorted(ts.who_has):
+        held = ts.who_has
+        for name in (held if len(held) < 2 else sorted(held)):     # sorted: Frees go out in one order
             ws = self._workers.get(name)
             if ws is not None:
                 ws.has.discard(ts.key)

@@ -427,7 +427,8 @@ class Scheduler:
         for req in ts.fetchers:
             out += self.transfers.fetch(ts, req)
         ts.fetchers = ()
-        for dkey in sorted(ts.dependents, key=lambda k: self.tasks[k].order if k in self.tasks else 0):
+        for dkey in (sorted(ts.dependents, key=lambda k: self.tasks[k].order if k in self.tasks else 0)
+                     if ts.dependents else ()):      # most tasks have none: no sort, no closure
             dts = self.tasks.get(dkey)
             if dts is not None and dts.state == "waiting":
                 dts.arrived(ts.key)

@@ -336,16 +336,22 @@ class Channel:
 
     def send(self, msg: Any) -> bool:
         """Send or queue ``msg``. False: something is queued; call :meth:`flush` when writable."""
+        self.queue(msg)
+        return self.flush()
+
+    def queue(self, msg: Any) -> bool:
+        """Frame ``msg`` and put it at the end of the outbox, in order. True: it is first in
+        line and nothing is being sent, so the caller sends it with :meth:`flush`, which it may
+        do after letting go of its own locks (order is kept here). False: a backlog is ahead of
+        it (sent when the socket is writable), or the channel is closed."""
         chunks, fds = encode(msg)
         with self._lock:
             if self.closed:
                 for fd in fds:
                     os.close(fd)
-                return True
+                return False
             self._outbox.append((chunks, fds))
-            if len(self._outbox) == 1:
-                return self._flush_locked()
-            return False
+            return len(self._outbox) == 1
 
     def flush(self) -> bool:
         with self._lock:

@@ -5,8 +5,9 @@ Data flow::
     user threads (submit, scatter, fetch ...) ─┐
     worker messages (scheduler thread) ────────┼─► event(): Scheduler under the lock ─► actions
     released keys (any thread, lock-free) ─────┘         │
-        Send    -> the worker's channel now (or corked behind a backlog, or left for
-                   the scheduler thread when the socket is full)
+        Send    -> queued on the worker's channel under the lock, in order, and sent by
+                   the same thread right after it lets go of the lock (or corked behind a
+                   backlog, or left for the scheduler thread when the socket is full)
         Retire  -> the supervisor stops that worker
         Resolve, FailAll -> the clients' futures, outside the lock
         Deliver -> the waiting request
@@ -149,6 +150,7 @@ class Dispatcher:
             elif t is S.Retire:
                 self._workers.retire(a.worker)
         on_loop = self._loop.on_loop()
+        flushes: list = []
         for worker, msgs in sends.items():
             n = self._workers.nanny(worker)
             if n is None or n.chan is None:
@@ -160,17 +162,20 @@ class Dispatcher:
                 # (or on the next tick), instead of one syscall per submit.
                 n.cork.extend(msgs)
                 continue
-            self.send(n, msgs)
-        return post
+            flushes += self.send(n, msgs)
+        return flushes + post       # sent first: the worker gets its work before futures resolve
 
     def post(self, post: list) -> None:
-        """Resolve futures and answer requests; outside the lock (callbacks may call back in)."""
+        """Send what was queued under the lock, resolve futures and answer requests; outside the
+        lock (callbacks may call back in)."""
         if not post:
             return
         clients = list(self._clients)    # once per batch: iterating a WeakSet is not cheap
         for a in post:
             t = type(a)
-            if t is S.Resolve:
+            if t is Nanny:        # messages queued under the lock (see send)
+                self._flush(a)
+            elif t is S.Resolve:
                 for client in clients:
                     client.resolve(a.key, a.status, a.value)
             elif t is S.FailAll:
@@ -186,20 +191,32 @@ class Dispatcher:
                             let_go(a.data.buffers)
                         fut.set_result(a.data)
 
-    def send(self, n: Nanny, msgs: list) -> None:
+    def send(self, n: Nanny, msgs: list) -> list:
+        """Caller holds the lock: queue ``msgs`` (after what ``n`` has corked) on its channel, in
+        order. Returns ``[n]`` when the caller is to send them, with :meth:`post`, once it has
+        let go of the lock: the syscall (and the worker's wake-up) is not made under the lock,
+        which the other thread, submitting or handling results, may be waiting for."""
         if n.cork:   # order matters: corked messages go first
             msgs, n.cork = n.cork + msgs, []
-        if not n.chan.send(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+        if n.chan.queue(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+            return [n]
+        self._loop.run_soon(lambda: self._workers.watch_channel(n))    # the backlog goes when writable
+        return []
+
+    def _flush(self, n: Nanny) -> None:
+        if not n.chan.flush():
             self._loop.run_soon(lambda: self._workers.watch_channel(n))    # the rest goes when writable
 
     def uncork(self, nannies: list) -> None:
         nannies = [n for n in nannies if n.cork]
         if not nannies:
             return
+        flush: list = []
         with self._lock:
             for n in nannies:
                 if n.cork and n.chan is not None:
-                    self.send(n, [])
+                    flush += self.send(n, [])
+        self.post(flush)
 
     # --- failing everyone ---------------------------------------------------------------
 

@@ -343,7 +343,7 @@ class Supervisor:
                 actions += self._dispatch.on_worker_messages(n.name, tasks)
             post = self._dispatch.apply(actions)
             if n.cork and n.chan is not None:
-                self._dispatch.send(n, [])
+                post += self._dispatch.send(n, [])
         self._dispatch.post(post)
         if records:     # outside the lock: the user's handlers may take their time
             logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)

@@ -1,12 +1,17 @@
-"""The dispatcher's handling of released keys, without processes: a stand-in scheduler
-records what it is asked to release."""
+"""The dispatcher without processes: a stand-in scheduler records what it is asked to
+release, or sends a message over a real socket pair."""
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
 
+from localcluster import protocol as P
+from localcluster.channel import BlockingChannel, Channel
 from localcluster.dispatch import Dispatcher
+from localcluster.nanny import Nanny
+from localcluster.records import Send
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -49,3 +54,55 @@ def test_keys_released_while_the_cluster_closes_are_not_let_go_one_by_one():
     d.release("late")
     d.free_released()
     assert s.calls == []
+
+
+class Sending:
+    """A stand-in scheduler whose one event sends a message to worker ``w``."""
+
+    def __init__(self) -> None:
+        self.workers: dict = {}
+
+    def ping(self) -> list:
+        return [Send("w", P.Free(("k",)))]
+
+
+class Workers:
+    def __init__(self, nanny: Nanny) -> None:
+        self.n = nanny
+
+    def nanny(self, name: str) -> Nanny:
+        return self.n
+
+
+class Loop:
+    def on_loop(self) -> bool:
+        return False
+
+    def run_soon(self, fn) -> None:
+        raise AssertionError("nothing is left for the scheduler thread here")
+
+
+def test_a_message_is_queued_under_the_lock_and_sent_after_it():
+    """The sendmsg syscall (and the worker's wake-up) is not made under the lock that the
+    other thread, submitting or handling results, may be waiting for."""
+    lock = threading.Lock()
+    held_at_flush: list = []
+
+    class Checking(Channel):
+        def flush(self) -> bool:
+            held_at_flush.append(lock.locked())
+            return super().flush()
+    here, there = socket.socketpair()
+    n = Nanny("w", 1, None, {}, None, None, False, 10)
+    n.chan = Checking(here)
+    peer = BlockingChannel(there)
+    try:
+        s = Sending()
+        d = Dispatcher(lock, threading.Condition(lock), s, loop=Loop(), history=None)
+        d.bind(Workers(n))
+        d.event(s.ping)
+        assert held_at_flush == [False]
+        assert peer.recv_all() == [P.Free(("k",))]
+    finally:
+        n.chan.close()
+        peer.close()

@@ -84,22 +84,29 @@ class Payload:
     nbytes: int
 
 
-# Small values repeat (None, True, small ints): each arrives as one shared Payload, so
-# that a big map's 200,000 finished no-ops do not each keep their own in the parent
-# (~100 B a task). Bounded: once full, what is new is no longer shared.
-_SHARED_MAX_BYTES = 24
-_SHARED_MAX = 4096
-_shared: dict = {}
+SHARED_MAX_BYTES = 24
+SHARED_MAX = 4096
+
+
+def shared(payload: Optional[Payload], memo: dict) -> Optional[Payload]:
+    """``payload``, or an equal one already in ``memo``. Small values repeat (None, True,
+    small ints): the parent keeps one Payload for each, so that a big map's 200,000
+    finished no-ops do not each hold their own (~100 B a task). Bounded: once ``memo``
+    holds ``SHARED_MAX``, what is new is kept as it came."""
+    if payload is None or payload.buffers:
+        return payload
+    meta = payload.meta
+    if type(meta) is not bytes or len(meta) > SHARED_MAX_BYTES:
+        return payload
+    known = memo.get(meta)
+    if known is not None and known.nbytes == payload.nbytes:
+        return known
+    if len(memo) < SHARED_MAX:
+        memo[meta] = payload
+    return payload
 
 
 def _payload_from_wire(meta: Any, buffers: tuple, nbytes: int) -> Payload:
-    if not buffers and type(meta) is bytes and len(meta) <= _SHARED_MAX_BYTES:
-        p = _shared.get(meta)
-        if p is None or p.nbytes != nbytes:
-            p = Payload(meta, (), nbytes)
-            if len(_shared) < _SHARED_MAX:
-                _shared[meta] = p
-        return p
     # pickle hands a read-only out-of-band buffer back as a memoryview (READONLY_BUFFER);
     # wrap it again, or the Payload could not be pickled out-of-band a second time.
     if type(meta) is memoryview:

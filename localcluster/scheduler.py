@@ -66,6 +66,7 @@ class Scheduler:
         self.forgetting = Forgetting(self.tasks, self.workers, self.runs, self._maybe_retire)
         self.cancelled_runs = self.forgetting.cancelled_runs   # seq -> key, until the worker answers: the same dict
         self._deferring = False                     # inside batch(): placement waits for its end
+        self._small: dict = {}                      # pickled small result -> the one Payload kept for it
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant (tests call it after every event)."""
@@ -418,7 +419,8 @@ class Scheduler:
             return self.forgetting.orphan(worker, seq)
         self.placement.finished(duration)
         ws = self.workers[worker]
-        # interned: each message brings its own copy of a name most tasks share
+        # each message brings its own copy of a name and a small value that most tasks share
+        data = P.shared(data, self._small)
         ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, sys.intern(type_name), data
         ts.add_holder(worker)
         ws.has.add(ts.key)

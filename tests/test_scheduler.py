@@ -1109,3 +1109,14 @@ def test_release_many_frees_each_workers_keys_in_one_message_and_places_once():
     assert all(holders[k] == w for w, m in frees for k in m.keys)
     assert not any(k in s.tasks for k in keys)
     assert s.release_many(["nobody", "knows"]) == []
+
+
+def test_equal_small_results_are_kept_as_one_payload():
+    """A big map's finished no-ops keep one Payload between them (protocol.shared)."""
+    s = sched("w1")
+    s.submit([spec("a"), spec("b")])
+    pa, pb = P.Payload(b"\x80\x05N.", (), 4), P.Payload(b"\x80\x05N.", (), 4)
+    finish(s, "a", pa, nbytes=4)
+    acts = finish(s, "b", pb, nbytes=4)
+    assert s.tasks["a"].data is pa and s.tasks["b"].data is pa
+    assert [a.value for a in acts if type(a) is Resolve] == [pa]

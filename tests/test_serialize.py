@@ -12,7 +12,7 @@ import pytest
 
 from localcluster import serialize
 from localcluster.death import TaskError
-from localcluster.protocol import OUT_OF_BAND, Payload
+from localcluster.protocol import OUT_OF_BAND, SHARED_MAX, Payload, shared
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -206,18 +206,31 @@ def test_a_plain_result_pickles_to_the_same_bytes_on_the_fast_path(value):
     assert back == value and type(back) is type(value)
 
 
-def test_small_results_arrive_as_one_shared_payload_each():
-    """A big map's finished no-ops keep one Payload between them in the parent."""
+def test_small_results_are_kept_as_one_shared_payload_each():
+    """The parent keeps one Payload for each small value (protocol.shared), so that a big
+    map's finished no-ops do not each hold their own."""
+    memo: dict = {}
     values = (None, True, False, 0, 1, 255, "ok", 1.5)
-    first = [over_the_wire(serialize.dumps_result(v), writable=False) for v in values]
-    again = [over_the_wire(serialize.dumps_result(v), writable=False) for v in values]
+    first = [shared(over_the_wire(serialize.dumps_result(v), writable=False), memo) for v in values]
+    again = [shared(over_the_wire(serialize.dumps_result(v), writable=False), memo) for v in values]
     for v, a, b in zip(values, first, again):
         assert a is b
         back = serialize.loads(b)
         assert back == v and type(back) is type(v)
     assert len({id(p) for p in first}) == len(values)      # one per value, not one for all
-    big = [over_the_wire(serialize.dumps_result("x" * 100), writable=False) for _ in range(2)]
+    big = [shared(over_the_wire(serialize.dumps_result("x" * 100), writable=False), memo) for _ in range(2)]
     assert big[0] is not big[1] and serialize.loads(big[1]) == "x" * 100
+    arr = np.arange(OUT_OF_BAND, dtype=np.uint8)
+    with_buffers = serialize.dumps_result(arr)
+    assert shared(with_buffers, memo) is with_buffers and shared(None, memo) is None
+
+
+def test_the_shared_payloads_are_bounded():
+    memo: dict = {}
+    kept = [shared(serialize.dumps_result(i), memo) for i in range(SHARED_MAX + 10)]
+    assert len(memo) == SHARED_MAX
+    assert shared(serialize.dumps_result(SHARED_MAX + 5), memo) is not kept[SHARED_MAX + 5]   # past the bound: as it came
+    assert serialize.loads(kept[-1]) == SHARED_MAX + 9
 
 
 def test_closures_and_local_classes_travel():

@@ -200,12 +200,16 @@ class Dispatcher:
             msgs, n.cork = n.cork + msgs, []
         if n.chan.queue(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
             return [n]
-        self._loop.run_soon(lambda: self._workers.watch_channel(n))    # the backlog goes when writable
+        self._watch(n)
         return []
 
     def _flush(self, n: Nanny) -> None:
         if not n.chan.flush():
-            self._loop.run_soon(lambda: self._workers.watch_channel(n))    # the rest goes when writable
+            self._watch(n)
+
+    def _watch(self, n: Nanny) -> None:
+        """What is queued goes when the socket is writable, sent by the scheduler thread."""
+        self._loop.run_soon(lambda: self._workers.watch_channel(n))
 
     def uncork(self, nannies: list) -> None:
         nannies = [n for n in nannies if n.cork]

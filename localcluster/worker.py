@@ -84,10 +84,16 @@ class Worker:
         target = cfg.get("memory_target")
         self.spill_at = int(limit * target) if limit and target else None
         self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
+        # Under _lock: the run queue, the reader role, the idle count. Two conditions on it, so
+        # that a wake-up goes to the one thread that has something to do: a run queued wakes
+        # one idle executor (not every thread: with 4 executors that herd cost ~60 µs a round
+        # trip), and the main thread is woken only when nobody is left to read.
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)     # idle executors wait here
+        self._main_turn = threading.Condition(self._lock)   # the main thread waits here
         self._runs: deque = deque()
-        self._cond = threading.Condition()
         self._reader: Any = None        # who holds the reader role: "main", an executor row, or None
-        self._idle = 0                  # executors waiting for work
+        self._idle = 0                  # executors waiting for work (woken ones count until they run)
         self._nudge_r, self._nudge_w = os.pipe()
         self._nudged = False
         self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
@@ -107,25 +113,24 @@ class Worker:
         threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
         self.chan.send(P.Ready(os.getpid(), versions()))
-        cond = self._cond
         while True:
-            with cond:
+            with self._lock:
                 while self._reader is not None or self._idle:
-                    cond.wait()
+                    self._main_turn.wait()
                 self._reader = "main"
             try:
                 while not self._idle:
                     ready, _, _ = select.select([self.chan, self._nudge_r], [], [])
                     if self._nudge_r in ready:
                         os.read(self._nudge_r, 512)
-                        with cond:
+                        with self._lock:
                             self._nudged = False
                     if self.chan in ready:
                         self._read_and_handle()
             finally:
-                with cond:
+                with self._lock:
                     self._reader = None
-                    cond.notify_all()
+                    self._work.notify()     # the executor that became idle takes the role
 
     def _read_and_handle(self) -> None:
         try:
@@ -180,7 +185,7 @@ class Worker:
         """Take run ``seq`` out of the queue (or the parked runs) if no executor took it yet."""
         if self.parked.pop(seq, None) is not None:
             return True
-        with self._cond:
+        with self._lock:
             for i, run in enumerate(self._runs):
                 if run.seq == seq:
                     del self._runs[i]
@@ -213,16 +218,19 @@ class Worker:
     # --- executor threads -------------------------------------------------------------
 
     def _queue(self, run: P.Run) -> None:
-        with self._cond:
+        # One idle executor, if any. An executor that read this run holds the GIL until it
+        # takes the first run itself (no hop); the one woken then takes the next, or the reader role.
+        with self._lock:
             self._runs.append(run)
-            self._cond.notify_all()
+            self._work.notify()
 
     def _next_run(self, row: int) -> Any:
         """A run to execute, or None: then this thread holds the reader role."""
-        cond = self._cond
-        with cond:
+        with self._lock:
             while True:
                 if self._runs:
+                    if self._reader is None and not self._idle:
+                        self._main_turn.notify()    # nobody else is left to read the channel
                     return self._runs.popleft()
                 if self._reader is None:
                     self._reader = row
@@ -231,7 +239,7 @@ class Worker:
                 if self._reader == "main" and not self._nudged:
                     self._nudged = True
                     os.write(self._nudge_w, b"x")
-                cond.wait()
+                self._work.wait()
                 self._idle -= 1
 
     def _execute(self, row: int) -> None:
@@ -245,9 +253,8 @@ class Worker:
                 except BaseException:
                     _fatal(self, traceback.format_exc())
                 finally:
-                    with self._cond:
-                        self._reader = None
-                        self._cond.notify_all()
+                    with self._lock:
+                        self._reader = None     # this thread decides next, in _next_run
                 continue
             if run.seq in self.cancelled:
                 self.cancelled.discard(run.seq)

@@ -102,8 +102,10 @@ class Peer:
     name = "?"
     notes: dict
 
-    def __init__(self):
+    def __init__(self, workers: int = N_WORKERS, threads: int = 1):
         self.notes = {}
+        self.workers = workers      # processes
+        self.threads = threads      # tasks at once per process (the pools: always 1)
 
     def start(self) -> float:
         """Construct the pool; returns seconds until 'all workers up' if the constructor
@@ -164,8 +166,8 @@ class ClientClusterPeer(Peer):
 class LocalClusterPeer(ClientClusterPeer):
     name = "localcluster"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, workers: int = N_WORKERS, threads: int = 1):
+        super().__init__(workers, threads)
         import localcluster  # noqa: F401  (import time is not part of any metric)
         self.lc = localcluster
         self.cluster = self.client = None
@@ -173,7 +175,7 @@ class LocalClusterPeer(ClientClusterPeer):
 
     def start(self):
         t0 = time.perf_counter()
-        self.cluster = self.lc.LocalCluster(n_workers=N_WORKERS, threads_per_worker=1)
+        self.cluster = self.lc.LocalCluster(n_workers=self.workers, threads_per_worker=self.threads)
         up = time.perf_counter() - t0
         self.client = self.lc.Client(self.cluster)
         return up
@@ -209,8 +211,8 @@ class LocalClusterPeer(ClientClusterPeer):
 class PPEPeer(Peer):
     name = "ppe"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, workers: int = N_WORKERS, threads: int = 1):
+        super().__init__(workers, 1)
         import concurrent.futures as cf
         import multiprocessing
         self.cf = cf
@@ -218,7 +220,7 @@ class PPEPeer(Peer):
         self.notes["start_method"] = multiprocessing.get_start_method()
 
     def start(self):
-        self.ex = self.cf.ProcessPoolExecutor(max_workers=N_WORKERS)
+        self.ex = self.cf.ProcessPoolExecutor(max_workers=self.workers)
         self.notes["start_method"] = self.ex._mp_context.get_start_method()
         return None           # workers are started lazily, on submit
 
@@ -248,7 +250,7 @@ class PPESpawnPeer(PPEPeer):
 
     def start(self):
         import multiprocessing
-        self.ex = self.cf.ProcessPoolExecutor(max_workers=N_WORKERS,
+        self.ex = self.cf.ProcessPoolExecutor(max_workers=self.workers,
                                               mp_context=multiprocessing.get_context("spawn"))
         self.notes["start_method"] = "spawn"
         return None
@@ -257,15 +259,15 @@ class PPESpawnPeer(PPEPeer):
 class LokyPeer(PPEPeer):
     name = "loky"
 
-    def __init__(self):
-        Peer.__init__(self)
+    def __init__(self, workers: int = N_WORKERS, threads: int = 1):
+        Peer.__init__(self, workers, 1)
         import loky
         self.loky = loky
         self.ex = None
         self.notes["version"] = loky.__version__
 
     def start(self):
-        self.ex = self.loky.get_reusable_executor(max_workers=N_WORKERS)
+        self.ex = self.loky.get_reusable_executor(max_workers=self.workers)
         return None
 
     def close(self):
@@ -277,8 +279,8 @@ class LokyPeer(PPEPeer):
 class DaskPeer(ClientClusterPeer):
     name = "dask"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, workers: int = N_WORKERS, threads: int = 1):
+        super().__init__(workers, threads)
         import logging
         import warnings
         import distributed
@@ -291,7 +293,7 @@ class DaskPeer(ClientClusterPeer):
     def start(self):
         d = self.distributed
         t0 = time.perf_counter()
-        self.cluster = d.LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, processes=True,
+        self.cluster = d.LocalCluster(n_workers=self.workers, threads_per_worker=self.threads, processes=True,
                                       dashboard_address=None)
         up = time.perf_counter() - t0
         self.client = d.Client(self.cluster)
@@ -333,10 +335,10 @@ PEER_CLASSES = {"localcluster": LocalClusterPeer, "ppe": PPEPeer, "loky": LokyPe
 def warm_up(peer: Peer) -> None:
     """Every worker has started and run a task."""
     seen = set()
-    for _ in range(20):
-        fs = [peer.submit(sleep_pid, 0.05) for _ in range(2 * N_WORKERS)]
+    for _ in range(20):   # enough sleepers to fill every thread of every worker, twice
+        fs = [peer.submit(sleep_pid, 0.05) for _ in range(2 * peer.workers * peer.threads)]
         seen.update(peer.results(fs))
-        if len(seen) >= N_WORKERS:
+        if len(seen) >= peer.workers:
             break
     for _ in range(50):
         peer.result(peer.submit(noop, 0))
@@ -355,6 +357,9 @@ SIZES = {
     "bw_repeats": ((2, 2), (4, 3)),
     "startup_repeats": ((2, 1), (5, 3)),
     "recovery_repeats": ((1, 1), (3, 3)),
+    "shape_submit_n": ((300, 100), (3000, 600)),
+    "shape_latency_n": ((100, 20), (600, 100)),
+    "shape_repeats": ((1, 1), (3, 2)),
 }
 
 
@@ -364,18 +369,33 @@ def size(name: str, peer: str, quick: bool) -> int:
     return pair[1] if peer == "dask" else pair[0]
 
 
-def metric_submit(peer: Peer, quick: bool) -> dict:
+def submit_loop(peer: Peer, n: int, repeats: int) -> dict:
     """No-op tasks per second, submitted one by one, then wait for all results. Best of R."""
-    n = size("submit_n", peer.name, quick)
     rates = []
-    for r in range(size("repeats", peer.name, quick)):
+    for r in range(repeats):
         t0 = time.perf_counter()
         fs = [peer.submit(noop, i) for i in range(n)]
         peer.results(fs)
         rates.append(n / (time.perf_counter() - t0))
         del fs
         time.sleep(0.2)       # let the previous round's bookkeeping (releases) settle
-    return {"submit_tps": {"value": max(rates), "median": statistics.median(rates), "raw": rates, "n": n}}
+    return {"value": max(rates), "median": statistics.median(rates), "raw": rates, "n": n}
+
+
+def round_trips(peer: Peer, n: int) -> list:
+    """``n`` sequential submit(noop).result() round trips after 20 more, in µs, sorted."""
+    for i in range(20):
+        peer.result(peer.submit(noop, -i))
+    samples = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        peer.result(peer.submit(noop, i))
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return sorted(samples)
+
+
+def metric_submit(peer: Peer, quick: bool) -> dict:
+    return {"submit_tps": submit_loop(peer, size("submit_n", peer.name, quick), size("repeats", peer.name, quick))}
 
 
 def metric_map(peer: Peer, quick: bool) -> dict:
@@ -395,14 +415,7 @@ def metric_map(peer: Peer, quick: bool) -> dict:
 def metric_latency(peer: Peer, quick: bool) -> dict:
     """Sequential submit(f).result() round trips: median and p90 over all samples, µs."""
     n = size("latency_n", peer.name, quick)
-    for i in range(20):
-        peer.result(peer.submit(noop, -i))
-    samples = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        peer.result(peer.submit(noop, i))
-        samples.append((time.perf_counter() - t0) * 1e6)
-    samples.sort()
+    samples = round_trips(peer, n)
     p90 = samples[min(len(samples) - 1, int(round(0.9 * (len(samples) - 1))))]
     return {"rtt_median_us": {"value": statistics.median(samples), "n": n},
             "rtt_p90_us": {"value": p90, "n": n, "raw": {"min": samples[0], "max": samples[-1]}}}
@@ -575,6 +588,37 @@ def metric_recovery(peer_cls, quick: bool) -> dict:
     return {"recovery_s": {"value": None, "note": notes[0] if notes else "?", "raw": raw}}
 
 
+SHAPE_WORKERS = (1, 2, 4)
+SHAPE_THREADS = (1, 4)
+
+
+def shape_row(workers: int, threads: int, what: str) -> str:
+    return f"shape_{workers}x{threads}_{what}"
+
+
+def metric_shape(peer_cls, quick: bool) -> dict:
+    """The submit loop and the round trip at 1, 2 and 4 workers, with 1 and 4 threads per
+    worker for the clusters (a pool's process runs one task at a time). A fresh pool for each
+    shape, warmed up as the others."""
+    name = peer_cls.name
+    threads = SHAPE_THREADS if name in ("localcluster", "dask") else (1,)
+    out: dict = {}
+    for w in SHAPE_WORKERS:
+        for t in threads:
+            peer = peer_cls(w, t)
+            try:
+                peer.start()
+                warm_up(peer)
+                out[shape_row(w, t, "submit_tps")] = submit_loop(peer, size("shape_submit_n", name, quick),
+                                                                 size("shape_repeats", name, quick))
+                samples = round_trips(peer, size("shape_latency_n", name, quick))
+                out[shape_row(w, t, "rtt_us")] = {"value": statistics.median(samples), "n": len(samples),
+                                                  "raw": {"min": samples[0], "max": samples[-1]}}
+            finally:
+                peer.close()
+    return out
+
+
 POOL_METRICS = {             # share one warmed-up pool, run in this order
     "idle_rss": metric_idle_rss,
     "latency": metric_latency,
@@ -584,13 +628,15 @@ POOL_METRICS = {             # share one warmed-up pool, run in this order
 }
 FRESH_METRICS = {"startup": metric_startup, "recovery": metric_recovery,
                  "queue": lambda cls, quick: scale.metric_queue(cls, quick, noop, warm_up),
-                 "bigmap": lambda cls, quick: scale.metric_bigmap(cls, quick, noop, warm_up)}
+                 "bigmap": lambda cls, quick: scale.metric_bigmap(cls, quick, noop, warm_up),
+                 "shape": metric_shape}
 ALL_METRICS = list(POOL_METRICS) + list(FRESH_METRICS)
 GROUPS = [("pool", list(POOL_METRICS)), ("startup", ["startup"]), ("recovery", ["recovery"]),
-          ("scale", ["queue", "bigmap"])]
+          ("scale", ["queue", "bigmap"]), ("shape", ["shape"])]
 # Metrics only some peers run: a 100,000-task queue would take dask minutes; the floor has
 # a figure for four metrics only.
-ONLY_FOR = {"queue": ("localcluster", "ppe", "ppe_spawn", "loky"), "bigmap": ("localcluster", "ppe", "ppe_spawn", "loky")}
+ONLY_FOR = {"queue": ("localcluster", "ppe", "ppe_spawn", "loky"), "bigmap": ("localcluster", "ppe", "ppe_spawn", "loky"),
+            "shape": ("localcluster", "ppe_spawn", "loky", "dask")}
 FLOOR_METRICS = ("idle_rss", "latency", "bandwidth", "startup")
 
 # Table rows: (row, label, unit, higher is better, targets). A target is (reference column,
@@ -622,7 +668,9 @@ ROWS = [
     ("bigmap_tasks_per_s", "big map: all results", "tasks/s", True, []),
     ("bigmap_peak_B_per_task", "big map: parent peak per task", "B", False, [("max", 1024)]),
     ("bigmap_close_s", "big map: close() with all queued", "s", False, [("max", 0.5)]),
-]
+] + [(shape_row(w, t, what), f"{label}, {w} worker{'s' if w > 1 else ''} x {t} thread{'s' if t > 1 else ''}", unit, higher, [])
+     for what, label, unit, higher in (("submit_tps", "submit loop", "tasks/s", True), ("rtt_us", "round trip median", "µs", False))
+     for w in SHAPE_WORKERS for t in SHAPE_THREADS]
 
 
 def target_text(targets: list, higher: bool) -> str:

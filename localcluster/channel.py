@@ -20,6 +20,9 @@ Frame layout (little endian)::
     u64 total | u32 n_buffers | u64 env_len | n_buffers x u64 (size; bit 63: memfd, bit 62:
     read-only) | envelope | inline buffers
 
+The envelope is the pickled message, or (a first byte other than pickle's PROTO) a lone
+Run or Finished in protocol's fixed layout, with no buffers.
+
 An inline buffer comes back as writable as it was sent (a bytearray, or a writable
 array's memory); a memfd mapping is private, so always writable.
 
@@ -41,7 +44,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterator, Optional
 
-from .protocol import MEMFD_THRESHOLD
+from .protocol import MEMFD_THRESHOLD, pack_lone, unpack_lone
 
 HAVE_MEMFD = hasattr(os, "memfd_create")
 _CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0)     # Linux; elsewhere descriptors arrive inheritable
@@ -51,6 +54,7 @@ _FD_FLAG = 1 << 63
 _RO_FLAG = 1 << 62
 _SIZE_MASK = _RO_FLAG - 1
 _MAX_FDS = 253  # SCM_MAX_FD
+_PICKLE = b"\x80"          # a pickle's first byte (PROTO); else the envelope is protocol.pack_lone's
 _RECV = 1 << 18            # bytes per read, into a buffer kept by the reader
 _RECV_MAX = 1 << 22        # one read of a large frame: more reads take the rest
 
@@ -139,6 +143,9 @@ def _held_fd(view: memoryview) -> int:
 def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[list, list[int]]:
     """Frame ``msg``: (byte chunks to send, memfd descriptors to pass along). The caller closes
     the fds. ``charge(+n)`` is called before ``n`` bytes of memfd are written, ``charge(-n)`` after."""
+    env = pack_lone(msg)
+    if env is not None:     # a lone Run or Finished: no pickle
+        return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
     buffers: list[pickle.PickleBuffer] = []
     env = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
     if not buffers:     # most messages
@@ -236,7 +243,7 @@ class _Reader:
                         bufs.append(pickle.PickleBuffer((bytes if readonly else bytearray)(view[p:p + s])))
                     p += s
             self.pos += total
-            yield pickle.loads(env, buffers=bufs)
+            yield pickle.loads(env, buffers=bufs) if env[:1] == _PICKLE else unpack_lone(env)
         if self.pos > (1 << 20) and self.pos * 2 > len(buf):
             del buf[:self.pos]
             self.pos = 0

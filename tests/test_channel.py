@@ -605,3 +605,21 @@ def test_drain_after_the_peer_died_returns_a_frame_larger_than_one_read(pair):
     assert msg[0] == "last words" and [bytes(x) for x in msg[1]] == [bytes(x) for x in big]
     assert rx.drain() == []
     rx.close()
+
+
+def test_lone_runs_and_finished_in_the_fixed_layout_interleave_with_pickled_frames(pair):
+    """Frames of both kinds, in one stream, split at every byte: each comes out as it went in."""
+    from localcluster import protocol as P
+    args = serialize.dumps(((1, "a"), {}))
+    msgs = [P.Run(1, "k-1", 3, b"fn", args, ()), P.Free(("k-0",)), P.Finished(1, 5, "int", args, 0.5, 1.5, 1),
+            P.Batch((P.Run(2, "k-2", 3, None, args, ()),)), P.Run(3, "k-3", 3, None, args, ("k-1",)),
+            P.Finished(4, 99, "str", None, 0.25, 2.5, 2)]
+    frames = [channel.encode(m) for m in msgs]
+    assert [c[0][channel._HEAD.size:][:1] == b"\x80" for c, _ in frames] == [False, True, False, True, True, False]
+    stream = b"".join(c for chunks, _ in frames for c in chunks)
+    reader = channel._Reader()
+    got = []
+    for i in range(len(stream)):
+        reader.feed(stream[i:i + 1], [])
+        got.extend(reader.messages())
+    assert got == msgs

@@ -51,3 +51,54 @@ def test_defaults_and_missing_arguments():
     with pytest.raises(TypeError, match="duration"):
         P.Finished(1, 2, "NoneType", None)
     assert P.Skipped(1) != P.Stored(1)        # same fields, different meanings
+
+
+# --- the fixed layout of a lone Run or Finished ------------------------------------------
+
+def _payload(meta=b"\x80\x05K\x01.", nbytes=None, buffers=()):
+    return P.Payload(meta, buffers, len(meta) if nbytes is None else nbytes)
+
+
+LONE = [
+    P.Run(1, "noop-0123abcd", 7, None, _payload(), ()),
+    P.Run(2**64 - 1, "", -3, b"\x80\x05fn-bytes", _payload(b""), ()),
+    P.Run(5, "clé-\udcff-\u2603", 0, b"", _payload(b"x" * 70_000, nbytes=123), ()),
+    P.Finished(1, 5, "int", _payload(), 1.5e-05, 1700000000.25, 1),
+    P.Finished(9, 1 << 40, "ndarray", None, 0.0, 0.0, 0),
+    P.Finished(3, 0, "Ünïcode\udc80", _payload(b""), 2.0, -1.0, 2**32 - 1),
+]
+
+
+@pytest.mark.parametrize("msg", LONE, ids=lambda m: f"{type(m).__name__}-{m.seq}")
+def test_a_lone_run_or_finished_packs_without_pickle_and_comes_back_equal(msg):
+    env = P.pack_lone(msg)
+    assert env is not None and env[:1] != pickle.dumps(None, protocol=5)[:1]
+    back = P.unpack_lone(env)
+    assert back == msg and type(back) is type(msg)
+    assert back.__reduce__()[1] == msg.__reduce__()[1]
+    assert [type(v) for v in back.__reduce__()[1]] == [type(v) for v in msg.__reduce__()[1]]
+
+
+NOT_LONE = [
+    P.Run(1, "k", 1, None, _payload(), ("dep",)),                             # dependencies
+    P.Run(1, "k", 1, None, _payload(buffers=(pickle.PickleBuffer(b"b"),)), ()),  # out-of-band buffers
+    P.Run(1, "k", 1, None, _payload(pickle.PickleBuffer(b"large meta"), nbytes=10), ()),
+    P.Run(-1, "k", 1, None, _payload(), ()),                                  # out of the layout's range
+    P.Run(2**64, "k", 1, None, _payload(), ()),
+    P.Finished(1, 5, "int", _payload(), 1, 1700000000.25, 1),                 # an int duration
+    P.Finished(1, 5, "int", _payload(buffers=(pickle.PickleBuffer(b"b"),)), 1.0, 2.0, 1),
+    P.Finished(1, 5, "int", None, 1.0, 2.0, 2**32),
+    P.Failed(1, b"error"),
+    P.Free(("a",)),
+]
+
+
+@pytest.mark.parametrize("msg", NOT_LONE, ids=lambda m: f"{type(m).__name__}-{m.__reduce__()[1][0]!r}"[:40])
+def test_what_the_layout_cannot_hold_exactly_goes_as_a_pickle(msg):
+    assert P.pack_lone(msg) is None
+
+
+@pytest.mark.parametrize("env", [b"", b"\x80\x05N.", b"R", P.pack_lone(LONE[0])[:-1], P.pack_lone(LONE[3]) + b"x"])
+def test_anything_else_is_not_taken_for_a_lone_message(env):
+    with pytest.raises(ValueError, match="fixed layout"):
+        P.unpack_lone(env)

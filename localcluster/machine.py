@@ -25,6 +25,25 @@ def rss(pid: "int | str" = "self") -> "int | None":
         return None
 
 
+def open_statm(pid: int) -> Optional[int]:
+    """A descriptor on ``/proc/<pid>/statm``, or None. :func:`rss_of` reads it with one
+    pread: the scheduler thread samples each worker every 20 ms, and an open and close per
+    sample cost ~10 µs hot (~100 cold) against ~1.5. It stays that process's: once it is
+    gone the read fails, even if its pid is reused."""
+    try:
+        return os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def rss_of(statm_fd: int) -> "int | None":
+    """Resident set size in bytes through :func:`open_statm`'s descriptor; None once the process is gone."""
+    try:
+        return int(os.pread(statm_fd, 128, 0).split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))

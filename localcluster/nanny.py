@@ -31,6 +31,7 @@ from .board import Board
 from .channel import Channel
 from .cgroup import WorkerGroup
 from .machine import oom_counters, read_oom_count
+from .machine import open_statm, rss_of
 from .machine import rss as read_rss
 from .output import OutputStream
 from .worker import BOOT
@@ -73,6 +74,7 @@ class Nanny:
         self.started = 0.0
         self.chan: Optional[Channel] = None
         self.sentinel: Optional[int] = None       # pidfd: readable the instant it dies
+        self.statm: Optional[int] = None          # its /proc statm, open: each RSS sample is one pread
         self.outputs: list[OutputStream] = []     # the worker's stdout and stderr pipes
         self.board: Optional[Board] = None
         self.cork: list = []                      # messages held back while the worker is busy
@@ -159,6 +161,7 @@ class Nanny:
             self.sentinel = os.pidfd_open(self.pid)
         except (AttributeError, OSError):  # pragma: no cover - not Linux >= 5.3
             self.sentinel = None
+        self.statm = open_statm(self.pid)
         self._oom_paths = oom_counters(self.pid)
         self._oom_base = read_oom_count(self._oom_paths)
         self._oom_at = self.started
@@ -217,7 +220,7 @@ class Nanny:
 
     def sample(self, now: float) -> Optional[int]:
         """RSS of the worker and its children, bytes."""
-        rss = read_rss(self.pid)
+        rss = rss_of(self.statm) if self.statm is not None else read_rss(self.pid)
         if not rss:   # gone, or being torn down (the kernel already freed its pages): keep the last real figure
             return self.memory
         if now - self._children_at > 1.0:
@@ -306,7 +309,7 @@ class Nanny:
 
     def close(self) -> None:
         self._joined()
-        for fd_attr in ("sentinel",):
+        for fd_attr in ("sentinel", "statm"):
             fd = getattr(self, fd_attr)
             if fd is not None:
                 os.close(fd)

@@ -104,6 +104,8 @@ class Placement:
         if not any(len(w.processing) > w.nthreads for w in workers):
             return []
         thieves = [w for w in workers if not w.paused and not w.closing and len(w.processing) < w.nthreads]
+        if not thieves:         # after most events while a queue streams: every thread is busy
+            return []
         idle = sum(w.nthreads - len(w.processing) for w in thieves) - len(self.stealing)
         out: list = []
         for victim in sorted(workers, key=lambda w: w.nthreads - len(w.processing)):

@@ -209,3 +209,36 @@ def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup):
         os.kill(info.pid, signal.SIGKILL)
         wait_for(lambda: len(c.deaths) == 2)
         assert c.deaths[1].cause == "signal"
+
+
+def test_an_open_statm_reads_the_processes_rss_as_it_grows_and_nothing_once_it_is_gone():
+    """The sampler's pread on a descriptor it keeps: the same figure as opening the file each
+    time, it follows the process's growth, and it reads None once the process is reaped
+    (never another process's, whatever reuses the pid)."""
+    import subprocess
+    import sys
+    from localcluster.machine import open_statm, rss, rss_of
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); "
+                              "b = bytearray(64 << 20); print('grown', flush=True); sys.stdin.readline()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    fd = open_statm(child.pid)
+    try:
+        assert fd is not None
+        before = rss_of(fd)
+        assert before is not None and abs(before - rss(child.pid)) < (4 << 20)
+        child.stdin.write("grow\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "grown\n"
+        grown = rss_of(fd)
+        assert grown - before >= 60 << 20, (before, grown)
+        assert abs(grown - rss(child.pid)) < (4 << 20)
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        child.wait(30)
+        assert rss_of(fd) is None
+    finally:
+        os.close(fd)
+        child.kill()
+        child.wait()
+        child.stdin.close()
+        child.stdout.close()

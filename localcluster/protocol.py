@@ -311,4 +311,4 @@ def unpack_lone(env: bytes) -> Any:
         name = env[_FIN.size:p].decode("utf-8", "surrogatepass")
         if p + max(mlen, 0) == len(env):
             return Finished(seq, nbytes, name, None if mlen < 0 else Payload(env[p:], (), dn), duration, start, thread)
-    raise ValueError(f"not a message in the fixed layout: {bytes(env[:16])!r}...")
+    raise ValueError(f"not a message in the fixed layout: {env[:16]!r}...")

@@ -122,8 +122,10 @@ def test_the_report_opens_in_a_real_browser(run, page, tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cause", ["memory-limit", "crash"])
 def test_a_death_marker_sits_at_the_time_of_the_death(run, page, cause):
-    """The marker is where the cluster says the worker died, and where that worker's own
-    memory line ends (two independent records: the death, and the nanny's samples)."""
+    """The marker is where the cluster says the worker died, and that worker's own memory
+    line ends at its last sample, which is not after the death (two independent records:
+    the death, and the nanny's samples). How long before the death the last sample was is
+    the scheduler thread's pace, not the report's: under load it came 8 % of the timeline early once."""
     death = next(d for d in run.deaths if d.cause == cause)
     svg = page.locator("svg.lc-timeline")
     box = svg.bounding_box()
@@ -134,7 +136,11 @@ def test_a_death_marker_sits_at_the_time_of_the_death(run, page, cause):
     assert abs(x - (left + (death.time - t0) / (t1 - t0) * width)) <= 1.5
     points = svg.locator(f'polyline.lc-memline[data-worker="{death.worker}"]').get_attribute("points")
     last_x = float(points.split()[-1].split(",")[0])
-    assert 0 <= x - last_x <= width * 0.05, (x, last_x)    # the line stops at (or just before) the death
+    cluster = run.report.clusters[0]
+    last_sample = max(t for t, _ in cluster.history.memory()[death.worker] if t0 <= t <= t1)
+    assert last_sample <= death.time
+    assert abs(last_x - (left + (last_sample - t0) / (t1 - t0) * width)) <= 0.1, (last_x, x)
+    assert last_x <= x + 1.5
 
 
 def test_the_report_is_self_contained(run):

@@ -38,7 +38,7 @@ from . import protocol as P
 from . import scheduler as S
 from .channel import let_go
 from .death import ClusterBroken
-from .history import History, TaskRecord
+from .history import History
 from .loop import EventLoop
 from .nanny import Nanny
 from .serialize import loads_exception
@@ -112,8 +112,8 @@ class Dispatcher:
             if t is P.Finished or t is P.Failed:
                 key = key_of(m.seq)
                 if key is not None:
-                    record(TaskRecord(key, worker, m.thread, m.start, m.start + m.duration,
-                                      "finished" if t is P.Finished else "error"))
+                    record(key, worker, m.thread, m.start, m.start + m.duration,
+                           "finished" if t is P.Finished else "error")
         return self._scheduler.handle_messages(worker, msgs)
 
     def free_released(self) -> None:

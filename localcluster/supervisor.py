@@ -36,7 +36,7 @@ from . import scheduler as S
 from .config import format_bytes
 from .death import (ClusterBroken, WorkerDeath, WorkerStartupError, classify, crash_stack, crashing_thread,
                     death_message, signal_name, thread_stack)
-from .history import History, TaskRecord
+from .history import History
 from .nanny import Nanny
 
 logger = logging.getLogger("localcluster")
@@ -444,7 +444,7 @@ class Supervisor:
         for seq, (_tid, started) in sorted(running.items()):
             key = self._scheduler.key_of(seq)
             if key is not None:
-                self._history.task(TaskRecord(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost"))
+                self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost")
         self._history.died(n.name)
 
     def _death_stack(self, n: Nanny, exitcode: Optional[int], running: dict, lines: list) -> Optional[str]:

@@ -1,0 +1,67 @@
+"""The cluster's history without processes: the task stream and the memory series."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from localcluster import history
+from localcluster.history import History, TaskRecord
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_tasks_come_back_as_records_in_the_order_their_ends_were_seen():
+    h = History()
+    h.task("a", "worker-0", 1, 10.0, 10.5, "finished")
+    h.task("b", "worker-1", 2, 10.1, 10.2, "lost")
+    got = h.tasks()
+    assert got == [TaskRecord("a", "worker-0", 1, 10.0, 10.5, "finished"),
+                   TaskRecord("b", "worker-1", 2, 10.1, 10.2, "lost")]
+    assert all(type(r) is TaskRecord for r in got)
+    assert got[1].worker == "worker-1" and got[1].status == "lost"
+    got.clear()                                         # a copy: the stream is untouched
+    assert len(h.tasks()) == 2
+
+
+def test_the_task_stream_keeps_the_newest(monkeypatch):
+    monkeypatch.setattr(history, "TASKS", 5)
+    h = History()
+    for i in range(12):
+        h.task(f"k{i}", "w", 1, float(i), float(i) + 1, "finished")
+    assert [r.key for r in h.tasks()] == ["k7", "k8", "k9", "k10", "k11"]
+
+
+def test_kept_task_records_are_not_left_to_the_cyclic_collector():
+    # 100,000 records a cluster keeps must not be traversed by every full collection of the
+    # user's process: once collected, the stored records are no longer tracked.
+    h = History()
+    keys = [f"key-{i}" for i in range(5000)]
+    gc.collect()
+    before = len(gc.get_objects())
+    for i, key in enumerate(keys):
+        h.task(key, "worker-0", 1, float(i), float(i) + 0.5, "finished")
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100          # a NamedTuple per record: +5,000
+
+
+def test_a_full_series_halves_its_resolution_and_keeps_each_pairs_larger_sample(monkeypatch):
+    monkeypatch.setattr(history, "POINTS", 8)
+    h = History()
+    for i in range(8):
+        h.sample("w", float(i), 100 if i == 5 else i)
+    points = h.memory()["w"]
+    assert len(points) == 4 and (5.0, 100) in points     # the spike survives the halving
+    assert [v for _, v in points] == [1, 3, 100, 7]
+    h.sample("w", 8.0, 1)                                # stride 2: held, not yet kept
+    assert h.memory()["w"][-1] == (8.0, 1)               # ...but readers see it
+
+
+def test_dead_workers_series_are_bounded(monkeypatch):
+    monkeypatch.setattr(history, "DEAD_WORKERS", 2)
+    h = History()
+    for name in ("w0", "w1", "w2", "live"):
+        h.sample(name, 1.0, 10)
+    for name in ("w0", "w1", "w2"):
+        h.died(name)
+    assert sorted(h.memory()) == ["live", "w1", "w2"]

@@ -106,7 +106,7 @@ class LocalCluster:
         settings_ = WorkerSettings(self.threads_per_worker, self.memory_limit, cfg, _pickled(initializer, initargs),
                                    self.local_directory)
         self._supervisor = Supervisor(settings_, self._lock, self._changed, self.scheduler, self._dispatch,
-                                      self._loop, self.history, phase=lambda: self._status)
+                                      self._loop, self.history)
         self._dispatch.bind(self._supervisor)
         self._callbacks = CallbackThread()
         self._loop.start(self._run)
@@ -124,6 +124,7 @@ class LocalCluster:
             self.close()
             raise
         self._status = "running"
+        self._supervisor.started()
 
     def _run(self) -> None:
         """The scheduler thread."""
@@ -214,8 +215,7 @@ class LocalCluster:
             self._supervisor.stop_all()
             self._dispatch.post(post)
             self._dispatch.fail_requests(ClusterRestarted("the cluster was restarted"))
-            for _ in range(self._supervisor.target):
-                self._supervisor.spawn()
+            self._supervisor.scale(self._supervisor.target)     # every old one is leaving
         self._loop.call(begin).result()
         self._supervisor.wait_for(self._supervisor.target, timeout)
 

@@ -188,6 +188,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "memory_pause": _fraction("memory_pause"),
     "memory_terminate": _fraction("memory_terminate"),
     "memory_sample_interval": _seconds("memory_sample_interval", allow_none=False),
+    "memory_leak_restart": _seconds("memory_leak_restart", allow_none=True),
     "log_lines": _int("log_lines", 1),
 }
 
@@ -206,6 +207,7 @@ DEFAULTS: dict[str, Any] = {
     "memory_pause": 0.8,
     "memory_terminate": 0.95,
     "memory_sample_interval": 0.02,
+    "memory_leak_restart": 10.0,  # paused that long with nothing to spill: restarted as a leak (policy.py)
     "log_lines": 1000,
 }
 

@@ -19,10 +19,10 @@ from .config import format_bytes
 __all__ = [
     "WorkerDeath", "KilledWorker", "TaskTimeoutError", "RemoteTraceback", "LostDataError", "TaskError", "ClusterBroken",
     "ClusterRestarted", "ClusterClosed", "WorkerStartupError",
-    "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread",
+    "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread", "thread_ident",
 ]
 
-CAUSES = ("requested", "exit", "exception", "memory-limit", "oom-killer", "crash",
+CAUSES = ("requested", "exit", "exception", "memory-limit", "memory-leak", "oom-killer", "crash",
           "signal", "timeout", "unresponsive")
 
 # Signals a process raises against itself when it breaks (as opposed to being killed).
@@ -30,7 +30,13 @@ CRASH_SIGNALS = frozenset(
     getattr(_signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS", "SIGTRAP")
     if hasattr(_signal, name)
 )
-NANNY_REASONS = ("requested", "memory-limit", "timeout", "unresponsive")
+NANNY_REASONS = ("requested", "memory-limit", "memory-leak", "timeout", "unresponsive")
+
+
+def thread_ident(ident: int) -> int:
+    """A thread's ident as the status board keeps it and faulthandler prints it: the board's
+    slots are signed 64-bit, so the top bit is dropped on both sides of every comparison."""
+    return ident & 0x7FFFFFFFFFFFFFFF
 
 
 def signal_name(signum: Optional[int]) -> Optional[str]:
@@ -101,7 +107,7 @@ def thread_stack(log_lines: list[str], ident: int) -> Optional[str]:
     for with SIGUSR1 before a timeout kill), without localcluster's own frames."""
     for i in range(len(log_lines) - 1, -1, -1):
         m = _CURRENT.match(log_lines[i].strip())
-        if m and int(m.group(1), 16) & 0x7FFFFFFFFFFFFFFF == ident & 0x7FFFFFFFFFFFFFFF:
+        if m and thread_ident(int(m.group(1), 16)) == thread_ident(ident):
             block = [log_lines[i]]
             for line in log_lines[i + 1:i + 400]:
                 if not (line.strip().startswith("File ") or line.strip().startswith("<")):
@@ -179,7 +185,7 @@ def blamed_runs(cause: str, running: dict, crashed_seq: Optional[int], timed_out
     it; a timeout fails only the late task (with TaskTimeoutError, not KilledWorker);
     an exit the cluster asked for, or a failure of localcluster's own code, blames nobody.
     """
-    if cause in ("requested", "exception", "timeout"):
+    if cause in ("requested", "exception", "timeout", "memory-leak"):   # a leak: Policy.leak_blame
         return set()
     if cause == "crash" and crashed_seq is not None:
         return {crashed_seq}
@@ -201,6 +207,10 @@ _ADVICE = {
                  "Check that the worker can import what the tasks need (client.get_versions(check=True)).",
     "memory-limit": "Give each worker more memory (LocalCluster(memory_limit=...)), use fewer workers, "
                     "or make the task's pieces smaller.",
+    "memory-leak": "The memory is held by the tasks' own code, not by results localcluster keeps: look for "
+                   "a module-level cache or list that grows with each call, or a library that keeps "
+                   "what it is given. The worker was restarted and the work went on; raise memory_limit, or "
+                   "set memory_leak_restart=None to pause instead.",
     "oom-killer": "The machine ran out of memory. Set a memory_limit so localcluster stops the worker "
                   "first, use fewer workers, or make the task's pieces smaller.",
     "crash": "This is a bug in compiled code (a C extension, ctypes, or a library built for another "
@@ -234,6 +244,14 @@ class WorkerDeath:
     message: str = ""
     blamed: tuple = field(default=(), compare=False)   # derived: which of tasks it counts against
     detail: Optional[str] = field(default=None, compare=False)
+    managed: Optional[int] = None      # bytes of results it held at the last sample (None: not sampled)
+
+    @property
+    def unmanaged(self) -> Optional[int]:
+        """What the tasks' own code kept: memory less the results held."""
+        if self.memory is None or self.managed is None:
+            return None
+        return max(0, self.memory - self.managed)
 
     def __str__(self) -> str:
         return self.message
@@ -246,8 +264,13 @@ class WorkerDeath:
             parts.append(f"exit code {self.exitcode}")
         if self.memory is not None:
             mem = f"memory {format_bytes(self.memory)}"
+            notes = []
+            if self.unmanaged is not None and self.cause in _MEMORY_CAUSES:
+                notes.append(f"unmanaged {format_bytes(self.unmanaged)}")
             if self.peak_memory and self.peak_memory > self.memory:
-                mem += f" (peak {format_bytes(self.peak_memory)})"
+                notes.append(f"peak {format_bytes(self.peak_memory)}")
+            if notes:
+                mem += f" ({', '.join(notes)})"
             if self.memory_limit:
                 mem += f" of {format_bytes(self.memory_limit)} limit"
             parts.append(mem)
@@ -260,6 +283,9 @@ class WorkerDeath:
             shown = ", ".join(map(repr, self.tasks[:3]))
             more = f" and {len(self.tasks) - 3} more" if len(self.tasks) > 3 else ""
             facts.insert(len(facts) - (self.memory is not None), f"running {shown}{more}")
+        if self.cause == "memory-leak" and self.detail:
+            return (f"localcluster: {lead}{self.worker} (pid {self.pid}) restarted: {self.detail} "
+                    f"Details in cluster.deaths[-1].message")
         return (f"localcluster: {lead}{self.worker} (pid {self.pid}) died: {', '.join(facts)}. "
                 f"Details in cluster.deaths[-1].message")
 
@@ -276,9 +302,13 @@ class WorkerDeath:
         return line
 
 
+_MEMORY_CAUSES = ("memory-limit", "memory-leak", "oom-killer")
+
+
 def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], tasks: tuple,
                   memory: Optional[int], peak: Optional[int], limit: Optional[int],
-                  stack: Optional[str], detail: Optional[str] = None, replay_hint: bool = True) -> str:
+                  stack: Optional[str], detail: Optional[str] = None, replay_hint: bool = True,
+                  managed: Optional[int] = None) -> str:
     """The one-paragraph explanation stored in ``WorkerDeath.message``. ``replay_hint``: whether
     to suggest ``recreate_error_locally`` (not when the replay itself is what died)."""
     who = f"Worker {worker!r} (pid {pid})"
@@ -290,6 +320,9 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         if peak and peak > memory:
             mem += f" (peak {format_bytes(peak)})"
         mem += f" against a limit of {format_bytes(limit)}." if limit else " (no memory limit set)."
+        if managed is not None:
+            mem += (f" Of it, {format_bytes(min(managed, memory))} were results it held and "
+                    f"{format_bytes(max(0, memory - managed))} was unmanaged (the tasks' own memory).")
     if cause == "requested":
         head = f"{who} was stopped by the cluster as requested."
     elif cause == "exit" and tasks:
@@ -300,6 +333,8 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         head = f"{who} failed in localcluster's own code (exit code {exitcode}){running}."
     elif cause == "memory-limit":
         head = f"{who} was killed by its nanny for exceeding the memory budget{running}."
+    elif cause == "memory-leak":
+        head = f"{who} was restarted by its nanny: it stayed paused for memory with nothing left to spill{running}."
     elif cause == "oom-killer":
         head = f"{who} was killed by the operating system's out-of-memory killer (SIGKILL){running}."
     elif cause == "crash":

@@ -16,9 +16,9 @@ user's process for as long as the cluster lived.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from itertools import starmap
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 TASKS = 100_000          # task records kept per cluster
 POINTS = 2_000           # memory samples kept per worker (before halving)
@@ -91,6 +91,12 @@ class History:
         self._dead.append(worker)
         while len(self._dead) > DEAD_WORKERS:
             self._memory.pop(self._dead.popleft(), None)
+
+    def most_run(self, worker: str, group: "Callable[[str], str]") -> Optional[tuple]:
+        """(name, count): the function that ran most often on ``worker`` among the kept
+        records, by ``group(key)``; None if it ran nothing."""
+        counts = Counter(group(r[0]) for r in list(self._tasks) if r[1] == worker)
+        return counts.most_common(1)[0] if counts else None
 
     def tasks(self) -> list:
         """Every kept TaskRecord, in the order their ends were seen."""

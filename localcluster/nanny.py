@@ -51,7 +51,8 @@ _WORKER_ENV = {
 
 
 class Nanny:
-    """One worker process, seen from the parent.
+    """One worker process, seen from the parent: an I/O handle with no policy (what to do
+    about the worker is the supervision policy's, policy.py).
 
     Thread: the scheduler thread creates, changes and closes it. User threads read the
     figures (memory, history, log, status) under the cluster's lock; the dispatcher adds
@@ -79,22 +80,11 @@ class Nanny:
         self.board: Optional[Board] = None
         self.cork: list = []                      # messages held back while the worker is busy
         # what it said and wrote
-        self.ready = False
         self.versions: dict = {}
         self.fatal: Optional[str] = None          # traceback the worker sent before dying
         self.log: deque[str] = deque(maxlen=log_lines)
         self.lines_seen = 0                       # lines ever kept (the log itself is bounded)
-        # memory, sampled by the tick
-        self.memory: Optional[int] = None
-        self.peak_memory: Optional[int] = None
-        self.next_sample = 0.0                    # monotonic time of the next memory sample
-        self.paused = False
-        # stopping it, and why: classify() reads these after the death
-        self.reason: Optional[str] = None         # why the nanny itself stopped the process
-        self.timed_out: Optional[tuple] = None    # (seq, elapsed) when reason == "timeout"
-        self.kill_at: Optional[float] = None      # stop() or a timeout escalates to SIGKILL then
-        self.dump_mark: Optional[int] = None      # lines_seen when stacks were asked for before a kill
-        self.stacks_requested: Optional[float] = None
+        self.stacks_mark: Optional[int] = None    # lines_seen when the policy asked for the stacks
         self.exitcode: Optional[int] = None
         self._children: list[int] = []
         self._children_at = 0.0
@@ -218,11 +208,15 @@ class Nanny:
         new = min(self.lines_seen - mark, len(self.log))
         return any(self.log[-i].strip().startswith('File "<string>"') for i in range(1, new + 1))
 
+    def stacks_arrived(self) -> bool:
+        return self.stacks_mark is not None and self.dump_complete(self.stacks_mark)
+
     def sample(self, now: float) -> Optional[int]:
-        """RSS of the worker and its children, bytes."""
+        """RSS of the worker and its children, bytes; None while it is gone or being torn
+        down (the kernel already freed its pages): the last real figure stands."""
         rss = rss_of(self.statm) if self.statm is not None else read_rss(self.pid)
-        if not rss:   # gone, or being torn down (the kernel already freed its pages): keep the last real figure
-            return self.memory
+        if not rss:
+            return None
         if now - self._children_at > 1.0:
             self._children_at = now
             self._refresh_children()
@@ -231,9 +225,6 @@ class Nanny:
             r = read_rss(child)
             if r is not None:
                 rss += r
-        self.memory = rss
-        if self.peak_memory is None or rss > self.peak_memory:
-            self.peak_memory = rss
         return rss
 
     def _refresh_children(self) -> None:
@@ -255,26 +246,26 @@ class Nanny:
         self._oom_base = read_oom_count(self._oom_paths)
         self._oom_at = now
 
-    def kill(self, reason: Optional[str], sig: int = signal.SIGKILL) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.exitcode is not None:
             return
-        if reason is not None and self.reason is None:
-            self.reason = reason
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
 
     def stop(self) -> None:
-        """Ask the worker to exit (cause ``requested``); the caller escalates to kill() later."""
-        self.reason = self.reason or "requested"
-        if self.chan is not None:
+        """Ask the worker to exit; the policy escalates to kill() later."""
+        if self.chan is not None and not self.chan.closed:
             from .protocol import Stop
             self.chan.send(Stop())
 
-    def request_stacks(self) -> None:
+    def request_stacks(self, mark: bool = False) -> None:
         """faulthandler in the worker dumps every thread's stack into its log (works while
-        C code holds the GIL: the dump runs in the signal handler)."""
+        C code holds the GIL: the dump runs in the signal handler). ``mark``: for
+        ``stacks_arrived`` (the policy waits for them before a kill)."""
+        if mark:
+            self.stacks_mark = self.lines_seen
         try:
             os.kill(self.pid, signal.SIGUSR1)
         except ProcessLookupError:

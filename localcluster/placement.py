@@ -129,6 +129,18 @@ class Placement:
                 out.append(Send(victim.name, P.Steal(tuple(seqs))))
         return out
 
+    def take_back(self, ws: WorkerState) -> list:
+        """A paused worker starts nothing new: ask back every run it has not started (what it
+        had started it keeps, and finishes). Without this, a worker paused for memory would run
+        on through its prefetch, up to 256 runs per thread of short tasks, and meet its limit."""
+        seqs = []
+        for seq, key in ws.processing.items():
+            ts = self._tasks.get(key) if key is not None else None
+            if ts is not None and ts.seq == seq and seq not in self.stealing and seq not in self.started:
+                seqs.append(seq)
+                self.stealing[seq] = ws.name
+        return [Send(ws.name, P.Steal(tuple(seqs)))] if seqs else []
+
     def _may_move(self, ts: Task, thieves: list) -> bool:
         spec = ts.spec
         for w in thieves:

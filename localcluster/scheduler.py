@@ -126,9 +126,10 @@ class Scheduler:
     @_placing
     def set_paused(self, name: str, paused: bool) -> list:
         ws = self.workers.get(name)
-        if ws is not None:
-            ws.paused = paused
-        return []
+        if ws is None or ws.paused == paused:
+            return []
+        ws.paused = paused
+        return self.placement.take_back(ws) if paused else []
 
     def retire(self, name: str) -> list:
         """Stop giving ``name`` work; move data only it holds elsewhere; then Retire it."""

@@ -33,17 +33,16 @@ from typing import Any, Callable, Optional
 from . import logs
 from . import protocol as P
 from . import scheduler as S
-from .config import format_bytes
-from .death import (ClusterBroken, WorkerDeath, WorkerStartupError, classify, crash_stack, crashing_thread,
-                    death_message, signal_name, thread_stack)
+from .death import (ClusterBroken, WorkerDeath, classify, crash_stack, crashing_thread, death_message, signal_name,
+                    thread_ident, thread_stack)
 from .history import History
 from .nanny import Nanny
+from .render import key_group
+from .policy import (Accept, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused,
+                     Spawn)
 
 logger = logging.getLogger("localcluster")
 
-STARTUP_RETRIES = 3
-STOP_GRACE = 2.0    # a worker that ignores Stop this long is killed
-STACK_GRACE = 1.0   # longest wait for the stack dump a timeout kill asks for first
 _OWN = (P.Ready, P.Fatal, P.Log)
 
 
@@ -61,6 +60,7 @@ class WorkerInfo:
     processing: tuple              # keys assigned to it
     nthreads: int
     memory_history: list = field(repr=False, default_factory=list)   # [(unix time, rss)]
+    unmanaged: Optional[int] = None   # RSS less the results held: what the tasks' own code keeps
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class WorkerSettings:
 
 class Supervisor:
     def __init__(self, settings: WorkerSettings, lock: Any, changed: Any, scheduler: S.Scheduler,
-                 dispatch: Any, loop: Any, history: History, phase: Callable[[], str]):
+                 dispatch: Any, loop: Any, history: History):
         self._settings = settings
         self._history = history
         self._config = settings.config
@@ -84,15 +84,75 @@ class Supervisor:
         self._scheduler = scheduler
         self._dispatch = dispatch
         self._loop = loop
-        self._phase = phase                  # the cluster's status: starting, running, closing, closed
-        self.nannies: dict[str, Nanny] = {}
+        self.policy = Policy(Limits.from_config(settings.memory_limit, settings.config))
+        self.nannies: dict[str, Nanny] = {}      #: the I/O handles, name -> Nanny; added and removed under the lock
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
         self._names = itertools.count()
-        self._startup_failures: list[WorkerDeath] = []
-        self._respawn_at: list[float] = []
-        self.target = 0
-        self.closing = False
+        self._retired: list[str] = []            #: workers the scheduler let go of, for the loop thread
+
+    @property
+    def target(self) -> int:
+        return self.policy.target
+
+    @property
+    def closing(self) -> bool:
+        return self.policy.phase == "closing"
+
+    # --- the policy's decisions, carried out ---------------------------------------------------
+
+    def _decide(self, event: Callable[[], list]) -> None:
+        """Run a policy event under the lock, with what it asks of the scheduler; then the
+        rest (signals, messages, spawns) outside it. Scheduler thread only."""
+        with self._lock:
+            todo = event()
+            self.policy.validate()
+            if not todo:
+                return
+            actions: list = []
+            for i in todo:
+                t = type(i)
+                if t is SetPaused:
+                    actions += self._scheduler.set_paused(i.worker, i.paused)
+                elif t is HandOff:
+                    actions += self._scheduler.retire(i.worker)     # it hands its data on first
+                elif t is Accept and i.worker in self.nannies:
+                    # Before its first task, what it allocates meets the kernel's limit; in the
+                    # same hold of the lock as the policy's verdict, so that nobody sees it ready
+                    # before the scheduler can give it work.
+                    n = self.nannies[i.worker]
+                    n.enforce_ceiling()
+                    actions += self._scheduler.add_worker(n.name, n.nthreads)
+                elif t is Refuse:
+                    self._dispatch.refuse(i.error)                  # the constructor raises it
+                elif t is GiveUp:
+                    self._dispatch.refuse(i.error)
+                    actions += self._scheduler.clear(i.error)
+            post = self._dispatch.apply(actions)
+            self._changed.notify_all()
+        self._dispatch.post(post)
+        for i in todo:
+            t = type(i)
+            n = self.nannies.get(getattr(i, "worker", ""))
+            if t is Spawn:
+                if self._dispatch.broken is None:
+                    self.spawn()
+            elif n is None:
+                continue
+            elif t is Kill:
+                n.kill()
+            elif t is SendStop:
+                n.stop()
+            elif t is DumpStacks:
+                n.request_stacks(mark=True)
+            elif t is Note:
+                n.add_log(i.line)
+        self._retire_pending()
+
+    def _retire_pending(self) -> None:
+        while self._retired:
+            name = self._retired.pop(0)
+            self._decide(lambda: self.policy.retired(name, time.monotonic()))
 
     # --- for the dispatcher (under the lock) --------------------------------------------------
 
@@ -100,9 +160,11 @@ class Supervisor:
         return self.nannies.get(name)
 
     def retire(self, name: str) -> None:
-        n = self.nannies.get(name)
-        if n is not None and n.reason is None:
-            self._stop(n)
+        """The scheduler let go of ``name`` (any thread, under the lock): the loop thread
+        stops it, outside the lock."""
+        self._retired.append(name)
+        if not self._loop.on_loop():
+            self._loop.run_soon(self._retire_pending)
 
     def watch_channel(self, n: Nanny) -> None:
         """Select its channel for reading, and for writing while it has bytes pending."""
@@ -119,56 +181,32 @@ class Supervisor:
         n.spawn()
         with self._lock:
             self.nannies[name] = n
+            self.policy.spawned(name, n.pid, time.monotonic())
         self._loop.register(n.chan, lambda mask: self._on_channel(n, mask))
         for stream in n.outputs:
             self._loop.register(stream.fd, lambda _mask, stream=stream: self._on_output(stream))
         if n.sentinel is not None:
             self._loop.register(n.sentinel, lambda _mask: self._on_exit(n))
 
-    def _alive(self) -> list:
-        """Workers neither stopping nor retiring. Caller holds the lock, or is the scheduler thread."""
-        return [n for n in self.nannies.values() if not n.reason and not self._scheduler_closing(n.name)]
-
     def scale(self, target: int) -> None:
-        self.target = target
-        with self._lock:
-            alive = self._alive()
-        for _ in range(target - len(alive)):
-            self.spawn()
-        if len(alive) <= target:
-            return
-        def idleness(n: Nanny) -> tuple:
-            ws = self._scheduler.workers.get(n.name)
-            return (0 if not n.ready else 1, len(ws.processing) if ws else 0, len(ws.has) if ws else 0)
-        victims = sorted(alive, key=idleness)[: len(alive) - target]
-        with self._lock:
-            actions: list = []
-            for n in victims:
-                if n.name in self._scheduler.workers:
-                    actions += self._scheduler.retire(n.name)     # it hands its data on first
-                else:
-                    self._stop(n)
-            post = self._dispatch.apply(actions)
-        self._dispatch.post(post)
+        def idleness() -> dict:
+            def one(name: str) -> tuple:
+                ws = self._scheduler.workers.get(name)
+                return (0, 0, 0) if ws is None else (1, len(ws.processing), len(ws.has))
+            return {name: one(name) for name in self.policy.slots}
+        self._decide(lambda: self.policy.scale(target, time.monotonic(), idleness()))
 
-    def _scheduler_closing(self, name: str) -> bool:
-        ws = self._scheduler.workers.get(name)
-        return ws is not None and ws.closing
+    def started(self) -> None:
+        """The cluster is up: a limit too small for a new worker is a failed start from now on."""
+        with self._lock:
+            self.policy.running()
 
     def stop_all(self) -> None:
-        """Ask every worker to exit (close, restart); each is killed if it does not."""
-        with self._lock:
-            for n in self.nannies.values():
-                self._stop(n)
+        """Ask every worker to exit (restart); each is killed if it does not."""
+        self._decide(lambda: self.policy.stop_all(time.monotonic()))
 
     def begin_close(self) -> None:
-        self.closing = True
-        self.target = 0
-        self.stop_all()
-
-    def _stop(self, n: Nanny) -> None:
-        n.stop()
-        n.kill_at = time.monotonic() + STOP_GRACE     # escalated in tick
+        self._decide(lambda: self.policy.close(time.monotonic()))
 
     def keep_going(self) -> bool:
         """Whether the scheduler thread goes on: not once closing found every worker gone,
@@ -189,17 +227,19 @@ class Supervisor:
     def kill_all(self) -> None:
         """From another thread, when workers ignored Stop (a C call holding the GIL)."""
         for n in list(self.nannies.values()):
-            n.kill(None)
+            n.kill()
 
     def _force_reap(self, n: Nanny) -> None:
         if n.exitcode is None and n.proc is not None:
-            n.kill(None)
+            n.kill()
             try:
                 n.reap()
             except Exception:  # pragma: no cover
                 pass
         n.close()
-        self.nannies.pop(n.name, None)
+        with self._lock:
+            self.nannies.pop(n.name, None)
+            self.policy.slots.pop(n.name, None)
 
     def wait_for(self, count: int, timeout: float, at_least: bool = False) -> None:
         """User thread: until exactly ``count`` workers are up (a retiring one counts until
@@ -209,8 +249,9 @@ class Supervisor:
             while True:
                 if self._dispatch.broken is not None:
                     raise self._dispatch.broken
-                ready = sum(1 for x in self.nannies.values() if x.ready and not x.reason)
-                if ready == len(self.nannies) == count or (at_least and ready >= count):
+                slots = self.policy.slots
+                ready = sum(1 for s in slots.values() if s.ready)
+                if ready == len(slots) == count or (at_least and ready >= count):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -220,86 +261,35 @@ class Supervisor:
     # --- the tick -----------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        for n in list(self.nannies.values()):
-            if n.exitcode is None:
-                self._tick_one(n, now)
-        for t in list(self._respawn_at):
-            if now >= t:
-                self._respawn_at.remove(t)
-                # scale() or restart() since the death may have made up the number already
-                if self._phase() not in ("closing", "closed") and self._dispatch.broken is None \
-                        and len(self._alive()) < self.target:
-                    self.spawn()
-
-    def _tick_one(self, n: Nanny, now: float) -> None:
-        if n.kill_at is not None and now > n.kill_at:
-            n.kill(None)       # it ignored Stop for STOP_GRACE seconds, or its dump never came
-            return
-        if n.dump_mark is not None and n.dump_complete(n.dump_mark):
-            n.dump_mark = None
-            n.kill(None)       # the timeout's kill, once the stacks are in the log
-            return
-        if not n.ready or n.reason:
-            return
-        if now >= n.next_sample:
-            n.next_sample = now + self._config["memory_sample_interval"]
+        """Memory samples, the status boards (timeouts, heartbeats), stack dumps that arrived,
+        deadlines and respawns: each an event for the policy."""
+        policy = self.policy
+        for name in policy.sample_due(now):
+            n = self.nannies[name]
             rss = n.sample(now)
             if rss is not None:
-                self._history.sample(n.name, time.time(), rss)
-            self._check_memory(n, rss)
-        if n.reason is None:
-            self._check_timeouts(n, now)
-        if n.reason is None:
-            self._check_heartbeat(n, now)
+                self._history.sample(name, time.time(), rss)
+            managed = n.board.store()[0] if n.board is not None else 0
+            self._decide(lambda: policy.sampled(name, now, rss, managed))
+        timeout_of = self._scheduler.timeout_of
+        for name, slot in list(policy.slots.items()):
+            n = self.nannies.get(name)
+            if n is None or n.board is None:
+                continue
+            if slot.ready:
+                runs = {seq: (now - started, timeout_of(seq)) for seq, (_ident, started) in n.board.running().items()}
+                beat = n.board.heartbeat() / 1e9
+                if self._due(runs, beat, now):
+                    self._decide(lambda: policy.observed(name, now, runs, beat))
+            elif slot.step == "stacks" and n.stacks_arrived():
+                self._decide(lambda: policy.stacks_arrived(name))
+        self._decide(lambda: policy.tick(now))
 
-    def _check_memory(self, n: Nanny, rss: Optional[int]) -> None:
-        """terminate above memory_terminate of the limit; pause / resume around memory_pause."""
-        limit, cfg = self._settings.memory_limit, self._config
-        if not limit or rss is None:
-            return
-        if cfg["memory_terminate"] and rss > cfg["memory_terminate"] * limit:
-            # the death's own console line follows at once: this one stays in the log
-            n.add_log(f"[nanny] Worker exceeded {int(cfg['memory_terminate'] * 100)}% memory budget. "
-                      f"Restarting ({n.name}, pid {n.pid}: {format_bytes(rss)} of {format_bytes(limit)})")
-            n.kill("memory-limit")
-            return
-        if cfg["memory_pause"]:
-            paused = rss > cfg["memory_pause"] * limit
-            if paused != n.paused:
-                # The scheduler first: a user thread that reads the worker as paused (n.paused)
-                # must find it paused for placement too, or a submit in between is sent to it.
-                self._dispatch.event(self._scheduler.set_paused, n.name, paused)
-                n.paused = paused
-                n.add_log(f"[nanny] {'paused' if paused else 'resumed'}: memory {format_bytes(rss)} "
-                          f"{'above' if paused else 'below'} {int(cfg['memory_pause'] * 100)}% of "
-                          f"{format_bytes(limit)}")
-
-    def _check_timeouts(self, n: Nanny, now: float) -> None:
-        """A run past its timeout (measured from its real start, on the board) stops the worker,
-        after faulthandler has written where every thread was: the death shows where it waited."""
-        for seq, (_ident, started) in n.board.running().items():
-            timeout = self._scheduler.timeout_of(seq)
-            if timeout is not None and now - started > timeout:
-                n.timed_out = (seq, now - started)
-                n.reason = "timeout"
-                n.dump_mark = n.lines_seen
-                n.kill_at = now + STACK_GRACE
-                n.request_stacks()
-                return
-
-    def _check_heartbeat(self, n: Nanny, now: float) -> None:
-        """No heartbeat for worker_ttl: dump every thread's stack first, then stop it."""
-        ttl = self._config["worker_ttl"]
-        beat = n.board.heartbeat() / 1e9
-        if not ttl or not beat or now - beat <= ttl:
-            return
-        if n.stacks_requested is None:
-            n.add_log(f"[nanny] no heartbeat for {now - beat:.1f} s (worker_ttl={ttl:g}); "
-                      f"dumping all thread stacks, then stopping it")
-            n.request_stacks()
-            n.stacks_requested = now
-        elif now - n.stacks_requested > 0.5:
-            n.kill("unresponsive")
+    def _due(self, runs: dict, beat: float, now: float) -> bool:
+        """Whether the board shows anything for the policy (a run past its timeout, a missed
+        heartbeat): most ticks it shows nothing, and take no lock."""
+        ttl = self.policy.limits.worker_ttl
+        return any(t is not None and e > t for e, t in runs.values()) or bool(ttl and beat and now - beat > ttl)
 
     # --- what a worker sends and writes ------------------------------------------------------
 
@@ -330,50 +320,27 @@ class Supervisor:
             for one in (m.messages if type(m) is P.Batch else (m,)):
                 (own if type(one) in _OWN else tasks).append(one)
         records: list = []
-        with self._lock:
-            actions: list = []
-            for m in own:
-                if type(m) is P.Ready:
-                    actions += self._on_ready(n, m)
-                elif type(m) is P.Log:
-                    records += m.records
-                else:
-                    n.fatal = m.traceback
-            if tasks:
-                actions += self._dispatch.on_worker_messages(n.name, tasks)
-            post = self._dispatch.apply(actions)
-            if n.cork and n.chan is not None:
-                post += self._dispatch.send(n, [])
-        self._dispatch.post(post)
+        ready = False
+        for m in own:
+            if type(m) is P.Ready:
+                n.versions, ready = m.versions, True
+            elif type(m) is P.Log:
+                records += m.records
+            else:
+                n.fatal = m.traceback
+        if ready:
+            rss = n.sample(time.monotonic())
+            self._decide(lambda: self.policy.ready(n.name, time.monotonic(), rss))
+        if tasks or n.cork:
+            with self._lock:
+                actions = self._dispatch.on_worker_messages(n.name, tasks) if tasks else []
+                post = self._dispatch.apply(actions)
+                if n.cork and n.chan is not None:
+                    post += self._dispatch.send(n, [])
+            self._dispatch.post(post)
         if records:     # outside the lock: the user's handlers may take their time
             logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)
-
-    def _on_ready(self, n: Nanny, m: P.Ready) -> list:
-        """Caller holds the lock. A worker whose idle footprint already crosses the limit
-        would be paused or killed forever: refused, never a restart loop."""
-        n.ready, n.versions = True, m.versions
-        too_small = self._limit_too_small(n, n.sample(time.monotonic()))
-        if too_small and self._phase() == "starting":
-            self._dispatch.refuse(ValueError(too_small))    # the constructor raises it
-            n.stop()
-        elif too_small:     # scaling up: a failed start (see _maybe_respawn)
-            n.add_log(f"[nanny] {too_small}")
-            n.kill("memory-limit")
-        else:
-            self._startup_failures.clear()
-            n.enforce_ceiling()
-        self._changed.notify_all()
-        return self._scheduler.add_worker(n.name, n.nthreads) if n.reason is None else []
-
-    def _limit_too_small(self, n: Nanny, rss: Optional[int]) -> Optional[str]:
-        limit, cfg = self._settings.memory_limit, self._config
-        fraction = min((f for f in (cfg["memory_pause"], cfg["memory_terminate"]) if f), default=None)
-        if not limit or not rss or fraction is None or rss <= fraction * limit:
-            return None
-        return (f"memory_limit={format_bytes(limit)} is too small: an idle worker needs {format_bytes(rss)} "
-                f"({n.name}, pid {n.pid}, running no task), above {fraction:.0%} of the limit, where workers "
-                f"are paused or killed. Use memory_limit of at least {format_bytes(int(rss / fraction) + 1)} "
-                f"plus what the tasks hold, \"auto\", or None for no limit.")
+        self._retire_pending()
 
     # --- deaths -------------------------------------------------------------------------------
 
@@ -404,36 +371,46 @@ class Supervisor:
             lead = (f"Worker exceeded {int(self._config['memory_terminate'] * 100)}% memory budget. Restarting. "
                     if death.cause == "memory-limit" else "")
             logger.log(logging.WARNING if self._config["forward_logs"] else logging.INFO, death.headline(lead))
-        self._maybe_respawn(n, death)
+        ran = death.cause == "memory-limit" and self._history.most_run(n.name, key_group) is not None
+        self._decide(lambda: self.policy.exited(death, time.monotonic(), ran))
 
     def _record_death(self, n: Nanny, exitcode: int) -> WorkerDeath:
+        slot = self.policy.slots.get(n.name)
+        reason = slot.reason if slot is not None else None
+        timed_out = slot.timed_out if slot is not None else None
         running = n.board.running()
         lines = list(n.log)
-        stack = self._death_stack(n, exitcode, running, lines)
-        cause = classify(exitcode, n.reason, oom_evidence=n.oom_evidence() if exitcode == -signal.SIGKILL else False,
-                         machinery_error=bool(n.fatal) or not n.ready)
+        stack = self._death_stack(reason, timed_out, exitcode, running, lines)
+        cause = classify(exitcode, reason, oom_evidence=n.oom_evidence() if exitcode == -signal.SIGKILL else False,
+                         machinery_error=bool(n.fatal) or slot is None or slot.state == "starting")
         crashed_seq = None
         if cause == "crash" and stack:
             ident = crashing_thread(stack)
-            matches = [seq for seq, (tid, _t) in running.items() if tid == (ident or 0) & 0x7FFFFFFFFFFFFFFF]
+            matches = [seq for seq, (tid, _t) in running.items() if tid == thread_ident(ident or 0)]
             crashed_seq = matches[0] if matches else 0   # 0: a thread that ran no task
         with self._lock:
             self._record_lost(n, running)
             key_of = self._scheduler.key_of
             keys = tuple(k for k in (key_of(s) for s in sorted(running)) if k)
-            blamed = self._scheduler.blame(cause, running, crashed_seq, n.timed_out[0] if n.timed_out else None)
-            detail = self._death_detail(n, cause, lines)
+            if cause == "memory-leak":
+                blamed = self.policy.leak_blame(keys)
+            else:
+                blamed = self._scheduler.blame(cause, running, crashed_seq, timed_out[0] if timed_out else None)
+            detail = self._death_detail(n, slot, cause, timed_out, lines)
             limit = self._settings.memory_limit
+            memory = slot.memory if slot is not None else None
+            peak = slot.peak_memory if slot is not None else None
+            managed = slot.managed if slot is not None and slot.memory is not None else None
             death = WorkerDeath(
                 worker=n.name, pid=n.pid, cause=cause, exitcode=exitcode,
                 signal=signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None,
-                tasks=keys, memory=n.memory, peak_memory=n.peak_memory, memory_limit=limit,
+                tasks=keys, memory=memory, peak_memory=peak, memory_limit=limit,
                 stack=stack, log_tail=tuple(lines[-50:]), time=time.time(),
-                message=death_message(n.name, n.pid, cause, exitcode, keys, n.memory, n.peak_memory,
-                                      limit, stack, detail),
-                blamed=blamed, detail=detail)
+                message=death_message(n.name, n.pid, cause, exitcode, keys, memory, peak,
+                                      limit, stack, detail, managed=managed),
+                blamed=blamed, detail=detail, managed=managed)
             self.deaths.append(death)
-            post = self._dispatch.apply(self._scheduler.worker_died(death, n.timed_out))
+            post = self._dispatch.apply(self._scheduler.worker_died(death, timed_out))
         self._dispatch.post(post)
         return death
 
@@ -447,48 +424,32 @@ class Supervisor:
                 self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost")
         self._history.died(n.name)
 
-    def _death_stack(self, n: Nanny, exitcode: Optional[int], running: dict, lines: list) -> Optional[str]:
-        if n.reason in ("timeout", "unresponsive"):     # the stacks asked for before the kill
-            seq = n.timed_out[0] if n.timed_out else min(running, default=None)
+    def _death_stack(self, reason: Optional[str], timed_out: Optional[tuple], exitcode: Optional[int],
+                     running: dict, lines: list) -> Optional[str]:
+        if reason in ("timeout", "unresponsive"):     # the stacks asked for before the kill
+            seq = timed_out[0] if timed_out else min(running, default=None)
             return thread_stack(lines, running[seq][0]) if seq in running else None
         if exitcode is None or exitcode >= 0:
             return None
         return crash_stack(lines, all_threads=self._config["forward_logs"] == "all")
 
-    def _death_detail(self, n: Nanny, cause: str, lines: list) -> Optional[str]:
+    def _death_detail(self, n: Nanny, slot: Any, cause: str, timed_out: Optional[tuple],
+                      lines: list) -> Optional[str]:
         """Caller holds the lock."""
-        if cause == "timeout" and n.timed_out:
-            seq, elapsed = n.timed_out
+        if cause == "timeout" and timed_out:
+            seq, elapsed = timed_out
             return (f"Task {self._scheduler.key_of(seq)!r} ran {elapsed:.2f} s, past its timeout of "
                     f"{self._scheduler.timeout_of(seq):g} s.")
+        if cause == "memory-leak" and slot is not None and slot.leak:
+            ran = self._history.most_run(n.name, key_group)
+            return (f"{slot.leak}: probably a leak in the tasks' code"
+                    + (f" ({ran[0]!r} ran {ran[1]} times on this worker)" if ran else "") + ".")
         if cause == "exception" and n.fatal:
             return "Last line of its traceback: " + n.fatal.strip().splitlines()[-1]
         tail = [l for l in lines if l.strip()]
         if cause == "exception" and tail:
             return "Last line of its output: " + tail[-1].strip()
         return None
-
-    def _maybe_respawn(self, n: Nanny, death: WorkerDeath) -> None:
-        if self._phase() in ("closing", "closed") or death.cause == "requested":
-            return
-        # killed for memory while running nothing: respawning cannot help, so it counts
-        # as a failed start and the loop ends in WorkerStartupError, never forever
-        if not n.ready or (death.cause == "memory-limit" and not death.tasks):
-            self._startup_failures.append(death)
-            if len(self._startup_failures) >= STARTUP_RETRIES:
-                error = WorkerStartupError(tuple(self._startup_failures))
-                self._dispatch.refuse(error)
-                with self._changed:
-                    post = self._dispatch.apply(self._scheduler.clear(error))
-                    self._changed.notify_all()
-                self._dispatch.post(post)
-                return
-            delay = 0.1 * 2 ** (len(self._startup_failures) - 1)
-            self._respawn_at.append(time.monotonic() + delay)
-            return
-        # On the next tick (within 50 ms), not now: starting a process holds this thread
-        # 2-5 ms, while the dead worker's tasks, just sent elsewhere, come back in about 1.
-        self._respawn_at.append(time.monotonic())
 
     # --- reading, from user threads ---------------------------------------------------------
 
@@ -497,14 +458,17 @@ class Supervisor:
         history = self._history.memory()
         with self._lock:
             for name, n in self.nannies.items():
+                slot = self.policy.slots.get(name)
+                if slot is None:
+                    continue
                 ws = self._scheduler.workers.get(name)
                 managed, spilled, _nkeys = n.board.store() if n.board is not None else (0, 0, 0)
-                status = ("closing" if n.reason or (ws and ws.closing) else "paused" if n.paused
-                          else "running" if n.ready else "starting")
+                unmanaged = None if slot.memory is None else max(0, slot.memory - managed)
                 out[name] = WorkerInfo(
-                    name, n.pid, status, n.memory, n.peak_memory, self._settings.memory_limit, managed,
-                    spilled, tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
-                    history.get(name, []))
+                    name, n.pid, self.policy.status(name), slot.memory, slot.peak_memory,
+                    self._settings.memory_limit, managed, spilled,
+                    tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
+                    history.get(name, []), unmanaged)
         return out
 
     def running_since(self, worker: Optional[str], seq: int) -> Optional[float]:
@@ -520,7 +484,8 @@ class Supervisor:
 
     def versions(self) -> dict[str, dict]:
         with self._lock:
-            return {n.name: dict(n.versions) for n in self.nannies.values() if n.ready}
+            return {n.name: dict(n.versions) for n in self.nannies.values()
+                    if n.name in self.policy.slots and self.policy.slots[n.name].ready}
 
     def logs(self, n: Optional[int] = None) -> dict[str, list]:
         with self._lock:
@@ -532,7 +497,8 @@ class Supervisor:
     def dump_stacks(self, worker: Optional[str] = None, timeout: float = 2.0) -> dict[str, str]:
         """The live stacks of every thread of each worker (faulthandler, via SIGUSR1)."""
         with self._lock:
-            targets = [n for name, n in self.nannies.items() if worker in (None, name) and n.ready]
+            targets = [n for name, n in self.nannies.items() if worker in (None, name)
+                       and name in self.policy.slots and self.policy.slots[name].ready]
             marks = {n.name: n.lines_seen for n in targets}
         for n in targets:
             n.request_stacks()

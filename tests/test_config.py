@@ -49,6 +49,7 @@ LEVELS = {
     "memory_pause": (("0.85", 0.85), ("0.7", 0.7), (0.75, 0.75)),
     "memory_terminate": (("0.99", 0.99), (1, 1.0), ("false", None)),
     "memory_sample_interval": (("0.5", 0.5), (0.25, 0.25), (2, 2.0)),
+    "memory_leak_restart": (("30", 30.0), (None, None), (5, 5.0)),
     "log_lines": (("10", 10), (20, 20), ("30", 30)),
 }
 
@@ -179,6 +180,7 @@ BAD = {
     "memory_pause": ("a fraction between 0 and 1", [1.01, "2", [0.5]]),
     "memory_terminate": ("a fraction between 0 and 1", [0.0, 7, True]),
     "memory_sample_interval": ("a number of seconds > 0", [None, "none", 0, -0.5, "fast", False]),
+    "memory_leak_restart": ("a number of seconds > 0 or None", [0, -1, "soon", True]),
     "log_lines": ("an integer >= 1", [0, "many", 10.0, None]),
 }
 CASES = [(key, value) for key, (_accepted, values) in BAD.items() for value in values]

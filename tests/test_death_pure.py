@@ -93,7 +93,7 @@ def test_plain_exit_code_is_exit(exitcode):
 def test_classify_returns_only_known_causes():
     seen = {classify(SEGV), classify(KILL, oom_evidence=True), classify(KILL), classify(3),
             classify(1, machinery_error=True)}
-    seen |= {classify(KILL, r) for r in ("requested", "memory-limit", "timeout", "unresponsive")}
+    seen |= {classify(KILL, r) for r in ("requested", "memory-limit", "memory-leak", "timeout", "unresponsive")}
     assert seen == set(CAUSES)
 
 
@@ -174,7 +174,7 @@ def test_thread_stack_is_one_threads_block_from_the_newest_dump():
 @pytest.mark.parametrize("cause", CAUSES)
 def test_death_message_for_every_cause(cause):
     exitcode = {"crash": SEGV, "signal": TERM, "oom-killer": KILL, "memory-limit": TERM, "timeout": KILL,
-                "unresponsive": KILL, "requested": 0, "exit": 3, "exception": 1}[cause]
+                "unresponsive": KILL, "requested": 0, "exit": 3, "exception": 1, "memory-leak": KILL}[cause]
     msg = death_message("worker-1", 99, cause, exitcode, ("task-a",), 900 * 2**20, None, 2**30,
                         crash_stack(FAULTHANDLER) if cause == "crash" else None)
     assert "worker-1" in msg and "99" in msg

@@ -854,6 +854,23 @@ def test_paused_worker_gets_nothing_until_unpaused():
     assert runs(acts) == [("t3", "w1"), ("t4", "w1")]
 
 
+def test_a_worker_paused_asks_back_the_runs_it_has_not_started():
+    """Its prefetch goes back to the queue, to run elsewhere: a worker paused for memory must
+    not run on through dozens of queued runs and meet its limit."""
+    s = sched("w1", "w2")
+    acts = s.submit([spec(f"t{i}") for i in range(4)])
+    on_w1 = sorted(seq for seq, key in s.workers["w1"].processing.items())
+    assert len(on_w1) == 2
+    steals = sends(s.set_paused("w1", True), P.Steal, "w1")
+    assert [sorted(m.seqs) for _w, m in steals] == [on_w1]
+    # the worker had started the first: it keeps it; the second comes back and goes to w2
+    taken = s.workers["w1"].processing[on_w1[1]]
+    acts = s.handle_messages("w1", [P.Unqueued(tuple(on_w1), (on_w1[1],))])
+    assert runs(acts) == [(taken, "w2")]
+    assert set(s.workers["w1"].processing) == {on_w1[0]}
+    assert s.set_paused("w1", True) == []       # asked once
+
+
 def test_all_workers_paused_nothing_runs():
     s = sched("w1")
     s.set_paused("w1", True)

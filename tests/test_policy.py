@@ -1,0 +1,288 @@
+"""The supervision policy without processes: events in, instructions out, plain asserts.
+Every event goes through ``Checked``, which runs ``validate()`` after it."""
+from __future__ import annotations
+
+import pytest
+
+from localcluster.death import WorkerDeath, WorkerStartupError
+from localcluster.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept, DumpStacks,
+                                 GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused, Spawn)
+
+MiB = 2**20
+LIMIT = 500 * MiB
+
+
+class Checked:
+    """The policy, with ``validate()`` after every public call (by construction, not a list)."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+
+    def __getattr__(self, name):
+        attr = getattr(self.policy, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def checked(*args, **kwargs):
+            out = attr(*args, **kwargs)
+            self.policy.validate()
+            return out
+        return checked
+
+
+def make(**limits) -> Checked:
+    return Checked(Policy(Limits(limits.pop("limit", LIMIT), **limits)))
+
+
+def started(p: Checked, *names: str, now: float = 0.0) -> None:
+    for i, name in enumerate(names):
+        p.spawned(name, 100 + i, now)
+        assert p.ready(name, now, 20 * MiB) == [Accept(name)]
+    p.running()
+
+
+def death(name: str, cause: str, tasks: tuple = ()) -> WorkerDeath:
+    return WorkerDeath(name, 1, cause, -9, "SIGKILL", tasks=tasks)
+
+
+def kinds(out: list) -> list:
+    return [type(i).__name__ for i in out]
+
+
+# --- size and start-up -------------------------------------------------------------------------
+
+def test_scale_spawns_up_and_hands_off_the_idlest_down():
+    p = make()
+    assert p.scale(3, 0.0, {}) == [Spawn(), Spawn(), Spawn()]
+    started(p, "w0", "w1", "w2")
+    out = p.scale(1, 1.0, {"w0": (1, 5, 0), "w1": (1, 0, 0), "w2": (1, 0, 3)})
+    assert out == [HandOff("w1"), HandOff("w2")]
+    assert p.status("w1") == p.status("w2") == "closing" and p.status("w0") == "running"
+    # a scale-down waits for the worker's tasks however long they run: no deadline
+    assert p.tick(1000.0) == []
+    assert p.retired("w1", 1000.0) == [SendStop("w1")]
+    assert p.tick(1000.0 + STOP_GRACE + 0.1) == [Kill("w1")]
+
+
+def test_a_worker_not_yet_ready_is_stopped_without_a_hand_off():
+    p = make()
+    p.spawned("w0", 1, 0.0)
+    assert p.scale(0, 0.0, {}) == [SendStop("w0")]
+    assert p.ready("w0", 0.1, 20 * MiB) == []      # its Ready arrives late: ignored
+
+
+def test_limit_too_small_is_refused_while_starting_and_a_failed_start_later():
+    p = make(limit=30 * MiB)
+    p.spawned("w0", 7, 0.0)
+    out = p.ready("w0", 0.0, 28 * MiB)
+    assert kinds(out) == ["Refuse", "SendStop"]
+    assert "memory_limit=30.00 MiB is too small" in str(out[0].error) and "pid 7" in str(out[0].error)
+    p = make(limit=30 * MiB)
+    p.running()
+    p.spawned("w1", 8, 0.0)
+    out = p.ready("w1", 0.0, 28 * MiB)
+    assert kinds(out) == ["Note", "Kill"] and "too small" in out[0].line
+
+
+def test_failed_starts_back_off_then_give_up():
+    p = make()
+    p.running()
+    p.policy.target = 1
+    now = 0.0
+    delays = []
+    for i in range(STARTUP_RETRIES):
+        p.spawned(f"w{i}", i, now)
+        out = p.exited(death(f"w{i}", "exception"), now)
+        if i < STARTUP_RETRIES - 1:
+            assert out == []
+            delays.append(p.respawn_at[-1] - now)
+            assert p.tick(now + delays[-1] - 0.01) == []
+            now += delays[-1]
+            assert p.tick(now) == [Spawn()]
+    assert kinds(out) == ["GiveUp"] and isinstance(out[0].error, WorkerStartupError)
+    assert delays == pytest.approx([0.1, 0.2]) and p.respawn_at == []
+
+
+def test_an_accepted_start_clears_the_run_of_failures():
+    p = make()
+    p.running()
+    p.spawned("w0", 1, 0.0)
+    p.exited(death("w0", "exception"), 0.0)
+    p.spawned("w1", 2, 0.2)
+    p.ready("w1", 0.2, 20 * MiB)
+    assert p.startup_failures == []
+
+
+def test_a_death_is_replaced_on_the_next_tick_but_not_when_requested_or_closing():
+    p = make()
+    p.scale(2, 0.0, {})
+    started(p, "w0", "w1")
+    assert p.exited(death("w0", "signal", ("t",)), 1.0) == []
+    assert p.tick(1.0) == [Spawn()]
+    p.spawned("w2", 3, 1.0)
+    assert p.exited(death("w1", "requested"), 2.0) == [] and p.tick(2.0) == []
+    p.close(3.0)
+    assert p.exited(death("w2", "signal"), 3.0) == [] and p.tick(3.0) == []
+
+
+def test_a_memory_kill_of_an_idle_worker_is_a_failed_start():
+    p = make()
+    started(p, "w0", "w1")
+    p.exited(death("w0", "memory-limit"), 1.0)
+    assert len(p.startup_failures) == 1
+    # between two tasks, after some ran: what they kept killed it, respawning helps
+    p.exited(death("w1", "memory-limit"), 1.0, ran_tasks=True)
+    assert len(p.startup_failures) == 1 and len(p.respawn_at) == 2
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+def test_pause_resume_and_terminate():
+    p = make()
+    started(p, "w0")
+    out = p.sampled("w0", 1.0, int(0.85 * LIMIT), 0)
+    assert out[0] == SetPaused("w0", True) and "paused" in out[1].line and p.status("w0") == "paused"
+    assert p.sampled("w0", 2.0, int(0.85 * LIMIT), 0) == []
+    assert p.sampled("w0", 3.0, int(0.5 * LIMIT), 0)[0] == SetPaused("w0", False)
+    out = p.sampled("w0", 4.0, int(0.97 * LIMIT), 0)
+    assert kinds(out) == ["Note", "Kill"] and "exceeded 95% memory budget" in out[0].line
+    assert p.slots["w0"].reason == "memory-limit" and p.slots["w0"].peak_memory == int(0.97 * LIMIT)
+
+
+def test_no_limit_no_memory_policy():
+    p = make(limit=None)
+    started(p, "w0")
+    assert p.sampled("w0", 1.0, 10 * LIMIT, 0) == []
+
+
+def test_a_worker_paused_with_nothing_to_spill_is_restarted_as_a_leak():
+    p = make(leak_restart=10.0)
+    started(p, "w0", "w1")
+    p.sampled("w0", 1.0, int(0.85 * LIMIT), 0)
+    assert p.sampled("w0", 10.9, int(0.85 * LIMIT), 0) == []        # not yet 10 s
+    out = p.sampled("w0", 11.0, int(0.85 * LIMIT), 1 * MiB)
+    assert out == [HandOff("w0")]
+    slot = p.slots["w0"]
+    assert slot.reason == "memory-leak" and "unmanaged memory 424.00 MiB of 500.00 MiB" in slot.leak
+    assert "above memory_pause for 10 s with nothing to spill" in slot.leak
+    assert len(p.alive()) == 1
+    # its data moved: Stop, then a kill if it ignores it; then a replacement
+    assert p.retired("w0", 12.0) == [SendStop("w0")]
+    assert p.tick(12.0 + STOP_GRACE + 0.01) == [Kill("w0")]
+    p.policy.target = 2
+    assert p.exited(death("w0", "memory-leak"), 15.0) == [] and p.tick(15.0) == [Spawn()]
+    assert p.startup_failures == []
+
+
+def test_a_paused_worker_holding_results_is_not_a_leak():
+    """Spilling its results would bring it down: the worker spills, the policy waits."""
+    p = make(leak_restart=10.0)
+    started(p, "w0")
+    p.sampled("w0", 0.0, int(0.85 * LIMIT), int(0.5 * LIMIT))
+    assert p.sampled("w0", 60.0, int(0.85 * LIMIT), int(0.5 * LIMIT)) == []
+
+
+def test_leak_restart_off():
+    p = make(leak_restart=None)
+    started(p, "w0")
+    p.sampled("w0", 0.0, int(0.85 * LIMIT), 0)
+    assert p.sampled("w0", 600.0, int(0.85 * LIMIT), 0) == []
+
+
+def test_a_leaking_worker_whose_hand_off_hangs_is_stopped_then_killed():
+    p = make()
+    started(p, "w0")
+    p.sampled("w0", 0.0, int(0.85 * LIMIT), 0)
+    assert p.sampled("w0", 10.0, int(0.85 * LIMIT), 0) == [HandOff("w0")]
+    assert p.tick(10.0 + HANDOFF_GRACE) == [SendStop("w0")]
+    assert p.tick(10.0 + HANDOFF_GRACE + STOP_GRACE) == [Kill("w0")]
+
+
+def test_crossing_the_terminate_line_while_handing_off_is_a_memory_kill():
+    p = make()
+    started(p, "w0")
+    p.sampled("w0", 0.0, int(0.85 * LIMIT), 0)
+    p.sampled("w0", 10.0, int(0.85 * LIMIT), 0)
+    out = p.sampled("w0", 11.0, int(0.99 * LIMIT), 0)
+    assert kinds(out) == ["Note", "Kill"] and p.slots["w0"].reason == "memory-limit"
+
+
+def test_restart_during_a_hand_off_is_requested():
+    p = make()
+    started(p, "w0")
+    p.sampled("w0", 0.0, int(0.85 * LIMIT), 0)
+    p.sampled("w0", 10.0, int(0.85 * LIMIT), 0)
+    assert p.stop_all(11.0) == [SendStop("w0")] and p.slots["w0"].reason == "requested"
+
+
+def test_leak_blame_only_for_a_task_running_at_every_leak_restart():
+    p = make()
+    assert p.leak_blame(("a", "b")) == ("a", "b")
+    assert p.leak_blame(("b", "c")) == ("b",)
+    assert p.leak_blame(("c",)) == ()
+    assert p.leak_blame(("d",)) == ("d",)      # nothing in common any more: a new run of suspects
+
+
+# --- timeouts, heartbeats: the stacks first, then the kill ----------------------------------------
+
+def test_timeout_dumps_stacks_then_kills_when_they_arrive():
+    p = make()
+    started(p, "w0")
+    assert p.observed("w0", 5.0, {7: (4.0, 5.0)}, 5.0) == []
+    assert p.observed("w0", 6.1, {7: (5.1, 5.0)}, 6.0) == [DumpStacks("w0")]
+    assert p.slots["w0"].timed_out == (7, 5.1) and p.slots["w0"].reason == "timeout"
+    assert p.observed("w0", 6.2, {7: (5.2, 5.0)}, 6.0) == []           # no second decision
+    assert p.stacks_arrived("w0") == [Kill("w0")]
+    assert p.stacks_arrived("w0") == []
+
+
+def test_timeout_kills_anyway_when_the_stacks_never_come():
+    p = make()
+    started(p, "w0")
+    p.observed("w0", 6.0, {7: (5.1, 5.0)}, 6.0)
+    assert p.tick(6.0 + STACK_GRACE - 0.01) == []
+    assert p.tick(6.0 + STACK_GRACE) == [Kill("w0")]
+
+
+def test_unresponsive_takes_the_same_path():
+    p = make(worker_ttl=3.0)
+    started(p, "w0")
+    assert p.observed("w0", 10.0, {}, 8.0) == []
+    out = p.observed("w0", 11.5, {}, 8.0)
+    assert kinds(out) == ["Note", "DumpStacks"] and "no heartbeat for 3.5 s (worker_ttl=3)" in out[0].line
+    assert p.slots["w0"].reason == "unresponsive"
+    assert p.tick(11.5 + STACK_GRACE) == [Kill("w0")]
+
+
+def test_no_heartbeat_yet_or_no_ttl_is_not_unresponsive():
+    assert make(worker_ttl=3.0).observed("nobody", 100.0, {}, 1.0) == []
+    p = make(worker_ttl=None)
+    started(p, "w0")
+    assert p.observed("w0", 100.0, {}, 1.0) == []
+    p = make(worker_ttl=3.0)
+    started(p, "w0")
+    assert p.observed("w0", 100.0, {}, 0.0) == []
+
+
+def test_stop_all_asks_then_kills():
+    p = make()
+    started(p, "w0", "w1")
+    assert p.stop_all(0.0) == [SendStop("w0"), SendStop("w1")]
+    assert p.stop_all(0.5) == []
+    assert p.tick(STOP_GRACE) == [Kill("w0"), Kill("w1")]
+    assert p.tick(STOP_GRACE + 1) == []
+
+
+def test_validate_catches_a_broken_invariant():
+    p = make()
+    started(p, "w0")
+    p.slots["w0"].reason = "timeout"        # a reason while running
+    with pytest.raises(AssertionError, match="reason"):
+        p.validate()
+
+
+def test_every_instruction_is_a_small_frozen_value():
+    for i in (Spawn(), Accept("w"), Refuse(ValueError("x")), SendStop("w"), Kill("w"), DumpStacks("w"),
+              HandOff("w"), SetPaused("w", True), Note("w", "x"), GiveUp(ValueError("x"))):
+        with pytest.raises(AttributeError):
+            i.worker = "other"

@@ -92,7 +92,11 @@ class LocalCluster:
         self.n_workers = usable_cpus() if cfg["n_workers"] is None else cfg["n_workers"]
         self.threads_per_worker = cfg["threads_per_worker"]
         limit = cfg["memory_limit"]
-        self.memory_limit: Optional[int] = available_memory() // max(1, self.n_workers) if limit == "auto" else limit
+        if limit == "auto":
+            limit = available_memory() // max(1, self.n_workers)
+        elif isinstance(limit, float):      # dask's share of the memory, each worker's own
+            limit = int(available_memory() * limit)
+        self.memory_limit: Optional[int] = limit
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         self._status = "starting"
         self._owner_pid = os.getpid()                  # a forked child sees another pid (_after_fork)

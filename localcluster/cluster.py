@@ -92,7 +92,11 @@ class LocalCluster:
         self.n_workers = usable_cpus() if cfg["n_workers"] is None else cfg["n_workers"]
         self.threads_per_worker = cfg["threads_per_worker"]
         limit = cfg["memory_limit"]
-        self.memory_limit: Optional[int] = available_memory() // max(1, self.n_workers) if limit == "auto" else limit
+        if limit == "auto":
+            limit = available_memory() // max(1, self.n_workers)
+        elif isinstance(limit, float):      # dask's share of the memory, each worker's own
+            limit = int(available_memory() * limit)
+        self.memory_limit: Optional[int] = limit
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         self._status = "starting"
         self._owner_pid = os.getpid()                  # a forked child sees another pid (_after_fork)
@@ -311,11 +315,13 @@ class LocalCluster:
 
     def submit(self, specs: list, track: Callable[[], Any]) -> Any:
         """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
-        if self._supervisor.nannies:
+        if self._supervisor.nannies or self._supervisor.target:
             self._said_no_worker = False
         elif self._status == "running" and specs and not self._said_no_worker:
             # Legitimate (scale up later), but a silent wait is the worst way to find out.
             # Said once while no worker runs: a loop of submits must not flood the log.
+            # Not while one is due (target > 0): between a death and its replacement's
+            # spawn, on the next tick, no worker runs, yet nothing needs the user's hand.
             self._said_no_worker = True
             logger.warning("localcluster: %s submitted while the cluster has no worker; %s until "
                            "cluster.scale(n) starts one (said once until a worker runs)",
@@ -385,7 +391,7 @@ class LocalCluster:
         with self._lock:
             where = self.scheduler.whereabouts(key)
             started = self._supervisor.running_since(where.worker, where.seq)
-        return _why(key, where, started)
+        return _why(key, where, started, self._supervisor.target)
 
     def worker_versions(self) -> dict[str, dict]:
         return self._supervisor.versions()
@@ -398,7 +404,7 @@ class LocalCluster:
         self._callbacks.run(fn, fut)
 
 
-def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
+def _why(key: str, where: S.Whereabouts, started: Optional[float], target: int = 0) -> str:
     task = f"task {key!r}"
     if where.state == "processing" and started is not None:
         return f"{task} is still running on {where.worker} (started {time.monotonic() - started:.1f} s ago)"
@@ -408,6 +414,8 @@ def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
         shown = ", ".join(map(repr, where.waiting_for[:3])) + (", ..." if len(where.waiting_for) > 3 else "")
         count = len(where.waiting_for)
         return f"{task} is waiting for {count} {'dependency' if count == 1 else 'dependencies'} ({shown})"
+    if where.state == "ready" and where.workers == 0 and target:
+        return f"{task} is queued: no worker is up right now; the cluster is starting one (it keeps {target})"
     if where.state == "ready" and where.workers == 0:
         return f"{task} is queued: no worker is running (call cluster.scale(n) to start some)"
     if where.state == "ready" and where.paused == where.workers:

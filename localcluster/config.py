@@ -24,7 +24,8 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-_BYTES_HELP = "bytes as an int, a string such as '2GiB' or '500MB', 'auto', or None/0 for no limit"
+_BYTES_HELP = ("a float in (0, 1] (that share of the memory, per worker), bytes as an int or a string "
+               "such as '2GiB' or '500MB', 'auto', or None/0 for no limit")
 
 
 def parse_bytes(text: str) -> int:
@@ -111,20 +112,40 @@ def _fraction(key: str) -> Callable[[Any], Any]:
 
 
 def _memory_limit(value: Any) -> Any:
-    if value is None or value == 0 or (isinstance(value, str) and value.strip().lower() in ("none", "0", "")):
+    """dask's forms: bytes (an int, or a string with a unit), a float in (0, 1] for that share
+    of the memory this process may use, per worker (kept as the float: the cluster measures
+    the memory), "auto", and None or 0 for no limit. As in dask, a number <= 1 is a share,
+    so 1 is the whole memory, never one byte."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "0", "")):
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
+    def bad() -> ValueError:
+        return _bad("memory_limit", value, _BYTES_HELP)
     if isinstance(value, str):
         try:
-            value = parse_bytes(value)
+            number = float(value)         # "0.5" from the environment is a share, as 0.5 is
         except ValueError:
-            raise _bad("memory_limit", value, _BYTES_HELP) from None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad("memory_limit", value, _BYTES_HELP)
-    return value or None
+            try:
+                return parse_bytes(value) or None
+            except ValueError:
+                raise bad() from None
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value < 0:
+            raise bad()
+        return None if value == 0 else 1.0 if value == 1 else int(value)   # a numpy integer is an integer
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            raise bad() from None
+    else:
+        raise bad()
+    if 0 < number <= 1:
+        return number
+    if number > 1 and number.is_integer():     # 2e9: bytes written as a float
+        return int(number)
+    raise bad()                                # 1.5, 0.0, -0.1, nan, inf: neither a share nor bytes
 
 
 def _ceiling(value: Any) -> Any:

@@ -161,21 +161,31 @@ def crashing_thread(stack: Optional[str]) -> Optional[int]:
 
 
 def top_frames(stack: Optional[str], n: int = 3) -> list[str]:
-    """The innermost ``n`` frames of the crashing thread, for one-line summaries."""
+    """The innermost ``n`` frames of the thread a stack is about, for one-line summaries: the
+    "Current thread" block of a crash report (the crashing thread), else the first block
+    (the one thread ``thread_stack`` kept for a timeout or an unresponsive worker)."""
     if not stack:
         return []
-    frames, inside = [], False
+    blocks: list[tuple[bool, list[str]]] = []     # (faulthandler's current thread, frames)
+    open_ = False
     for line in stack.splitlines():
         s = line.strip()
-        if s.startswith("Current thread"):
-            inside = True
-            continue
-        if inside:
-            if s.startswith("File "):
-                frames.append(s)
-            elif frames:
-                break
-    return frames[:n]
+        if _CURRENT.match(s) or s.startswith("Stack (most recent call first)"):
+            blocks.append((not s.startswith("Thread "), []))
+            open_ = True
+        elif open_ and s.startswith("File "):
+            blocks[-1][1].append(s)
+        elif open_ and blocks[-1][1]:
+            open_ = False           # the block ended: what follows is not its frames
+    chosen = next((f for current, f in blocks if current and f), None) or next((f for _c, f in blocks if f), [])
+    return chosen[:n]
+
+
+# How a death's stack is introduced: where the worker crashed, hung or was when stopped.
+_WHERE = {"crash": ("crashed in", "It crashed in {}."),
+          "unresponsive": ("stuck in", "It was stuck in {}."),
+          "timeout": ("was in", "It was in {} when stopped.")}
+_WHERE_ELSE = ("was in", "It was in {} when it died.")
 
 
 def blamed_runs(cause: str, running: dict, crashed_seq: Optional[int], timed_out_seq: Optional[int]) -> set:
@@ -298,7 +308,8 @@ class WorkerDeath:
         line = f"{self.worker} (pid {self.pid}): " + ", ".join(self._facts())
         frames = top_frames(self.stack, 2)
         if frames:
-            line += "\n      crashed in: " + "\n                  ".join(frames)
+            label = f"      {_WHERE.get(self.cause, _WHERE_ELSE)[0]}: "
+            line += "\n" + label + ("\n" + " " * len(label)).join(frames)
         return line
 
 
@@ -339,9 +350,6 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         head = f"{who} was killed by the operating system's out-of-memory killer (SIGKILL){running}."
     elif cause == "crash":
         head = f"{who} crashed with {sig}{running}."
-        frames = top_frames(stack, 1)
-        if frames:
-            head += f" It crashed in {frames[0]}."
     elif cause == "signal":
         head = f"{who} was killed from outside by {sig}{running}; localcluster did not send it."
     elif cause == "timeout":
@@ -350,6 +358,9 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         head = f"{who} stopped answering heartbeats and was killed{running}."
     else:  # pragma: no cover - classify() only returns CAUSES
         head = f"{who} died ({describe_exit(exitcode)}){running}."
+    frames = top_frames(stack, 1)
+    if frames and cause != "requested":
+        head += " " + _WHERE.get(cause, _WHERE_ELSE)[1].format(frames[0])
     if detail:
         head += " " + detail
     topic = advice_topic(cause, tasks)

@@ -168,7 +168,8 @@ def test_an_unknown_environment_variable_is_ignored(monkeypatch):
 BAD = {
     "n_workers": ("an integer >= 0 or None", [-1, "three", 2.5, True, "1.0"]),
     "threads_per_worker": ("an integer >= 1", [0, -3, None, "", "x", 1.5, False]),
-    "memory_limit": ("'2GiB'", ["lots", -5, "-1GiB", 1.5, True, "12 parsecs", [1]]),
+    "memory_limit": ("a float in (0, 1]", ["lots", -5, "-1GiB", 1.5, True, "12 parsecs", [1], 0.0, -0.1, "1.5",
+                                           math.nan, "inf"]),
     "allowed_failures": ("an integer >= 0", [-1, "x", None, 2.0, True]),
     "local_directory": ("a path (str or os.PathLike) or None", [3, 1.5, True, [b"/tmp"]]),
     "forward_logs": ("True, False or 'all'", ["maybe", 2, None, "some", 1.0]),
@@ -224,6 +225,19 @@ def test_nan_is_not_a_number_of_seconds(key):
 
 def test_a_numpy_integer_is_an_integer():
     assert config.resolve(threads_per_worker=np.int64(2))["threads_per_worker"] == 2
+
+
+def test_memory_limit_as_a_share_of_the_memory_in_every_place_a_setting_comes_from(monkeypatch):
+    """dask's forms: a float in (0, 1] is a share (kept as the float, the cluster measures the
+    memory); an int is bytes, except that 1, as in dask, is the whole memory and 0 no limit."""
+    monkeypatch.setenv(env_name("memory_limit"), "0.5")
+    assert config.get("memory_limit") == 0.5
+    with config.set(memory_limit=0.25):
+        assert config.resolve()["memory_limit"] == 0.25
+        assert config.resolve(memory_limit=np.float64(0.75))["memory_limit"] == 0.75
+    for value, expected in ((1, 1.0), (1.0, 1.0), ("1", 1.0), (2, 2), (2e9, 2 * 10**9), ("1000", 1000),
+                            (np.int64(4096), 4096), (0, None), ("1.5 GB", 1_500_000_000)):
+        assert config.resolve(memory_limit=value)["memory_limit"] == expected, value
 
 
 # --- cross-key and helper checks --------------------------------------------------------------

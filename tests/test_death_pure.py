@@ -204,6 +204,73 @@ def test_killed_worker_message():
     assert (err.task, err.last_worker, err.deaths, err.allowed_failures) == ("inc-123", "worker-1", deaths, 1)
 
 
+# What the nanny asks for before it kills a worker that stopped answering heartbeats
+# (faulthandler on SIGUSR1, all threads, none "current"): the stuck task's thread is a
+# plain "Thread" block, the one thread_stack keeps.
+STUCK_TID = 0x00007F6A54C416C0
+HANG_DUMP = f"""\
+[nanny] no heartbeat for 3.0 s (worker_ttl=3); dumping all thread stacks, then stopping it
+Thread 0x00007f6a53c3f6c0 (most recent call first):
+  File "{PKG}/worker.py", line 344 in _heartbeat
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Thread 0x00007f6a54c416c0 (most recent call first):
+  File "/home/me/tests/test_x.py", line 41 in hold_the_gil
+  File "/home/me/tests/test_x.py", line 37 in outer
+  File "{PKG}/worker.py", line 292 in _run
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007f6a55c00b80 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "{PKG}/worker.py", line 119 in serve""".splitlines()
+
+
+def test_top_frames_reads_the_one_thread_of_a_hang_or_timeout_stack():
+    stack = thread_stack(HANG_DUMP, STUCK_TID)
+    assert stack.startswith("Thread 0x00007f6a54c416c0")
+    assert top_frames(stack, 2) == ['File "/home/me/tests/test_x.py", line 41 in hold_the_gil',
+                                    'File "/home/me/tests/test_x.py", line 37 in outer']
+    # a whole dump: the current thread wins, wherever its block is
+    assert top_frames("\n".join(HANG_DUMP), 1) == ['File "/usr/lib/python3.11/threading.py", line 327 in wait']
+    # faulthandler's header when it has no thread to name
+    assert top_frames('Stack (most recent call first):\n  File "a.py", line 2 in g\n\nafter\n  File "b.py", '
+                      'line 9 in h') == ['File "a.py", line 2 in g']
+
+
+@pytest.mark.parametrize("cause, exitcode, label", [
+    ("crash", SEGV, "crashed in:"), ("unresponsive", KILL, "stuck in:"), ("timeout", KILL, "was in:"),
+    ("memory-limit", KILL, "was in:")])
+def test_every_death_with_a_stack_shows_its_frames_labelled_by_cause(cause, exitcode, label):
+    stack = crash_stack(FAULTHANDLER) if cause == "crash" else thread_stack(HANG_DUMP, STUCK_TID)
+    inner = 'jobs/job.py", line 3 in f' if cause == "crash" else 'test_x.py", line 41 in hold_the_gil'
+    second = 'jobs/job.py", line 7 in g' if cause == "crash" else 'test_x.py", line 37 in outer'
+    death = make_death("worker-0", cause, exitcode, tasks=("k",), stack=stack)
+    lines = death.summary().splitlines()
+    assert lines[0].startswith(f"worker-0 (pid 4242): {cause}")
+    assert lines[1].startswith(f"      {label} File ") and lines[1].endswith(inner), lines
+    assert lines[2].endswith(second) and lines[2].index("File") == lines[1].index("File"), lines
+    text = str(KilledWorker("k", "worker-0", (death,), 0))
+    assert inner in text and label in text
+    msg = death_message("worker-0", 4242, cause, exitcode, ("k",), None, None, None, stack)
+    assert inner in msg
+    assert {"crash": "It crashed in File", "unresponsive": "It was stuck in File",
+            "timeout": "It was in File", "memory-limit": "It was in File"}[cause] in msg
+
+
+def test_a_death_without_a_stack_shows_no_frame_line():
+    death = make_death("worker-0", "unresponsive", KILL, tasks=("k",))
+    assert "\n" not in death.summary() and " in:" not in death.summary()
+    msg = death_message("worker-0", 1, "unresponsive", KILL, ("k",), None, None, None, None)
+    assert "stuck in" not in msg
+
+
+def test_task_timeout_error_shows_where_the_task_was():
+    err = TaskTimeoutError("slow-1", 1.0, 2.5, "worker-3", thread_stack(HANG_DUMP, STUCK_TID))
+    text = str(err)
+    assert 'test_x.py", line 41 in hold_the_gil' in text and "line 37 in outer" in text
+    assert str(pickle.loads(pickle.dumps(err))) == text
+
+
 def test_killed_worker_pickles_with_its_fields():
     deaths = (make_death(stack=crash_stack(FAULTHANDLER), memory=1, memory_limit=10, log_tail=("a", "b")),)
     err = KilledWorker("k", "worker-0", deaths, 3)

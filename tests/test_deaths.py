@@ -212,6 +212,45 @@ def test_unresponsive_worker_dumps_stacks_then_dies():
         assert "no heartbeat" in tail and "hold_the_gil" in tail and "Thread 0x" in tail
 
 
+@pytest.mark.slow
+def test_an_unresponsive_death_names_the_stuck_frame_in_killed_worker():
+    """The frame the task held the GIL in reaches the user in the exception text, not only
+    in death.stack or the log."""
+    import inspect
+    line = inspect.getsourcelines(hold_the_gil)[1] + 1
+    with LocalCluster(n_workers=1, worker_ttl=3, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
+        fut = cl.submit(hold_the_gil)
+        start = time.monotonic()
+        with pytest.raises(KilledWorker) as info:
+            fut.result(60)
+        took = time.monotonic() - start
+        text = str(info.value)
+        assert f"line {line} in hold_the_gil" in text, text
+        assert "stuck in: File " in text and "test_deaths.py" in text, text
+        (death,) = c.deaths
+        assert death.cause == "unresponsive"
+        assert "It was stuck in File " in death.message and f"line {line} in hold_the_gil" in death.message
+        assert took < 3 + 10, f"worker_ttl=3, yet KilledWorker came after {took:.1f} s"
+
+
+def sleep_in_user_code(seconds):
+    time.sleep(seconds)
+
+
+def test_a_timeout_names_the_frame_the_task_was_in():
+    import inspect
+    line = inspect.getsourcelines(sleep_in_user_code)[1] + 1
+    with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        with pytest.raises(TaskTimeoutError) as info:
+            cl.submit(sleep_in_user_code, 300, timeout=0.3, pure=False).result(60)
+        assert f"line {line} in sleep_in_user_code" in str(info.value), str(info.value)
+        wait_for(lambda: len(c.deaths) == 1)
+        (death,) = c.deaths
+        assert death.cause == "timeout"
+        assert "It was in File " in death.message and f"line {line} in sleep_in_user_code" in death.message
+        assert "was in: File " in death.summary() and "in sleep_in_user_code" in death.summary()
+
+
 def test_exit_from_a_non_task_thread_is_exit():
     def exit_soon():
         import threading, os

@@ -31,7 +31,7 @@ def grow_forever(step_mib=10):
 
 @pytest.mark.parametrize("value, expected", [
     ("2GiB", 2 * 2 ** 30), ("500MB", 500 * 10 ** 6), (123456789, 123456789), (None, None), (0, None),
-    ("0", None), ("1.5 GiB", int(1.5 * 2 ** 30)),
+    ("0", None), ("1.5 GiB", int(1.5 * 2 ** 30)), (0.25, 0.25), ("0.5", 0.5), (1, 1.0), ("auto", "auto"),
 ])
 def test_memory_limit_forms(value, expected):
     assert config.resolve(memory_limit=value)["memory_limit"] == expected
@@ -43,7 +43,36 @@ def test_memory_limit_auto_divides_available_memory():
         assert all(i.memory_limit == c.memory_limit for i in c.workers.values())
 
 
-@pytest.mark.parametrize("bad", ["lots", "-5MB", -1, "2 parsecs", 1.5])
+def test_memory_limit_as_a_float_is_that_share_of_the_memory_per_worker(monkeypatch):
+    import psutil
+    with LocalCluster(n_workers=1, memory_limit=0.25, forward_logs=False) as c:
+        assert c.memory_limit == int(available_memory() * 0.25)
+        assert 0.2 <= c.memory_limit / psutil.virtual_memory().total <= 0.25
+        assert [i.memory_limit for i in c.workers.values()] == [c.memory_limit]
+    with config.set(memory_limit=0.5), LocalCluster(n_workers=0) as c:
+        assert c.memory_limit == int(available_memory() * 0.5)
+    monkeypatch.setenv("LOCALCLUSTER_MEMORY_LIMIT", "0.5")
+    with LocalCluster(n_workers=0) as c:
+        assert c.memory_limit == int(available_memory() * 0.5)
+
+
+def test_memory_limit_as_a_float_is_a_share_of_the_enclosing_memory_cgroup(memory_cgroup, tmp_path):
+    """In a container (here: a memory cgroup of 150 MiB) the share is of its limit, not of the
+    machine's memory, as dask's distributed.system.MEMORY_LIMIT is."""
+    import subprocess
+    import sys
+    import localcluster
+    script = (f"import os; open({os.path.join(memory_cgroup, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+              "from localcluster import LocalCluster\n"
+              "with LocalCluster(n_workers=0, memory_limit=0.5) as c: print(c.memory_limit)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(localcluster.__file__)))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == 75 * MiB
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5MB", -1, "2 parsecs", 1.5, 0.0, -0.1, True, "1.5"])
 def test_bad_memory_limit(bad):
     with pytest.raises(ValueError, match=r"memory_limit=.*'2GiB'.*'auto'.*None"):
         LocalCluster(memory_limit=bad)

@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -221,6 +222,50 @@ def test_no_worker_warns_on_submit_and_the_timeout_says_why(caplog):
             cl.map(abs, [-4, -5, -6])                 # a new period with no worker: said again
         warnings = [r.getMessage() for r in caplog.records if "no worker" in r.getMessage()]
         assert len(warnings) == 1 and "3 tasks" in warnings[0]
+
+
+class HoldAtDeathLine(logging.Handler):
+    """Holds the scheduler thread on a death's console line: that line is written after the
+    dead worker has left cluster.workers and before its replacement is spawned (on the next
+    tick), so a submit made meanwhile lands, every time, where no worker runs yet one is due."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.dead, self.go = threading.Event(), threading.Event()
+
+    def handle(self, record):
+        # without the handler's lock, which Handler.handle holds around emit: the test
+        # thread's own records (the warning under test) must not queue behind the hold
+        self.emit(record)
+        return True
+
+    def emit(self, record):
+        if " died: " in record.getMessage() and not self.dead.is_set():
+            self.dead.set()
+            self.go.wait(30)
+
+
+def test_no_no_worker_warning_while_a_dead_workers_replacement_starts(caplog):
+    hold = HoldAtDeathLine()
+    log = logging.getLogger("localcluster")
+    with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl, \
+            caplog.at_level(logging.INFO, logger="localcluster"):
+        log.addHandler(hold)
+        try:
+            (info,) = c.workers.values()
+            os.kill(info.pid, signal.SIGKILL)
+            assert hold.dead.wait(30)
+            assert c.workers == {}                        # the window: no worker runs
+            fut = cl.submit(sum, [1, 2])
+            said = [r.getMessage() for r in caplog.records if "no worker" in r.getMessage()]
+            assert said == [], said
+            with pytest.raises(cf.TimeoutError, match="no worker is up right now; the cluster is starting one"):
+                fut.result(timeout=0.01)
+        finally:
+            hold.go.set()
+            log.removeHandler(hold)
+        assert fut.result(30) == 3
+        assert [d.cause for d in c.deaths] == ["signal"]
 
 
 # --- 10. closing has its own error -----------------------------------------------------------

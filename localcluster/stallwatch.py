@@ -64,9 +64,9 @@ class StallWatch:
             return
         clock.said()
         total = view.total
-        logger.warning("localcluster: no task has finished for %.0f s and %d %s pending: %s (said once per "
-                       "stall; stall_warning=%g)", quiet, total, "is" if total == 1 else "are", stall.reason,
-                       clock.after)
+        logger.warning("localcluster: no task has finished for %s s and %d %s pending: %s (said once per "
+                       "stall; stall_warning=%g)", f"{quiet:.0f}" if quiet >= 10 else f"{quiet:.1f}", total,
+                       "is" if total == 1 else "are", stall.reason, clock.after)
 
     def diagnosis(self) -> Optional[Stall]:
         """Why the pending work cannot progress now, or None (any thread)."""

@@ -1,7 +1,19 @@
-"""localcluster/stall.py on its own: the diagnosis of a cluster that finishes nothing, and
-the clock that says a stall once. Plain data in, plain asserts; no process."""
+"""localcluster/stall.py on its own (plain data in, plain asserts): the diagnosis of a cluster
+that finishes nothing, and the clock that says a stall once. Then through real workers
+(stallwatch.py): every worker paused for real, no worker, a long task: the one WARNING, and
+the TimeoutErrors of wait, gather, as_completed and result saying why."""
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import re
+import threading
+
+import pytest
+from _util import block_until, release, wait_for, wait_running
+
+from localcluster import Client, LocalCluster, as_completed, wait
 from localcluster.stall import (BUSY_FACTOR, ClusterView, QueuedTask, RunningTask, Stall, StallClock, WorkerView,
                                 diagnose, unexplained)
 
@@ -128,3 +140,115 @@ def test_the_clock_waits_longer_for_busy_and_puts_off_its_looks():
     assert clock.should_say(30 * BUSY_FACTOR, busy)
     clock.idle(60)                                               # nothing pending: the count restarts
     assert clock.quiet_for(80, (1, ("k",))) is None and clock.quiet_for(90, (1, ("k",))) == 30
+
+
+# --- through real workers: a cluster stuck for real says so ----------------------------------
+
+class _Said(logging.Handler):
+    """Collects the localcluster logger's stall warnings; ``event`` is set on the first."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list = []
+        self.event = threading.Event()
+
+    def emit(self, record):
+        if "no task has finished" in record.getMessage():
+            self.lines.append(record.getMessage())
+            self.event.set()
+
+
+@pytest.fixture
+def said():
+    handler = _Said()
+    log = logging.getLogger("localcluster")
+    log.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+
+
+def hold_until(mib, marker):
+    """Hold ``mib`` in a module-level place of the worker, outside any task's result (as a
+    leak does), until the test creates ``marker``."""
+    import builtins
+    builtins._held = b"x" * (mib * MiB)
+
+    def free():
+        block_until(marker)
+        del builtins._held
+    threading.Thread(target=free, daemon=True).start()
+    return os.getpid()
+
+
+def inc(x):
+    return x + 1
+
+
+@pytest.mark.slow
+def test_every_worker_paused_is_said_once_and_every_timeout_says_why(tmp_path, said):
+    marker = str(tmp_path / "free")
+    # idle workers take ~20 MiB: 230 more puts each above memory_pause (240 MiB), below terminate (285)
+    with LocalCluster(n_workers=2, memory_limit=300 * MiB, stall_warning=1, forward_logs=False) as c, \
+            Client(c) as cl:
+        names = sorted(c.workers)
+        for name in names:
+            cl.submit(hold_until, 230, marker, workers=[name], pure=False).result(30)
+        wait_for(lambda: all(i.status == "paused" for i in c.workers.values()))
+        futures = cl.map(inc, range(10))
+        assert said.event.wait(15), "no stall warning"
+        (line,) = said.lines
+        assert re.match(r"localcluster: no task has finished for [\d.]+ s and 10 are pending: both workers are "
+                        r"paused: worker-0 ", line), line
+        assert "of 300.00 MiB limit, above memory_pause=80%; nothing is left to spill" in line
+        paused = r"10 of 10 futures were not done after 0.3 s: both workers are paused: worker-0 [\d.]+ MiB, worker-1"
+        with pytest.raises(TimeoutError, match=r"gather\(timeout=0.3\): " + paused):
+            cl.gather(futures, timeout=0.3)
+        with pytest.raises(TimeoutError, match="^" + paused):
+            wait(futures, timeout=0.3)
+        with pytest.raises(TimeoutError, match=paused):
+            asyncio.run(cl.gather(futures, asynchronous=True, timeout=0.3))
+        with pytest.raises(TimeoutError, match=r"is queued: both workers are paused"):
+            futures[0].result(timeout=0.1)
+        assert len(said.lines) == 1                     # once per stall, however long it lasts
+        release(marker)                                 # the memory is let go: both resume
+        assert cl.gather(futures, timeout=30) == list(range(1, 11))
+        assert len(said.lines) == 1
+        assert c.deaths == []
+
+
+def test_no_worker_is_said_and_every_timeout_says_why(said):
+    with LocalCluster(n_workers=0, stall_warning=0.5, forward_logs=False) as c, Client(c) as cl:
+        fut = cl.submit(inc, 1)
+        assert said.event.wait(10), "no stall warning"
+        assert re.match(r"localcluster: no task has finished for [\d.]+ s and 1 is pending: no worker is "
+                        r"running and none is starting", said.lines[0]), said.lines
+        nobody = r"1 of 1 futures were not done after 0.2 s: no worker is running .*call cluster.scale\(n\)"
+        with pytest.raises(TimeoutError, match=r"^gather\(timeout=0.2\): " + nobody):
+            cl.gather([fut], timeout=0.2)
+        with pytest.raises(TimeoutError, match="^" + nobody):
+            wait([fut], timeout=0.2)
+        with pytest.raises(TimeoutError, match=r"^as_completed\(timeout=0.2\): " + nobody):
+            next(iter(as_completed([fut], timeout=0.2)))
+        for bad in (-1, "3", True, float("nan")):
+            with pytest.raises(ValueError, match=r"gather\(timeout=.*\): expected a number of seconds >= 0"):
+                cl.gather([fut], timeout=bad)
+        c.scale(1)
+        assert cl.gather([fut], timeout=30) == [2]
+        assert list(as_completed([fut], timeout=30)) == [fut]
+    assert len(said.lines) == 1
+
+
+def test_a_busy_cluster_is_not_said_stuck_and_the_timeout_names_the_running_task(tmp_path, said):
+    marker = str(tmp_path / "go")
+    with LocalCluster(n_workers=1, stall_warning=0.3, forward_logs=False) as c, Client(c) as cl:
+        slow = cl.submit(block_until, marker, pure=False)
+        queued = cl.submit(inc, 1)
+        wait_running(c, slow.key)
+        with pytest.raises(TimeoutError, match=rf"2 of 2 futures were not done after 0.5 s: task "
+                                               rf"{re.escape(repr(slow.key))} is still running on worker-0"):
+            wait([slow, queued], timeout=0.5)          # meanwhile a look found it busy, not stuck
+        release(marker)
+        assert cl.gather([queued], timeout=30) == [2]
+    assert said.lines == []

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
@@ -308,38 +309,57 @@ class Client:
         futures = self.cluster.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
         return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
 
-    def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False) -> Any:
+    def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
+               timeout: Optional[float] = None) -> Any:
         """Results of (nested lists/dicts of) futures; ``errors="skip"`` leaves failed ones out.
         ``asynchronous=True``: a coroutine instead, for ``await client.gather(fs, asynchronous=True)``
-        in a running event loop (which it never blocks)."""
+        in a running event loop (which it never blocks). ``timeout``: seconds for the whole
+        gather; past it, a TimeoutError that says how many are not done and why."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
         if not isinstance(asynchronous, bool):
             raise TypeError(f"gather(asynchronous={asynchronous!r}): expected True or False")
+        _future.check_timeout("gather", timeout)
         if asynchronous:
-            return self._gather_async(futures, errors)
+            return self._gather_async(futures, errors, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
-        _future.wait(flat)          # not cf.wait: in a forked child it raises instead of hanging
+        _future.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
         lazy = [f for f in flat if _future.needs_fetch(f)]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.cluster.fetch([f.key for f in lazy])
             for f, ff in zip(lazy, fetched):
                 try:
-                    payload = ff.result()
+                    payload = ff.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
                 except BaseException:
+                    if not ff.done():
+                        raise TimeoutError(f"gather(timeout={timeout:g}): the results were done, but fetching "
+                                           f"their data from the workers took longer than {timeout:g} s") from None
                     continue
                 _future.prefill(f, payload)
         return _rebuild(futures, errors)
 
-    async def _gather_async(self, futures: Any, errors: str) -> Any:
+    async def _gather_async(self, futures: Any, errors: str, timeout: Optional[float]) -> Any:
         import asyncio
-        for f in _walk(futures):
-            if isinstance(f, Future) and not f.done():
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        flat = [f for f in _walk(futures) if isinstance(f, Future)]
+        for f in flat:
+            if not f.done():
                 try:
-                    await f
+                    if deadline is None:
+                        await f
+                    else:
+                        await asyncio.wait_for(f, max(0.0, deadline - loop.time()))
                 except BaseException:  # noqa: BLE001 - gather below raises it, or skips it
-                    pass
-        return await asyncio.get_running_loop().run_in_executor(None, self.gather, futures, errors)
+                    if not f.done() and deadline is not None and loop.time() >= deadline:
+                        # why it is late takes the cluster's lock: not on the event loop's thread
+                        raise await loop.run_in_executor(None, _future.timed_out, "gather", flat, timeout) \
+                            from None
+                    if not f.done():
+                        raise       # this coroutine was cancelled
+        left = None if deadline is None else max(0.0, deadline - loop.time())
+        return await loop.run_in_executor(None, lambda: self.gather(futures, errors, timeout=left))
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""

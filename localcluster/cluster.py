@@ -52,6 +52,8 @@ from .loop import EventLoop
 from .machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
 from .nanny import logger
 from .records import Spec
+from .stall import Stall
+from .stallwatch import StallWatch
 from .supervisor import Supervisor, WorkerInfo, WorkerSettings
 from .watchdog import Watchdog
 
@@ -112,6 +114,7 @@ class LocalCluster:
         self._supervisor = Supervisor(settings_, self._lock, self._changed, self.scheduler, self._dispatch,
                                       self._loop, self.history)
         self._dispatch.bind(self._supervisor)
+        self._stall = StallWatch(self._lock, self.scheduler, self._supervisor, self.history, cfg, self.memory_limit)
         self._callbacks = CallbackThread()
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
@@ -141,6 +144,7 @@ class LocalCluster:
             self._dispatch.free_released()
             self._dispatch.uncork(list(self._supervisor.nannies.values()))
             self._supervisor.tick(now)
+            self._stall.tick(now)      # a stall_warning with no task ending: one WARNING saying why
         try:
             self._loop.run(tick, interval, self._supervisor.keep_going)
         except BaseException:  # a bug here must be loud and fail everyone at once, never hang
@@ -387,11 +391,26 @@ class LocalCluster:
             return self._supervisor.running_keys()
 
     def why_pending(self, key: str) -> str:
-        """Why ``key``'s future is not done yet, in words (for a TimeoutError)."""
+        """Why ``key``'s future is not done yet, in words (for a TimeoutError); when the whole
+        cluster is stuck (every worker paused, no worker ...), why it is (stall.py)."""
+        return self._why_pending(key, self._stall.diagnosis())
+
+    def why_not_done(self, keys: list) -> str:
+        """Why these futures are not done (for the TimeoutError of wait and gather): why the
+        cluster is stuck if it is, else what the first of them waits for."""
+        stall = self._stall.diagnosis()
+        if stall is not None and stall.stuck:
+            return str(stall)
+        return self._why_pending(keys[0], stall) if keys else "they are not done"
+
+    def _why_pending(self, key: str, stall: Optional[Stall]) -> str:
         with self._lock:
             where = self.scheduler.whereabouts(key)
             started = self._supervisor.running_since(where.worker, where.seq)
-        return _why(key, where, started, self._supervisor.target)
+        why = _why(key, where, started, self._supervisor.target)
+        if stall is None or not stall.stuck or where.state not in ("waiting", "ready", "processing"):
+            return why
+        return f"task {key!r} is queued: {stall}" if where.state == "ready" else f"{why}; {stall}"
 
     def worker_versions(self) -> dict[str, dict]:
         return self._supervisor.versions()

@@ -71,10 +71,18 @@ def _int(key: str, lo: int, allow_none: bool = False) -> Callable[[Any], Any]:
     return check
 
 
-def _seconds(key: str, allow_none: bool) -> Callable[[Any], Any]:
+def _seconds(key: str, allow_none: bool, zero_is_none: bool = False) -> Callable[[Any], Any]:
     accepted = "a number of seconds > 0" + (" or None to disable" if allow_none else "")
+    if zero_is_none:
+        accepted = "a number of seconds > 0, or None or 0 to disable"
 
     def check(value: Any) -> Any:
+        if zero_is_none and not isinstance(value, bool) and isinstance(value, (numbers.Real, str)):
+            try:
+                if float(value) == 0:    # "0", 0, 0.0: off, as None is
+                    return None
+            except ValueError:
+                pass
         if isinstance(value, str):
             if allow_none and value.strip().lower() in ("none", ""):
                 return None
@@ -203,6 +211,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "forward_logs": _forward_logs,
     "worker_ttl": _seconds("worker_ttl", allow_none=True),
     "scheduler_watchdog": _seconds("scheduler_watchdog", allow_none=True),
+    "stall_warning": _seconds("stall_warning", allow_none=True, zero_is_none=True),
     "worker_cgroup": _bool("worker_cgroup"),
     "memory_ceiling": _ceiling,
     "memory_target": _fraction("memory_target"),
@@ -224,6 +233,7 @@ DEFAULTS: dict[str, Any] = {
     "worker_cgroup": True,        # a memory cgroup per worker where this process may make one
     "memory_ceiling": 1.2,        # its kernel limit, as a multiple of memory_limit (cgroup.py)
     "scheduler_watchdog": 30.0,   # the scheduler thread busy that long with work pending: broken
+    "stall_warning": 30.0,        # no task finished or started that long with work pending: one WARNING (stall.py)
     "memory_target": 0.6,
     "memory_pause": 0.8,
     "memory_terminate": 0.95,

@@ -376,14 +376,48 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
         raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
                          f"or FIRST_EXCEPTION")
     fs = _only_futures("wait", fs)
+    if return_when == cf.ALL_COMPLETED:
+        return wait_all(fs, timeout)
     if _in_forked_child:
         for f in fs:
             _refuse_in_fork(f)
-    result = _wait_all(fs, timeout) if return_when == cf.ALL_COMPLETED else cf.wait(fs, timeout, return_when)
-    if return_when == cf.ALL_COMPLETED and timeout is not None and result.not_done:
-        raise TimeoutError(f"{len(result.not_done)} of {len(result.done) + len(result.not_done)} "
-                           f"futures were not done after {timeout:g} s")
-    return result
+    return cf.wait(fs, timeout, return_when)
+
+
+def wait_all(fs: list, timeout: Optional[float], what: str = "") -> Any:
+    """(done, not_done) once every future of ``fs`` is done; past ``timeout``, the TimeoutError
+    of ``timed_out`` (``what``: the caller's name, such as gather, for the message)."""
+    if _in_forked_child:
+        for f in fs:
+            _refuse_in_fork(f)
+    result = _wait_all(fs, timeout)
+    if result.not_done and not all(f.done() for f in result.not_done):     # not just done meanwhile
+        raise timed_out(what, fs, timeout)
+    return _DoneAndNotDone(set(fs), set()) if result.not_done else result
+
+
+def check_timeout(what: str, timeout: Any) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 <= timeout < float("inf")):
+        raise ValueError(f"{what}(timeout={timeout!r}): expected a number of seconds >= 0, or None")
+
+
+def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:
+    """The TimeoutError of a wait for ``fs``: how many are not done, and why (the cluster is
+    stuck: every worker paused, no worker ...; else what the first pending one waits for)."""
+    pending = [f for f in fs if not f.done()]
+    distinct = len(set(fs))
+    text = (f"{what}(timeout={timeout:g}): " if what else "") + \
+        f"{len(set(pending))} of {distinct} futures were not done after {timeout:g} s"
+    ours = [f for f in pending if isinstance(f, Future)]
+    if not ours:
+        return TimeoutError(text)
+    cluster = ours[0].client.cluster
+    try:
+        why = cluster.why_not_done([f.key for f in ours if f.client.cluster is cluster])
+    except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
+        return TimeoutError(text)
+    return TimeoutError(f"{text}: {why}")
 
 
 # What cf.wait returns (a namedtuple of that name and those fields).
@@ -411,7 +445,13 @@ class as_completed:
     """Iterate over futures as they finish; ``add()`` more while iterating;
     ``with_results=True`` yields ``(future, result)``."""
 
-    def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True):
+    def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True,
+                 timeout: Optional[float] = None):
+        """``timeout``: ``next()`` raises TimeoutError, saying why, once that many seconds have
+        passed since this call with futures still pending (dask's meaning)."""
+        check_timeout("as_completed", timeout)
+        self.timeout = timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._held: set = set()      # keep futures alive until yielded, or GC would release them
         self._pending = 0
@@ -444,7 +484,13 @@ class as_completed:
             if self._pending == 0:
                 raise StopIteration
             self._pending -= 1
-        f = self._queue.get()
+        try:
+            f = self._queue.get(timeout=None if self._deadline is None else max(0.0, self._deadline - time.monotonic()))
+        except queue.Empty:
+            with self._lock:
+                self._pending += 1
+                held = list(self._held)
+            raise timed_out("as_completed", held, self.timeout) from None
         with self._lock:
             self._held.discard(f)
         if not self.with_results:

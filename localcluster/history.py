@@ -76,10 +76,13 @@ class History:
         self._tasks: deque = deque(maxlen=TASKS)
         self._memory: dict[str, Series] = {}      # worker name -> series; insertion order = spawn order
         self._dead: deque = deque()               # names of dead workers, oldest first
+        self.ended = 0                            # runs that finished or failed (not lost): progress
 
     def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str) -> None:
         """One run ended (the fields of ``TaskRecord``)."""
         self._tasks.append((key, worker, thread, start, stop, status))
+        if status != "lost":
+            self.ended += 1
 
     def sample(self, worker: str, t: float, rss: int) -> None:
         series = self._memory.get(worker)

@@ -43,6 +43,7 @@ LEVELS = {
     "forward_logs": (("ALL", "all"), (False, False), ("yes", True)),
     "worker_ttl": (("5", 5.0), (None, None), (7, 7.0)),
     "scheduler_watchdog": (("12", 12.0), ("none", None), (3.5, 3.5)),
+    "stall_warning": (("0", None), (2, 2.0), ("1.5", 1.5)),
     "worker_cgroup": (("off", False), (True, True), (False, False)),
     "memory_ceiling": (("1.5", 1.5), (2, 2.0), (1.25, 1.25)),
     "memory_target": (("0.5", 0.5), (0.4, 0.4), (False, None)),
@@ -175,6 +176,7 @@ BAD = {
     "forward_logs": ("True, False or 'all'", ["maybe", 2, None, "some", 1.0]),
     "worker_ttl": ("a number of seconds > 0 or None", [0, -1, "soon", True, [1]]),
     "scheduler_watchdog": ("a number of seconds > 0 or None", [0, -2, "later", False, float("nan")]),
+    "stall_warning": ("a number of seconds > 0, or None or 0 to disable", [-1, "soon", True, float("inf"), [1]]),
     "worker_cgroup": ("True or False", ["maybe", 2, None, 1.0]),
     "memory_ceiling": ("a multiple of memory_limit >= 1", [0.5, "big", True, -1, float("inf")]),
     "memory_target": ("a fraction between 0 and 1", [0, 1.5, -0.1, "half", True, "0"]),
@@ -215,7 +217,7 @@ def test_a_bad_environment_variable_names_the_variable_the_key_and_what_is_accep
         assert config.resolve()[key] == config.DEFAULTS[key]
 
 
-@pytest.mark.parametrize("key", ["worker_ttl", "memory_sample_interval"])
+@pytest.mark.parametrize("key", ["worker_ttl", "memory_sample_interval", "stall_warning"])
 def test_nan_is_not_a_number_of_seconds(key):
     with pytest.raises(ValueError, match=key):
         config.resolve(**{key: math.nan})

@@ -410,8 +410,8 @@ class Supervisor:
         running = n.board.running()
         lines = list(n.log)
         stack = self._death_stack(n, exitcode, running, lines)
-        cause = classify(exitcode, n.reason, oom_evidence=n.oom_evidence() if exitcode == -signal.SIGKILL else False,
-                         machinery_error=bool(n.fatal) or not n.ready)
+        oom = n.oom.evidence() if exitcode == -signal.SIGKILL and n.reason is None and n.oom is not None else None
+        cause = classify(exitcode, n.reason, oom_evidence=oom, machinery_error=bool(n.fatal) or not n.ready)
         crashed_seq = None
         if cause == "crash" and stack:
             ident = crashing_thread(stack)
@@ -422,7 +422,7 @@ class Supervisor:
             key_of = self._scheduler.key_of
             keys = tuple(k for k in (key_of(s) for s in sorted(running)) if k)
             blamed = self._scheduler.blame(cause, running, crashed_seq, n.timed_out[0] if n.timed_out else None)
-            detail = self._death_detail(n, cause, lines)
+            detail = oom if cause == "oom-killer" else self._death_detail(n, cause, lines)
             limit = self._settings.memory_limit
             death = WorkerDeath(
                 worker=n.name, pid=n.pid, cause=cause, exitcode=exitcode,

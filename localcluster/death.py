@@ -202,8 +202,8 @@ _ADVICE = {
                  "Check that the worker can import what the tasks need (client.get_versions(check=True)).",
     "memory-limit": "Give each worker more memory (LocalCluster(memory_limit=...)), use fewer workers, "
                     "or make the task's pieces smaller.",
-    "oom-killer": "The worker ran out of memory: the machine's, or that under the limit of a memory cgroup "
-                  "(a container's, a job's, one a task moved it into); the death says which. Set a memory_limit "
+    "oom-killer": "The worker ran out of memory, on the machine or under a memory cgroup's limit (a "
+                  "container's, a job's, one a task moved it into); the death says which. Set a memory_limit "
                   "below that room so localcluster stops the worker first, use fewer workers, or make the "
                   "task's pieces smaller.",
     "crash": "This is a bug in compiled code (a C extension, ctypes, or a library built for another "

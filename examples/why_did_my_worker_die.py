@@ -140,6 +140,9 @@ def oom_demo():
             (info,) = c.workers.values()
             with open(os.path.join(group, "cgroup.procs"), "w") as f:
                 f.write(str(info.pid))            # the worker now lives in a 150 MiB box
+            # The kernel log names the victim where it is readable (root); elsewhere the box's
+            # own counter does, once the nanny's look (about once a second) has seen it there.
+            time.sleep(1.5)
             try:
                 cl.submit(allocate_forever).result()
             except KilledWorker as e:

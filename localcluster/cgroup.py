@@ -15,7 +15,7 @@ It gives three things the process tree alone does not:
   receives is mapped, not copied, so it stays charged to its writer (the parent, or the
   worker it was relayed from): the ceiling does not count it, the RSS the nanny samples does;
 * exact OOM evidence: the group's own ``oom_kill`` counter (``memory.oom_control`` /
-  ``memory.events``), which only this worker's processes can raise;
+  ``memory.events``), which only this worker's processes can raise (oom.py reads it);
 * every descendant stops with its worker, even one that left the process group with
   ``setsid``: membership of a cgroup is inherited and cannot be left by an unprivileged
   process.

@@ -58,12 +58,13 @@ def describe_exit(exitcode: Optional[int]) -> str:
 
 
 def classify(exitcode: Optional[int], nanny_reason: Optional[str] = None,
-             oom_evidence: bool = False, machinery_error: bool = False) -> str:
+             oom_evidence: "bool | str | None" = False, machinery_error: bool = False) -> str:
     """The cause of one death, from what the nanny observed.
 
     exitcode: ``Popen.returncode`` (negative: killed by that signal).
     nanny_reason: why the nanny itself stopped the process, if it did.
-    oom_evidence: the kernel's OOM-kill counters rose across the death.
+    oom_evidence: evidence of the kernel's OOM killer across the death (truthy: the
+    sentence that says which, from oom.OomWatch).
     machinery_error: the worker reported that its own code (not a task) failed.
     """
     if nanny_reason is not None:
@@ -221,8 +222,10 @@ _ADVICE = {
                    "a module-level cache or list that grows with each call, or a library that keeps "
                    "what it is given. The worker was restarted and the work went on; raise memory_limit, or "
                    "set memory_leak_restart=None to pause instead.",
-    "oom-killer": "The machine ran out of memory. Set a memory_limit so localcluster stops the worker "
-                  "first, use fewer workers, or make the task's pieces smaller.",
+    "oom-killer": "The worker ran out of memory, on the machine or under a memory cgroup's limit (a "
+                  "container's, a job's, one a task moved it into); the death says which. Set a memory_limit "
+                  "below that room so localcluster stops the worker first, use fewer workers, or make the "
+                  "task's pieces smaller.",
     "crash": "This is a bug in compiled code (a C extension, ctypes, or a library built for another "
              "version); the stack shows where.",
     "signal": "Something outside localcluster killed the worker (kill, a job scheduler, a container "
@@ -310,6 +313,8 @@ class WorkerDeath:
         if frames:
             label = f"      {_WHERE.get(self.cause, _WHERE_ELSE)[0]}: "
             line += "\n" + label + ("\n" + " " * len(label)).join(frames)
+        if self.cause == "oom-killer" and self.detail:     # whose memory ran out, and the evidence
+            line += "\n      " + self.detail
         return line
 
 

@@ -1,7 +1,7 @@
-"""What the machine offers, read from /proc and /sys (the one place that reads them):
-usable CPUs, memory and the memory cgroups a process lives in, a process's RSS, the
-OOM killer's counters, and clean-up of directories left by clusters whose process was
-killed. Pure functions; any thread."""
+"""What the machine offers, read from /proc and /sys (the one place that reads them, but
+for the OOM killer's evidence in oom.py): usable CPUs, memory and the memory cgroups a
+process lives in, a process's RSS, and clean-up of directories left by clusters whose
+process was killed. Pure functions; any thread."""
 from __future__ import annotations
 
 import os
@@ -87,33 +87,6 @@ def available_memory() -> int:
         except OSError:
             pass
     return total
-
-
-def oom_counters(pid: Optional[int] = None) -> list[str]:
-    """Files whose ``oom_kill`` counter rises when the kernel's OOM killer strikes:
-    the system-wide /proc/vmstat and the memory cgroup of ``pid``."""
-    paths = ["/proc/vmstat"] if os.path.exists("/proc/vmstat") else []
-    if pid is None:
-        return paths
-    for version, directory in memory_cgroups(pid):
-        candidate = os.path.join(directory, "memory.oom_control" if version == "v1" else "memory.events")
-        if os.path.exists(candidate):
-            paths.append(candidate)
-    return paths
-
-
-def read_oom_count(paths: list[str]) -> dict[str, int]:
-    out = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        out[path] = int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            pass
-    return out
 
 
 LOCK = ".owner.lock"        # inside each cluster directory; flock()ed by its owner for the cluster's life

@@ -30,9 +30,9 @@ from . import logs
 from .board import Board
 from .channel import Channel
 from .cgroup import WorkerGroup
-from .machine import oom_counters, read_oom_count
 from .machine import open_statm, rss_of
 from .machine import rss as read_rss
+from .oom import OomWatch
 from .output import OutputStream
 from .worker import BOOT
 
@@ -88,9 +88,7 @@ class Nanny:
         self.exitcode: Optional[int] = None
         self._children: list[int] = []
         self._children_at = 0.0
-        self._oom_paths: list[str] = []
-        self._oom_base: dict[str, int] = {}
-        self._oom_at = 0.0
+        self.oom: Optional[OomWatch] = None       # the OOM killer's evidence, from spawn to death
         self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
         self.ceiling: Optional[int] = None        # its kernel limit, bytes, once the worker is accepted
         self.in_group = False                     # a member of it at the last look (something may move it out)
@@ -152,9 +150,7 @@ class Nanny:
         except (AttributeError, OSError):  # pragma: no cover - not Linux >= 5.3
             self.sentinel = None
         self.statm = open_statm(self.pid)
-        self._oom_paths = oom_counters(self.pid)
-        self._oom_base = read_oom_count(self._oom_paths)
-        self._oom_at = self.started
+        self.oom = OomWatch(self.pid, (self.group.path, self.group.version) if self.group is not None else None)
 
     def _make_group(self, cfg: dict) -> None:
         """Its memory cgroup, made before the process so the worker is told which group's
@@ -220,7 +216,8 @@ class Nanny:
         if now - self._children_at > 1.0:
             self._children_at = now
             self._refresh_children()
-            self._refresh_oom_baseline(now)
+            if self._joined(wait=False):     # not while it moves into its group: it is still in ours
+                self.oom.look(self._children)
         for child in self._children:
             r = read_rss(child)
             if r is not None:
@@ -233,18 +230,6 @@ class Nanny:
             self._children = [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
         except Exception:
             self._children = []
-
-    def _refresh_oom_baseline(self, now: float) -> None:
-        # A narrow window before the death keeps unrelated OOM kills elsewhere out of the evidence.
-        # Membership is not read again here: once joined, a worker stays in its group, and
-        # a process read while it exits (between the RSS and this) shows in none, which
-        # would judge its SIGKILL by the machine's counter, where any OOM kill elsewhere
-        # in that second would pass for its own.
-        paths = oom_counters(self.pid)
-        if paths:
-            self._oom_paths = sorted(set(self._oom_paths) | set(paths))
-        self._oom_base = read_oom_count(self._oom_paths)
-        self._oom_at = now
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.exitcode is not None:
@@ -288,18 +273,10 @@ class Nanny:
             stream.read()
         return code
 
-    def oom_evidence(self) -> bool:
-        # In its own group, that group's counter is exact: it rises whatever limit ran out
-        # (the group's, a container's, the machine's), and an OOM kill of another process
-        # on the machine in the same moment is not this worker's. A zombie already counts
-        # as outside every group, so membership is what was seen while it lived.
-        self._joined()
-        paths = [self.group.oom_counter] if self.in_group else self._oom_paths
-        now = read_oom_count(paths)
-        return any(now.get(p, 0) > self._oom_base.get(p, now[p]) for p in now)
-
     def close(self) -> None:
         self._joined()
+        if self.oom is not None:
+            self.oom.close()
         for fd_attr in ("sentinel", "statm"):
             fd = getattr(self, fd_attr)
             if fd is not None:

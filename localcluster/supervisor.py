@@ -381,7 +381,8 @@ class Supervisor:
         running = n.board.running()
         lines = list(n.log)
         stack = self._death_stack(reason, timed_out, exitcode, running, lines)
-        cause = classify(exitcode, reason, oom_evidence=n.oom_evidence() if exitcode == -signal.SIGKILL else False,
+        oom = n.oom.evidence() if exitcode == -signal.SIGKILL and reason is None and n.oom is not None else None
+        cause = classify(exitcode, reason, oom_evidence=oom,
                          machinery_error=bool(n.fatal) or slot is None or slot.state == "starting")
         crashed_seq = None
         if cause == "crash" and stack:
@@ -396,7 +397,7 @@ class Supervisor:
                 blamed = self.policy.leak_blame(keys)
             else:
                 blamed = self._scheduler.blame(cause, running, crashed_seq, timed_out[0] if timed_out else None)
-            detail = self._death_detail(n, slot, cause, timed_out, lines)
+            detail = oom if cause == "oom-killer" else self._death_detail(n, slot, cause, timed_out, lines)
             limit = self._settings.memory_limit
             memory = slot.memory if slot is not None else None
             peak = slot.peak_memory if slot is not None else None

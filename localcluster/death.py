@@ -336,7 +336,7 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
         if peak and peak > memory:
             mem += f" (peak {format_bytes(peak)})"
         mem += f" against a limit of {format_bytes(limit)}." if limit else " (no memory limit set)."
-        if managed is not None:
+        if managed is not None and cause in _MEMORY_CAUSES:
             mem += (f" Of it, {format_bytes(min(managed, memory))} were results it held and "
                     f"{format_bytes(max(0, memory - managed))} was unmanaged (the tasks' own memory).")
     if cause == "requested":

@@ -320,6 +320,13 @@ class Client:
             return self._gather_async(futures, errors)
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
         _future.wait(flat)          # not cf.wait: in a forked child it raises instead of hanging
+        if errors == "raise":
+            # The first error in _rebuild's order, raised from here: the caller's traceback then
+            # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
+            for f in flat:
+                error = _future.raised(f)
+                if error is not None:
+                    raise error
         lazy = [f for f in flat if _future.needs_fetch(f)]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.cluster.fetch([f.key for f in lazy])
@@ -339,6 +346,11 @@ class Client:
                     await f
                 except BaseException:  # noqa: BLE001 - gather below raises it, or skips it
                     pass
+        if errors == "raise":      # here rather than on the executor's thread: no frames of asyncio's
+            for f in _walk(futures):
+                error = _future.raised(f) if isinstance(f, Future) else None
+                if error is not None:
+                    raise error
         return await asyncio.get_running_loop().run_in_executor(None, self.gather, futures, errors)
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:

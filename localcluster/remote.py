@@ -115,7 +115,8 @@ def detached_traceback(tb: Any) -> Optional[types.TracebackType]:
         tb = tb.tb_next
     out = None
     for filename, name, lineno, f_globals in reversed(entries):
-        code = _GENERATOR.replace(co_filename=filename, co_name=name, co_firstlineno=lineno)
+        qualname = {"co_qualname": name} if hasattr(_GENERATOR, "co_qualname") else {}   # 3.11+: IPython shows it
+        code = _GENERATOR.replace(co_filename=filename, co_name=name, co_firstlineno=lineno, **qualname)
         frame = types.FunctionType(code, dict(f_globals))().gi_frame
         # lasti 0: an instruction without column positions, which the stand-in code could only
         # get wrong (with -1, the 3.11 and 3.12 printers write an empty line for the carets)

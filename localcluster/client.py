@@ -325,6 +325,13 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
         _future.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
+        if errors == "raise":
+            # The first error in _rebuild's order, raised from here: the caller's traceback then
+            # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
+            for f in flat:
+                error = _future.raised(f)
+                if error is not None:
+                    raise error
         lazy = [f for f in flat if _future.needs_fetch(f)]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.cluster.fetch([f.key for f in lazy])
@@ -358,6 +365,11 @@ class Client:
                             from None
                     if not f.done():
                         raise       # this coroutine was cancelled
+        if errors == "raise":      # here rather than on the executor's thread: no frames of asyncio's
+            for f in flat:
+                error = _future.raised(f)
+                if error is not None:
+                    raise error
         left = None if deadline is None else max(0.0, deadline - loop.time())
         return await loop.run_in_executor(None, lambda: self.gather(futures, errors, timeout=left))
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import weakref
 
-from . import serialize
+from . import remote, serialize
 
 __all__ = ["Future", "wait", "as_completed"]
 
@@ -138,7 +138,16 @@ class Future(cf.Future):
         if self._state == _FINISHED and self._exception is None:
             value = self._result         # set before the state: no lock, no Condition made
         else:
-            value = self._within(super().result, timeout)
+            try:
+                value = self._within(super().result, timeout)
+            except (Exception, cf.CancelledError) as e:
+                error = raised(self)
+                if error is None or (error is not e and not isinstance(e, cf.CancelledError)):
+                    raise               # not the task's own error: a timeout, say
+            else:
+                error = None
+            if error is not None:       # out of the except: no "During handling" context
+                raise error
         if type(value) is _Stored:
             value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
         return value
@@ -224,6 +233,10 @@ class Future(cf.Future):
             await waiter
         if needs_fetch(self):
             return await loop.run_in_executor(None, self.result)
+        # raised here, not in result(): one frame of ours above the task's, not two
+        error = raised(self)
+        if error is not None:
+            raise error
         return self.result()
 
     def cancel(self) -> bool:
@@ -307,6 +320,17 @@ def mark_cancelled(fut: Future) -> None:
         return
     if cf.Future.cancel(fut):
         fut.set_running_or_notify_cancel()
+
+
+def raised(fut: cf.Future) -> Optional[BaseException]:
+    """What ``result()`` raises for a future that ended in error or was cancelled, else None.
+    A task's exception comes with its worker's frames only: concurrent.futures' frames and
+    ours, and those that every earlier raise of it added, are left out, so that the caller
+    raising it shows its own frames, one of ours, then the task's."""
+    if fut.cancelled():
+        return cf.CancelledError()
+    exc = fut._exception if fut.done() else None
+    return None if exc is None else exc.with_traceback(remote.task_frames(exc))
 
 
 def needs_fetch(fut: Future) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copyreg
 import io
 import pickle
+import sys
 import threading
 import traceback
 import types
@@ -28,6 +29,7 @@ from typing import Any, Callable, Optional
 import cloudpickle
 
 from .protocol import OUT_OF_BAND, Payload
+from .remote import detached_traceback, explain_here
 
 _local = threading.local()
 
@@ -63,6 +65,16 @@ def _wrap(obj: Any) -> Any:
     return _OutOfBand(obj) if (t is bytes or t is bytearray) and len(obj) >= OUT_OF_BAND else obj
 
 
+_cloudpickle_code = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+def _reduce_code(code: types.CodeType) -> tuple:
+    """cloudpickle's reduction of a code object, with its real file name: cloudpickle writes
+    "<dynamic-code>" there, so a task's frames would show neither file nor source line."""
+    rebuild, args = _cloudpickle_code(code)
+    return rebuild, tuple(code.co_filename if type(a) is str and a == "<dynamic-code>" else a for a in args)
+
+
 class _CPickler(pickle.Pickler):
     """The C pickler (results going back to the parent), taught memoryviews."""
     dispatch_table = {**copyreg.dispatch_table, memoryview: _reduce_memoryview}
@@ -71,7 +83,8 @@ class _CPickler(pickle.Pickler):
 class _CloudPickler(cloudpickle.Pickler):
     """cloudpickle, taught memoryviews as buffers (its own reduction copies them to bytes),
     and ``extra`` reductions of this pickler's own."""
-    dispatch_table = ChainMap({memoryview: _reduce_memoryview}, cloudpickle.Pickler.dispatch_table)
+    dispatch_table = ChainMap({memoryview: _reduce_memoryview, types.CodeType: _reduce_code},
+                              cloudpickle.Pickler.dispatch_table)
 
     def __init__(self, file: Any, protocol: int, buffer_callback: Any = None, extra: Optional[dict] = None):
         if extra:   # before __init__: the C pickler reads its dispatch table once, there
@@ -244,7 +257,9 @@ def _placeholder(key: str, client_id: Optional[str] = None) -> Any:
 
 
 def pickle_function(fn: Any) -> bytes:
-    return cloudpickle.dumps(fn, protocol=5)
+    f = io.BytesIO()
+    _CloudPickler(f, protocol=5).dump(fn)
+    return f.getvalue()
 
 
 # --- exceptions -----------------------------------------------------------------------
@@ -297,6 +312,8 @@ def dumps_exception(exc: BaseException, step: str = "") -> bytes:
     """``exc`` with its traceback (tblib) and, beside it, what a stand-in needs if the
     parent cannot rebuild it."""
     tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if sys.version_info < (3, 11):     # 3.11+ prints the notes (remote.note_origin's among them)
+        tb_text += "".join(f"{n}\n" for n in getattr(exc, "__notes__", None) or ())
     try:
         from tblib import Traceback
         tb = Traceback(exc.__traceback__).to_dict() if exc.__traceback__ else None
@@ -330,36 +347,14 @@ def loads_exception(data: bytes, key: Optional[str] = None) -> BaseException:
     if tb is not None:
         try:
             from tblib import Traceback
-            exc = exc.with_traceback(_detached_traceback(Traceback.from_dict(tb)))
+            exc = exc.with_traceback(detached_traceback(Traceback.from_dict(tb)))
         except Exception:  # pragma: no cover
             pass
+    explain_here(exc)
     if not isinstance(exc, Exception):
         # SystemExit or KeyboardInterrupt from a task must not end or interrupt the caller
         return TaskError(type_name, _stopping(exc, tb_text, key), tb_text, step, original=exc)
     return exc
-
-
-_GENERATOR = (lambda: (yield)).__code__
-
-
-def _detached_traceback(tb: Any) -> Optional[types.TracebackType]:
-    """A real traceback of tblib's ``Traceback`` whose frames lead nowhere. tblib's own
-    ``as_traceback`` raises in frames whose ``f_back`` is the stack that called it, so an
-    exception kept by pytest or IPython (``sys.last_value``) would keep every local of the
-    code that received it alive: the erred Future among them, and so its key and all it
-    depends on in the cluster. A generator that never ran has a frame with no ``f_back``."""
-    entries = []
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        entries.append((code.co_filename, code.co_name, tb.tb_lineno, tb.tb_frame.f_globals))
-        tb = tb.tb_next
-    out = None
-    for filename, name, lineno, f_globals in reversed(entries):
-        code = _GENERATOR.replace(co_filename=filename, co_name=name, co_firstlineno=lineno)
-        frame = types.FunctionType(code, dict(f_globals))().gi_frame
-        # lasti -1: no column positions, which the stand-in code could only get wrong
-        out = types.TracebackType(out, frame, -1, lineno)
-    return out
 
 
 def _stopping(exc: BaseException, tb_text: str, key: Optional[str]) -> str:
@@ -389,11 +384,17 @@ def restate(exc: BaseException, step: str) -> BaseException:
     """The same kind of exception, its message prefixed with the step that failed
     ("pickling the result of task 'f-1' failed on worker 'worker-0': ...")."""
     from .death import TaskError
-    msg = f"{step}: {type(exc).__name__}: {exc}. The worker is fine; the data must be picklable with cloudpickle."
+    if isinstance(exc, ImportError):
+        why = "every module the function and the data refer to must be importable there"
+    else:
+        why = "the worker is fine; the data must be picklable with cloudpickle"
+    msg = f"{step}: {type(exc).__name__}: {exc}. {why[0].upper()}{why[1:]}."
     try:
         new = type(exc)(msg)
         if str(new) != msg:
             raise TypeError
+        if isinstance(exc, ImportError):     # which module: remote.note_origin names it
+            new.name, new.path = exc.name, exc.path
     except Exception:
         new = TaskError(_qualname(type(exc)), str(exc), "".join(traceback.format_exception(exc)), step)
     new.__cause__ = None

@@ -37,7 +37,7 @@ from typing import Any
 
 from . import logs
 from . import protocol as P
-from . import serialize
+from . import remote, serialize
 from .board import Board
 from .cgroup import SharedAllowance
 from .channel import BlockingChannel, encode
@@ -293,14 +293,16 @@ class Worker:
             step = "pickling the result"
             payload = serialize.dumps_result(result)
         except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
-            if step == "running the task":
-                e.__traceback__ = e.__traceback__.tb_next if e.__traceback__ else None
-                return P.Failed(run.seq, serialize.dumps_exception(e), start, time.perf_counter() - t0, row)
-            what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
-            if step == "pickling the result":
-                what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
-            return P.Failed(run.seq, serialize.dumps_exception(serialize.restate(e, what), what), start,
-                            time.perf_counter() - t0, row)
+            # the task's frames from its function down, or from the first one not ours (a __reduce__)
+            e.__traceback__ = remote.strip_own_frames(e.__traceback__)
+            what = ""
+            if step != "running the task":
+                what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
+                if step == "pickling the result":
+                    what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
+                e = serialize.restate(e, what)
+            remote.note_origin(e, self.name, os.getpid(), run.key)
+            return P.Failed(run.seq, serialize.dumps_exception(e, what), start, time.perf_counter() - t0, row)
         type_name = type(result).__qualname__
         # A cancelled run stores nothing: a newer run of its key may have stored its own
         # result already. Cancel arrives before the key is sent again, so a run that sees

@@ -81,7 +81,7 @@ def _seconds(key: str, allow_none: bool, zero_is_none: bool = False) -> Callable
             try:
                 if float(value) == 0:    # "0", 0, 0.0: off, as None is
                     return None
-            except ValueError:
+            except (ValueError, OverflowError):     # not a number, or an int too large for a float
                 pass
         if isinstance(value, str):
             if allow_none and value.strip().lower() in ("none", ""):

@@ -214,9 +214,9 @@ def cluster_view(title: str, workers: Iterable[Any], fractions: dict, series: di
     timeline with every death on it, and the last deaths."""
     deaths = list(deaths)
     rows = [[e(w.name), str(w.pid), e(w.status), str(len(w.processing)),
-             memory_bar(w.memory, w.memory_limit, fractions)] for w in workers]
+             memory_bar(w.memory, w.memory_limit, fractions), _split(w)] for w in workers]
     parts = [f'<div class="lc-cluster" style="{FONT}"><div style="font-weight:600;margin-bottom:4px">{e(title)}</div>',
-             table(("worker", "pid", "state", "tasks", "memory"), rows, "lc-workers"),
+             table(("worker", "pid", "state", "tasks", "memory", "results held / unmanaged"), rows, "lc-workers"),
              '<div style="margin-top:6px">memory over time</div>',
              memory_timeline(series, limit, fractions, deaths)]
     if deaths:
@@ -226,6 +226,16 @@ def cluster_view(title: str, workers: Iterable[Any], fractions: dict, series: di
                      + "".join(death_card(d, fractions) for d in reversed(shown)) + "</details>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _split(w: Any) -> str:
+    """Results the worker holds (managed, spillable) against what its tasks' own code keeps."""
+    unmanaged = getattr(w, "unmanaged", None)
+    if unmanaged is None:       # not sampled yet: a worker starting
+        return '<span class="lc-split">unknown</span>'
+    return (f'<span class="lc-split" title="results held in memory (spilled: {e(format_bytes(w.spilled))}) / '
+            f'the rest of its memory, kept by the tasks\' own code">{e(format_bytes(w.managed))} / '
+            f'{e(format_bytes(unmanaged))}</span>')
 
 
 STATUS_COLOURS = {"pending": "#757575", "finished": "#2e7d32", "error": "#c62828", "lost": "#ef6c00",

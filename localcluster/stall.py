@@ -118,8 +118,8 @@ def _nobody(view: ClusterView, starting: int) -> Stall:
                                  f"or {'it keeps' if starting == 1 else 'they keep'} failing: see "
                                  f"cluster.deaths and client.get_worker_logs())")
     if view.workers:
-        return Stall("closing", f"every worker is closing (scale down, restart or close) and none is starting; "
-                                f"call cluster.scale(n) to start some")
+        return Stall("closing", "every worker is closing (scale down, restart or close) and none is starting; "
+                                "call cluster.scale(n) to start some")
     return Stall("no-worker", "no worker is running and none is starting (n_workers=0, or scaled down to 0); "
                               "call cluster.scale(n) to start some")
 

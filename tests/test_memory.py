@@ -8,11 +8,11 @@ import stat
 import time
 
 import pytest
+from _cgroups import memory_group
 from _util import block_until, release, wait_for
 
 from localcluster import Client, KilledWorker, LocalCluster, config
 from localcluster.cluster import available_memory
-from localcluster.machine import memory_cgroups
 
 np = pytest.importorskip("numpy")
 MiB = 2 ** 20
@@ -178,46 +178,21 @@ def test_workers_report_memory_and_history(client, cluster):
     assert sum(i.managed for i in cluster.workers.values()) >= 20 * MiB
 
 
-def _memory_cgroup_root():
-    """A memory cgroup this process may nest one into (the memory controller's own, or a
-    unified one that delegates controllers)."""
-    groups = memory_cgroups()
-    for version, directory in groups:
-        if version == "v1":
-            return directory, "v1"
-    for version, directory in groups:
-        if os.path.exists(os.path.join(directory, "cgroup.subtree_control")):
-            return directory, "v2"
-    return None, None
-
-
 @pytest.fixture
 def memory_cgroup():
-    root, version = _memory_cgroup_root()
-    if root is None:
-        pytest.skip("no memory cgroup to nest into")
-    path = os.path.join(root, f"localcluster-test-{os.getpid()}")
-    try:
-        os.mkdir(path)
-        with open(os.path.join(path, "memory.limit_in_bytes" if version == "v1" else "memory.max"), "w") as f:
-            f.write(str(150 * MiB))
-    except OSError as e:
-        if os.path.isdir(path):
-            os.rmdir(path)
-        pytest.skip(f"cannot create a memory cgroup here: {e}")
-    yield path
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.rmdir(path)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    with memory_group("memory", 150 * MiB) as (path, _version):
+        yield path
 
 
-def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup):
+def grow_after(marker, first_mib=80):
+    """Hold ``first_mib`` MiB until the test has seen it sampled, then grow until killed."""
+    first = np.ones(first_mib * MiB // 8)
+    block_until(marker)
+    grow_forever()
+    return first
+
+
+def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup, tmp_path):
     # the worker is moved into a limited group, as into a container's: out of a group of its
     # own (test_cgroup.py has those), the evidence is the enclosing group's and the machine's
     with LocalCluster(n_workers=1, memory_limit=None, allowed_failures=0, forward_logs=False,
@@ -225,7 +200,13 @@ def test_kernel_oom_killer_death_is_told_apart_from_kill_9(memory_cgroup):
         (info,) = c.workers.values()
         with open(os.path.join(memory_cgroup, "cgroup.procs"), "w") as f:
             f.write(str(info.pid))
-        fut = cl.submit(grow_forever)
+        marker = str(tmp_path / "grow")
+        fut = cl.submit(grow_after, marker)
+        # the death's figure is the last sample before it; seen once above 70 MiB, it cannot
+        # be a figure read while the process was torn down (the kill itself comes too fast
+        # for a sample on a loaded machine)
+        wait_for(lambda: (c.workers[info.name].memory or 0) > 70 * MiB)
+        release(marker)
         with pytest.raises(KilledWorker, match="oom-killer"):
             fut.result(60)
         (death,) = c.deaths

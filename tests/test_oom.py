@@ -5,7 +5,6 @@ killed. Real kills in real memory cgroups, with the kernel log as evidence and w
 and the judgement on strings."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,69 +17,16 @@ import pytest
 import localcluster
 from localcluster import Client, KilledWorker, LocalCluster
 from localcluster.config import format_bytes
-from localcluster.machine import memory_cgroups
 from localcluster.oom import (Kill, KernelLog, Rise, ancestors, cgroup_name, judge, parse_counters, parse_kmsg,
                               parse_limit)
 
+from _cgroups import memory_group
 from _util import block_until, release, wait_for
 
 MiB = 2**20
 
 
 # --- real processes in real memory cgroups ------------------------------------------------
-
-def _nest_root():
-    """A memory cgroup this process may make groups in: (directory, version), or (None, None)."""
-    for version, directory in memory_cgroups():
-        if version == "v1":
-            return directory, "v1"
-    for version, directory in memory_cgroups():
-        if os.path.exists(os.path.join(directory, "cgroup.subtree_control")):
-            return directory, "v2"
-    return None, None
-
-
-@contextlib.contextmanager
-def memory_group(name: str, limit: int):
-    """A new memory cgroup with ``limit`` bytes, removed afterwards whatever happens (what
-    is still in it is killed first: only processes a test put there)."""
-    root, version = _nest_root()
-    if root is None:
-        pytest.skip("no memory cgroup to nest into")
-    path = os.path.join(root, f"lc-test-{name}-{os.getpid()}")
-    try:
-        os.mkdir(path)
-    except OSError as e:
-        pytest.skip(f"this process may not make a memory cgroup here: {e}")
-    try:
-        with open(os.path.join(path, "memory.limit_in_bytes" if version == "v1" else "memory.max"), "w") as f:
-            f.write(str(limit))
-        yield path, version
-    finally:
-        _remove(path)
-
-
-def _remove(path: str) -> None:
-    import time
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                for pid in f.read().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-        except FileNotFoundError:
-            return
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:     # a killed member is a member until reaped
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
 
 def move_in_and_grow(procs_file: str, go=None) -> None:
     """A task that moves its own worker into another memory cgroup, then (once ``go`` exists,

@@ -172,6 +172,7 @@ def test_a_report_is_written_when_the_block_fails(tmp_path):
 def test_cluster_view_shows_workers_memory_bars_and_a_timeline_with_deaths(run):
     html = run.cluster_html
     assert html.count("lc-membar") >= 2 and "lc-timeline" in html
+    assert "results held / unmanaged" in html
     assert html.count('class="lc-death"') == 2 and 'data-cause="memory-limit"' in html
     assert all(f'data-line="{k}"' in html for k in ("target", "pause", "terminate"))
     assert "<script" not in html and run.client_html.count("lc-workers") == 1
@@ -183,6 +184,17 @@ def test_killed_worker_view_shows_cause_signal_memory_frames_and_folded_log(run)
     assert ">crash<" in crashed and "SIGSEGV" in crashed and "in crash" in crashed     # the crashing frame
     assert "<details" in crashed and "Fatal Python error" in crashed
     assert run.deaths[-1]._repr_html_().startswith('<div class="lc-death-card"')
+
+
+def test_cluster_view_splits_results_held_from_unmanaged_memory():
+    from localcluster import render
+    MiB = 2**20
+    worker = SimpleNamespace(name="worker-0", pid=1, status="paused", processing=(), memory=300 * MiB,
+                             memory_limit=400 * MiB, managed=20 * MiB, spilled=5 * MiB, unmanaged=280 * MiB)
+    starting = SimpleNamespace(**{**vars(worker), "name": "worker-1", "memory": None, "unmanaged": None})
+    html = render.cluster_view("c", [worker, starting], {}, {}, [], 400 * MiB)
+    assert ">20.00 MiB / 280.00 MiB<" in html and "spilled: 5.00 MiB" in html
+    assert html.count('class="lc-split"') == 2 and ">unknown<" in html
 
 
 def test_future_view_and_escaping(run):

@@ -5,6 +5,7 @@ the TimeoutErrors of wait, gather, as_completed and result saying why."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import logging
 import os
 import re
@@ -209,7 +210,7 @@ def test_every_worker_paused_is_said_once_and_every_timeout_says_why(tmp_path, s
             wait(futures, timeout=0.3)
         with pytest.raises(TimeoutError, match=paused):
             asyncio.run(cl.gather(futures, asynchronous=True, timeout=0.3))
-        with pytest.raises(TimeoutError, match=r"is queued: both workers are paused"):
+        with pytest.raises(cf.TimeoutError, match=r"is queued: both workers are paused"):
             futures[0].result(timeout=0.1)
         assert len(said.lines) == 1                     # once per stall, however long it lasts
         release(marker)                                 # the memory is let go: both resume

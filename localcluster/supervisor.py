@@ -1,22 +1,30 @@
-"""The supervisor: every worker process from spawn to reap, and what its death means.
+"""The supervisor: the I/O around every worker process, from spawn to reap. What to do about
+a worker is decided by the supervision policy (policy.py, no I/O); this module observes,
+turns what it sees into the policy's events, and carries out its instructions.
 
 Data flow (all on the scheduler thread unless said)::
 
     spawn ─► Nanny (process, channel, output pipes, pidfd, board) ─► registered in the loop
-    channel readable ─► Ready / Fatal here; task messages ─► Dispatcher.on_worker_messages
+    channel readable ─► Ready ─► policy.ready ─► Accept (ceiling, Scheduler.add_worker) or Refuse
+                        task messages ─► Dispatcher.on_worker_messages
     output readable  ─► OutputStream.read (the bounded log; forwarded to the same stream)
-    tick             ─► memory sample ─► pause / resume / terminate
-                     ─► task timeouts and heartbeats, read from each worker's status board
-                     ─► escalation of stops; respawns that were delayed
-    pidfd readable   ─► reap ─► classify ─► WorkerDeath ─► Scheduler.worker_died ─► respawn,
-                        or give up on a start-up crash loop (WorkerStartupError)
+    tick             ─► memory sample ─► policy.sampled ─► SetPaused / Kill / HandOff (a leak)
+                     ─► the status boards ─► policy.observed (timeouts, heartbeats) ─► DumpStacks
+                     ─► a dump arrived ─► policy.stacks_arrived ─► Kill
+                     ─► policy.tick: deadlines of stopping workers, respawns that are due
+    Retire (scheduler, any thread, under the lock) ─► queued here ─► policy.retired ─► SendStop
+    pidfd readable   ─► reap ─► classify ─► WorkerDeath ─► Scheduler.worker_died
+                        ─► policy.exited ─► a respawn, or GiveUp (WorkerStartupError)
+
+Each policy event runs under the cluster's lock (``_decide``), with what it asks of the
+scheduler; signals, messages and spawns are carried out after the lock is let go of.
 
 Threads: the scheduler thread runs everything above. User threads only read, under the
 cluster's lock: ``snapshot``, ``logs``, ``dump_stacks``, ``wait_for``.
 
 Owns: the nannies (name -> Nanny; only the scheduler thread adds or removes one, under
-the lock), ``deaths`` (appended under the lock, oldest first), the logs of dead workers,
-the run of start-up failures, the respawn schedule and the target size.
+the lock), the policy, ``deaths`` (appended under the lock, oldest first) and the logs of
+dead workers.
 """
 from __future__ import annotations
 

@@ -109,6 +109,7 @@ class Nanny:
             "sock_fd": child_sock.fileno(), "board_fd": self.board.fd,
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
+            "memory_pause": self.settings.get("memory_pause"),
             "spill_dir": self.spill_dir, "initializer": self.initializer,
             "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
             "log_level": logs.worker_level(),

@@ -242,6 +242,15 @@ class Fatal:
 
 
 @_dc
+class Pressure:
+    """The worker's own RSS crossed memory_pause, seen as it was about to start a run: the
+    parent pauses it now rather than at its next sample, while the runs it prefetched can
+    still be asked back (a leak of a few MiB per short task crosses the rest of the budget
+    between two samples)."""
+    rss: int
+
+
+@_dc
 class Log:
     """Python logging records of the worker, flattened to dicts (see logs.py)."""
     records: tuple

@@ -51,7 +51,7 @@ from .policy import (Accept, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Po
 
 logger = logging.getLogger("localcluster")
 
-_OWN = (P.Ready, P.Fatal, P.Log)
+_OWN = (P.Ready, P.Fatal, P.Log, P.Pressure)
 
 
 @dataclass
@@ -273,12 +273,7 @@ class Supervisor:
         deadlines and respawns: each an event for the policy."""
         policy = self.policy
         for name in policy.sample_due(now):
-            n = self.nannies[name]
-            rss = n.sample(now)
-            if rss is not None:
-                self._history.sample(name, time.time(), rss)
-            managed = n.board.store()[0] if n.board is not None else 0
-            self._decide(lambda: policy.sampled(name, now, rss, managed))
+            self._sample(self.nannies[name], now)
         timeout_of = self._scheduler.timeout_of
         for name, slot in list(policy.slots.items()):
             n = self.nannies.get(name)
@@ -292,6 +287,13 @@ class Supervisor:
             elif slot.step == "stacks" and n.stacks_arrived():
                 self._decide(lambda: policy.stacks_arrived(name))
         self._decide(lambda: policy.tick(now))
+
+    def _sample(self, n: Nanny, now: float) -> None:
+        rss = n.sample(now)
+        if rss is not None:
+            self._history.sample(n.name, time.time(), rss)
+        managed = n.board.store()[0] if n.board is not None else 0
+        self._decide(lambda: self.policy.sampled(n.name, now, rss, managed))
 
     def _due(self, runs: dict, beat: float, now: float) -> bool:
         """Whether the board shows anything for the policy (a run past its timeout, a missed
@@ -328,17 +330,22 @@ class Supervisor:
             for one in (m.messages if type(m) is P.Batch else (m,)):
                 (own if type(one) in _OWN else tasks).append(one)
         records: list = []
-        ready = False
+        ready = pressed = False
         for m in own:
-            if type(m) is P.Ready:
+            t = type(m)
+            if t is P.Ready:
                 n.versions, ready = m.versions, True
-            elif type(m) is P.Log:
+            elif t is P.Log:
                 records += m.records
+            elif t is P.Pressure:
+                pressed = True
             else:
                 n.fatal = m.traceback
         if ready:
             rss = n.sample(time.monotonic())
             self._decide(lambda: self.policy.ready(n.name, time.monotonic(), rss))
+        if pressed:     # a sample now, not at the next tick: its prefetch is asked back at once
+            self._sample(n, time.monotonic())
         if tasks or n.cork:
             with self._lock:
                 actions = self._dispatch.on_worker_messages(n.name, tasks) if tasks else []

@@ -41,6 +41,7 @@ from . import remote, serialize
 from .board import Board
 from .cgroup import SharedAllowance
 from .channel import BlockingChannel, encode
+from .machine import rss
 from .store import Store, StoreError
 
 FLUSH_DELAY = 0.002
@@ -83,6 +84,10 @@ class Worker:
         limit = cfg.get("memory_limit")
         target = cfg.get("memory_target")
         self.spill_at = int(limit * target) if limit and target else None
+        pause = cfg.get("memory_pause")
+        self.pause_at = int(limit * pause) if limit and pause else None
+        self._next_look = 0.0           # monotonic time of the next look at RSS before a run
+        self._pressed = False           # said Pressure, and RSS has not fallen below the line since
         self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
         # Under _lock: the run queue, the reader role, the idle count. Two conditions on it, so
         # that a wake-up goes to the one thread that has something to do: a run queued wakes
@@ -260,6 +265,8 @@ class Worker:
                 self.cancelled.discard(run.seq)
                 self._reply(P.Skipped(run.seq))
                 continue
+            if self.pause_at is not None:
+                self._look_at_memory()
             board.start(row, ident, run.seq)
             reply = self._run(run, row)
             board.stop(row)
@@ -267,6 +274,22 @@ class Worker:
                 self.cancelled.discard(run.seq)
                 self.store.free_made_by(run.key, run.seq)     # not a newer run's result
             self._reply(reply)
+
+    def _look_at_memory(self) -> None:
+        """At most once a millisecond (a /proc read costs a few µs; a no-op run ~20): say
+        Pressure when RSS crosses memory_pause. The run goes ahead; the parent asks back the
+        ones queued behind it."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return
+        self._next_look = now + 0.001
+        used = rss()
+        if used is None:
+            return
+        over = used > self.pause_at
+        if over and not self._pressed:
+            self.chan.send(P.Pressure(used))
+        self._pressed = over
 
     def _reply(self, reply: Any) -> None:
         self.pending.discard(reply.seq)

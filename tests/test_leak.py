@@ -28,7 +28,7 @@ def test_a_leak_restarts_the_worker_and_every_task_finishes(caplog):
     caplog.set_level(logging.WARNING, logger="localcluster")
     with LocalCluster(n_workers=2, memory_limit="200MiB", memory_leak_restart=1.0) as cluster, \
             Client(cluster) as client:
-        futures = client.map(leaky, range(300), seconds=0.005)
+        futures = client.map(leaky, range(300))
         assert client.gather(futures) == [i * i for i in range(300)]
         leaks = [d for d in cluster.deaths if d.cause == "memory-leak"]
         assert leaks, [d.cause for d in cluster.deaths]

@@ -17,6 +17,8 @@ import mmap
 import os
 import time
 
+from .death import thread_ident
+
 _COLS = 5
 
 
@@ -45,7 +47,7 @@ class Board:
     def start(self, row: int, ident: int, seq: int) -> None:
         base = row * _COLS
         s = self.slots
-        s[base], s[base + 2], s[base + 1] = ident & 0x7FFFFFFFFFFFFFFF, time.monotonic_ns(), seq
+        s[base], s[base + 2], s[base + 1] = thread_ident(ident), time.monotonic_ns(), seq
 
     def stop(self, row: int) -> None:
         self.slots[row * _COLS + 1] = 0

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 from . import future as _future
 from . import serialize
 from .cluster import LocalCluster
+from .config import check_int, check_seconds
 from .future import Future, as_completed, wait  # noqa: F401 - re-exported
 from .future import walk as _walk
 from .records import Spec
@@ -121,7 +122,7 @@ class Client:
                 _future.finish(fut, value)
             elif status in ("error", "lost"):
                 if exc is None:
-                    exc = value if isinstance(value, BaseException) else serialize.loads_exception(value, key)
+                    exc = serialize.as_exception(value, key)
                 _future.fail(fut, exc, lost=status == "lost")
             else:
                 _future.mark_cancelled(fut)
@@ -375,8 +376,7 @@ class Client:
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"replicate(n={n!r}): expected an integer >= 1, or None for every worker")
+        check_int(n, "replicate", "n", lo=1, none="for every worker")
         self._check()
         fs = [f for f in _walk(futures) if isinstance(f, Future)]
         cf.wait(fs, timeout)
@@ -502,12 +502,9 @@ class _Options:
 
 
 def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries={retries!r}: expected an integer >= 0")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise ValueError(f"timeout={timeout!r}: expected a number of seconds > 0, or None")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError(f"priority={priority!r}: expected an integer")
+    check_int(retries, "", "retries")
+    check_seconds(timeout, "", "timeout")
+    check_int(priority, "", "priority", lo=None)
 
 
 # dask's scheduling keywords of submit and map: as in dask, never passed on to the function.

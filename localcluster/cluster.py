@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 from . import config as _config
 from . import scheduler as S
 from .callbacks import CallbackThread
-from .config import format_bytes
+from .config import check_int, check_seconds, format_bytes
 from .death import ClusterBroken, ClusterClosed, ClusterRestarted, WorkerDeath
 from .dispatch import Dispatcher
 from .history import History
@@ -193,8 +193,7 @@ class LocalCluster:
 
     def scale(self, n: int, timeout: float = 60.0) -> None:
         """Grow or shrink to ``n`` workers; returns when they are up (or gone)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"scale(n={n!r}): n must be an integer >= 0")
+        check_int(n, "scale", "n")
         self.check_open()
         self._said_no_worker = False
         self._loop.call(lambda: self._supervisor.scale(n)).result()
@@ -203,10 +202,8 @@ class LocalCluster:
     def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Return when at least ``n_workers`` workers (by default, as many as the cluster
         keeps) are up and ready for tasks; TimeoutError after ``timeout`` seconds."""
-        if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0):
-            raise ValueError(f"wait_for_workers(n_workers={n_workers!r}): expected an integer >= 0, or None")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"wait_for_workers(timeout={timeout!r}): expected a number of seconds > 0, or None")
+        check_int(n_workers, "wait_for_workers", "n_workers", none="for as many as the cluster keeps")
+        check_seconds(timeout, "wait_for_workers")
         self.check_open()
         self._supervisor.wait_for(self._supervisor.target if n_workers is None else n_workers,
                                   float("inf") if timeout is None else timeout, at_least=True)

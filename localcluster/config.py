@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["set", "get", "resolve", "parse_bytes", "format_bytes"]
 
@@ -52,6 +52,45 @@ def _bad(key: str, value: Any, accepted: str) -> ValueError:
     return ValueError(f"{key}={value!r} is not valid: expected {accepted}")
 
 
+def _integer(value: Any, lo: Optional[int]) -> bool:
+    """An integer (a numpy integer is one; True is not), and at least ``lo``."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and (lo is None or value >= lo)
+
+
+def _positive_seconds(value: Any, zero: bool = False) -> bool:
+    """A finite number of seconds above 0 (``zero``: or 0). NaN fails: every comparison with it is False."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return (0 <= value if zero else 0 < value) and value < math.inf
+
+
+def _argument(call: str, name: str, value: Any) -> str:
+    return f"{call}({name}={value!r})" if call else f"{name}={value!r}"
+
+
+def check_int(value: Any, call: str, name: str, lo: Optional[int] = 0, none: str = "") -> Optional[int]:
+    """An argument of a public call that takes an integer >= ``lo`` (``none``: None is accepted,
+    and means that); a short ValueError naming the call, the argument and what it takes."""
+    if value is None and none:
+        return None
+    if not _integer(value, lo):
+        accepted = "an integer" + (f" >= {lo}" if lo is not None else "") + (f", or None {none}" if none else "")
+        raise ValueError(f"{_argument(call, name, value)}: expected {accepted}")
+    return int(value)
+
+
+def check_seconds(value: Any, call: str, name: str = "timeout", zero: bool = False,
+                  none: bool = True) -> Optional[float]:
+    """An argument of a public call that takes a number of seconds (``zero``: 0 too; ``none``:
+    None, for no limit)."""
+    if value is None and none:
+        return None
+    if not _positive_seconds(value, zero):
+        accepted = f"a number of seconds {'>=' if zero else '>'} 0" + (", or None" if none else "")
+        raise ValueError(f"{_argument(call, name, value)}: expected {accepted}")
+    return float(value)
+
+
 def _int(key: str, lo: int, allow_none: bool = False) -> Callable[[Any], Any]:
     accepted = f"an integer >= {lo}" + (" or None" if allow_none else "")
 
@@ -65,9 +104,9 @@ def _int(key: str, lo: int, allow_none: bool = False) -> Callable[[Any], Any]:
                 value = int(value)
             except ValueError:
                 raise _bad(key, value, accepted) from None
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
+        if not _integer(value, lo):
             raise _bad(key, value, accepted)
-        return int(value)           # a numpy integer is an integer
+        return int(value)
     return check
 
 
@@ -92,8 +131,8 @@ def _seconds(key: str, allow_none: bool, zero_is_none: bool = False) -> Callable
                 raise _bad(key, value, accepted) from None
         if value is None and allow_none:
             return None
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
-            raise _bad(key, value, accepted)     # NaN fails this too: every comparison with it is False
+        if not _positive_seconds(value):
+            raise _bad(key, value, accepted)
         try:
             return float(value)
         except OverflowError:                    # an int with 400 digits is < inf, yet no float

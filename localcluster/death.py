@@ -11,7 +11,7 @@ import os
 import re
 import signal as _signal
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .config import format_bytes
@@ -19,7 +19,7 @@ from .config import format_bytes
 __all__ = [
     "WorkerDeath", "KilledWorker", "TaskTimeoutError", "RemoteTraceback", "LostDataError", "TaskError", "ClusterBroken",
     "ClusterRestarted", "ClusterClosed", "WorkerStartupError",
-    "CAUSES", "classify", "signal_name", "describe_exit", "crash_stack", "crashing_thread", "thread_ident",
+    "CAUSES", "classify", "signal_name", "exit_signal", "describe_exit", "crash_stack", "crashing_thread", "thread_ident",
 ]
 
 CAUSES = ("requested", "exit", "exception", "memory-limit", "memory-leak", "oom-killer", "crash",
@@ -48,12 +48,17 @@ def signal_name(signum: Optional[int]) -> Optional[str]:
         return f"SIG{signum}"
 
 
+def exit_signal(exitcode: Optional[int]) -> Optional[str]:
+    """The name of the signal that ended a process (``Popen.returncode`` < 0), else None."""
+    return signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
+
+
 def describe_exit(exitcode: Optional[int]) -> str:
     """loky's habit: ``SIGSEGV(-11)``, ``EXIT(3)``."""
     if exitcode is None:
         return "UNKNOWN"
     if exitcode < 0:
-        return f"{signal_name(-exitcode)}({exitcode})"
+        return f"{exit_signal(exitcode)}({exitcode})"
     return f"EXIT({exitcode})"
 
 
@@ -269,6 +274,12 @@ class WorkerDeath:
     def __str__(self) -> str:
         return self.message
 
+    def explained(self, replay_hint: bool = True) -> "WorkerDeath":
+        """This death with its ``message`` written from its own fields (``death_message``)."""
+        return replace(self, message=death_message(
+            self.worker, self.pid, self.cause, self.exitcode, self.tasks, self.memory, self.peak_memory,
+            self.memory_limit, self.stack, self.detail, replay_hint, self.managed))
+
     def _facts(self) -> list[str]:
         parts = [self.cause]
         if self.signal:
@@ -328,7 +339,7 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
     """The one-paragraph explanation stored in ``WorkerDeath.message``. ``replay_hint``: whether
     to suggest ``recreate_error_locally`` (not when the replay itself is what died)."""
     who = f"Worker {worker!r} (pid {pid})"
-    sig = signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
+    sig = exit_signal(exitcode)
     running = f" while running {', '.join(map(repr, tasks))}" if tasks else ""
     mem = ""
     if memory is not None:
@@ -507,7 +518,7 @@ class WorkerStartupError(RuntimeError):
                     f"{format_bytes(last.memory_limit)}. Raise memory_limit (or use None), or load less "
                     f"in the workers' initializer, and create the cluster again.")
         return (f"{head} The last one, {last.worker!r} (pid {last.pid}), ended with "
-                f"{signal_name(-last.exitcode) if last.exitcode and last.exitcode < 0 else f'exit code {last.exitcode}'}"
+                f"{exit_signal(last.exitcode) or f'exit code {last.exitcode}'}"
                 f". Its last output:\n{tail}\nFix the start-up error above (an initializer that raises, a broken "
                 f"environment, an import that fails in a fresh interpreter) and create the cluster again.")
 

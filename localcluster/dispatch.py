@@ -41,7 +41,7 @@ from .death import ClusterBroken
 from .history import History
 from .loop import EventLoop
 from .nanny import Nanny
-from .serialize import loads_exception
+from .serialize import as_exception
 
 logger = logging.getLogger("localcluster")
 
@@ -252,8 +252,3 @@ class Dispatcher:
             if not fut.done():
                 fut.set_exception(exc)
         self.requests.clear()
-
-
-def as_exception(error: Any, key: Optional[str] = None) -> BaseException:
-    """A task's error as the scheduler holds it (pickled bytes, or an exception) -> the exception."""
-    return error if isinstance(error, BaseException) else loads_exception(error, key)

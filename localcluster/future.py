@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 import weakref
 
 from . import remote, serialize
+from .config import check_seconds
 
 __all__ = ["Future", "wait", "as_completed"]
 
@@ -421,9 +422,7 @@ def wait_all(fs: list, timeout: Optional[float], what: str = "") -> Any:
 
 
 def check_timeout(what: str, timeout: Any) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not 0 <= timeout < float("inf")):
-        raise ValueError(f"{what}(timeout={timeout!r}): expected a number of seconds >= 0, or None")
+    check_seconds(timeout, what, zero=True)
 
 
 def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:

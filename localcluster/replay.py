@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from . import serialize
-from .death import (KilledWorker, TaskTimeoutError, WorkerDeath, classify, crash_stack, death_message,
-                    signal_name)
+from .death import (KilledWorker, TaskTimeoutError, WorkerDeath, classify, crash_stack,
+                    exit_signal)
 
 _REPLAY = ("import sys, json, pickle, faulthandler; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
            "faulthandler.enable(all_threads=True); "
@@ -90,8 +90,6 @@ def _replay_in_subprocess(key: str, fn: Any, args: tuple, kwargs: dict, timeout:
     cause = classify(code, reason)
     stack = crash_stack(lines) if code < 0 else None
     death = WorkerDeath(worker="replay", pid=proc.pid, cause=cause, exitcode=code,
-                        signal=signal_name(-code) if code < 0 else None, tasks=(key,), stack=stack,
-                        log_tail=tuple(lines[-50:]), time=time.time(),
-                        message=death_message("replay", proc.pid, cause, code, (key,), None, None, None, stack,
-                                              replay_hint=False))
+                        signal=exit_signal(code), tasks=(key,), stack=stack,
+                        log_tail=tuple(lines[-50:]), time=time.time()).explained(replay_hint=False)
     raise ReplayedDeath(key, death)

@@ -330,6 +330,11 @@ def dumps_exception(exc: BaseException, step: str = "") -> bytes:
     return pickle.dumps((head, body, tb), protocol=5)
 
 
+def as_exception(error: Any, key: Optional[str] = None) -> BaseException:
+    """A task's error as the scheduler holds it (pickled bytes, or an exception) -> the exception."""
+    return error if isinstance(error, BaseException) else loads_exception(error, key)
+
+
 def loads_exception(data: bytes, key: Optional[str] = None) -> BaseException:
     """The exception a task ended with (``key``: that task, for the message of a stand-in)."""
     from .death import TaskError

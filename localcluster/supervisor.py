@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 from . import logs
 from . import protocol as P
 from . import scheduler as S
-from .death import (ClusterBroken, WorkerDeath, classify, crash_stack, crashing_thread, death_message, signal_name,
+from .death import (ClusterBroken, WorkerDeath, classify, crash_stack, crashing_thread, exit_signal,
                     thread_ident, thread_stack)
 from .history import History
 from .nanny import Nanny
@@ -419,12 +419,10 @@ class Supervisor:
             managed = slot.managed if slot is not None and slot.memory is not None else None
             death = WorkerDeath(
                 worker=n.name, pid=n.pid, cause=cause, exitcode=exitcode,
-                signal=signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None,
+                signal=exit_signal(exitcode),
                 tasks=keys, memory=memory, peak_memory=peak, memory_limit=limit,
                 stack=stack, log_tail=tuple(lines[-50:]), time=time.time(),
-                message=death_message(n.name, n.pid, cause, exitcode, keys, memory, peak,
-                                      limit, stack, detail, managed=managed),
-                blamed=blamed, detail=detail, managed=managed)
+                blamed=blamed, detail=detail, managed=managed).explained()
             self.deaths.append(death)
             post = self._dispatch.apply(self._scheduler.worker_died(death, timed_out))
         self._dispatch.post(post)

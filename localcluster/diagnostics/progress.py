@@ -22,10 +22,10 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
     ``[#####     ] 5/10 done, 1 failed | 2.3 s`` redrawn on ``file`` (stderr by default).
     Failures are counted apart from successes and never stop the wait; nothing is raised
     for them: read the futures (or ``client.gather``) for the errors themselves."""
+    from ..config import check_seconds
     from ..future import walk
+    check_seconds(interval, "progress", "interval", none=False)
     fs = [f for group in futures for f in walk(group)]
-    if interval <= 0:
-        raise ValueError(f"progress(interval={interval!r}): expected a number of seconds > 0")
     counts = _Counts(len(fs))
     for f in fs:
         cf.Future.add_done_callback(f, counts.done)      # the count only: no need to leave the thread

@@ -76,22 +76,19 @@ EXPECT = {
 }
 
 
-@pytest.fixture
-def fragile():
-    """allowed_failures=0: the first death that blames a task gives it up."""
-    with LocalCluster(n_workers=2, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
-        yield c, cl
+# The conftest's cluster with allowed_failures=0: the first death that blames a task gives it up.
+fragile = pytest.mark.cluster(allowed_failures=0)
 
 
 def at_unpickle_result():
     return FailOnUnpickle("raise")
 
 
+@fragile
 @pytest.mark.parametrize("point", ["pickle-args", "unpickle-result"])
-def test_crash_table_in_the_client(fragile, point):
+def test_crash_table_in_the_client(cluster, client, point):
     """loky's two crash points on the parent's side; only "raise" makes sense there
     (a segfault would take the user's own process down, as it would without us)."""
-    cluster, client = fragile
     if point == "pickle-args":
         with pytest.raises(TypeError, match=r"could not pickle argument 0 .* of at_unpickle\(\).*task raised"):
             client.submit(at_unpickle, FailOnPickle("raise"))
@@ -103,10 +100,10 @@ def test_crash_table_in_the_client(fragile, point):
     assert client.submit(inc, 1).result(30) == 2
 
 
+@fragile
 @pytest.mark.parametrize("how", list(EXPECT))
 @pytest.mark.parametrize("point", ["call", "unpickle-args", "pickle-result"])
-def test_crash_table(fragile, point, how):
-    cluster, client = fragile
+def test_crash_table(cluster, client, point, how):
     if point == "call":
         fut = client.submit(at_call, how)
     elif point == "unpickle-args":
@@ -241,6 +238,9 @@ def test_a_timeout_names_the_frame_the_task_was_in():
     import inspect
     line = inspect.getsourcelines(sleep_in_user_code)[1] + 1
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        # The worker imports this module (pytest and all) first, or a loaded machine's import
+        # can outlast the 0.3 s and the stack shows importlib, not the task's frame.
+        assert cl.submit(inc, 1).result(30) == 2
         with pytest.raises(TaskTimeoutError) as info:
             cl.submit(sleep_in_user_code, 300, timeout=0.3, pure=False).result(60)
         assert f"line {line} in sleep_in_user_code" in str(info.value), str(info.value)
@@ -398,9 +398,9 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
     assert fut.result(30) is None and cluster.deaths == []
 
 
-def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(fragile):
+@fragile
+def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(cluster, client):
     from localcluster.replay import ReplayedDeath
-    cluster, client = fragile
     fut = client.submit(at_call, "segfault")
     with pytest.raises(KilledWorker):
         fut.result(30)

@@ -100,9 +100,15 @@ def test_crash_table_in_the_client(cluster, client, point):
     assert client.submit(inc, 1).result(30) == 2
 
 
+POINTS = ["call", "unpickle-args", "pickle-result"]
+# Every failure at every point; the quick tier (pytest -m "not slow") each failure at one point,
+# every point in turn.
+CRASH_TABLE = [pytest.param(point, how, id=f"{point}-{how}", marks=() if h % len(POINTS) == p else pytest.mark.slow)
+               for p, point in enumerate(POINTS) for h, how in enumerate(EXPECT)]
+
+
 @fragile
-@pytest.mark.parametrize("how", list(EXPECT))
-@pytest.mark.parametrize("point", ["call", "unpickle-args", "pickle-result"])
+@pytest.mark.parametrize("point,how", CRASH_TABLE)
 def test_crash_table(cluster, client, point, how):
     if point == "call":
         fut = client.submit(at_call, how)
@@ -159,6 +165,7 @@ def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig, tmp
     wait_for(lambda: len(cluster.workers) == 2)
 
 
+@pytest.mark.slow
 def test_killed_worker_after_allowed_failures_names_every_death():
     with LocalCluster(n_workers=2, allowed_failures=2, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(at_call, "segfault")
@@ -198,6 +205,7 @@ def hold_the_gil():
     return sum(range(10 ** 11))     # C loop that never releases the GIL
 
 
+@pytest.mark.slow
 def test_unresponsive_worker_dumps_stacks_then_dies():
     with LocalCluster(n_workers=1, worker_ttl=1.0, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(hold_the_gil)
@@ -269,6 +277,7 @@ def broken_initializer():
     raise ImportError("No module named 's3fs'")
 
 
+@pytest.mark.slow
 def test_startup_failure_stops_retrying_with_a_clear_error():
     with pytest.raises(WorkerStartupError) as info:
         LocalCluster(n_workers=1, initializer=broken_initializer, forward_logs=False)
@@ -359,6 +368,7 @@ def test_restart_just_after_a_death_starts_exactly_as_many_workers(tmp_path):
         assert len(cluster.workers) == 3
 
 
+@pytest.mark.slow
 def test_twenty_restarts_neither_hang_nor_leak(client, cluster):
     for i in range(20):
         client.restart()

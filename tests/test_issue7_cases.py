@@ -81,6 +81,7 @@ def forty_mib(i, kind):
 
 
 @pytest.mark.parametrize("kind", ["bytes", "bytearray", "numpy"])
+@pytest.mark.slow
 def test_case5_spilling_keeps_a_small_worker_alive_whatever_the_type(kind):
     with LocalCluster(n_workers=1, memory_limit="400MiB", forward_logs=False) as cluster, Client(cluster) as client:
         fs = [client.submit(forty_mib, i, kind, pure=False) for i in range(12)]

@@ -116,6 +116,7 @@ class Supervisor:
             todo = event()
             self.policy.validate()
             if not todo:
+                self._changed.notify_all()      # the event may have freed a slot wait_for() counts
                 return
             actions: list = []
             for i in todo:

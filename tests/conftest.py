@@ -1,16 +1,19 @@
 """Shared fixtures. ``no_leaks`` runs around every test and fails it if it leaves a
-child process, a thread, a file descriptor or a /dev/shm entry behind."""
+child process, a thread, a file descriptor or a /dev/shm entry behind; ``validated`` checks
+the scheduler's invariants of every LocalCluster the test makes, however it makes it."""
 from __future__ import annotations
 
 import gc
 import os
 import threading
 import time
+import weakref
 
 import psutil
 import pytest
 
 from localcluster import Client, LocalCluster
+from localcluster.cluster import live_clusters, watch
 
 
 def _fds() -> set:
@@ -94,11 +97,82 @@ def no_leaks():
     assert not left_shm, f"test left /dev/shm entries: {sorted(left_shm)}"
 
 
+# --- validate(): the scheduler's invariants, for every cluster a test makes ---------------
+#
+# Every LocalCluster made in this process checks its scheduler's invariants when it is closed
+# (after its close that would be vacuous: the scheduler is cleared), and every one still open
+# at the end of a test (a module-scoped fixture's) is checked then. A close inside a test only
+# records what it found, and the test fails at its teardown: raising from close() would let a
+# test's own ``pytest.raises(AssertionError)`` swallow the finding. A close outside any test (a
+# module fixture's teardown) raises, which pytest reports as an error of that teardown.
+
+_found: "list[str] | None" = None       # the current test's broken invariants; None between tests
+
+
+def _broken(cluster: LocalCluster, when: str, error: AssertionError) -> str:
+    return f"{cluster!r} {when}: a scheduler invariant is broken: {error}"
+
+
+def _validate_at_close(cluster: LocalCluster) -> None:
+    """Shadow this cluster's close() with one that validates first. The wrapper holds the
+    cluster only weakly: a cycle would keep an abandoned cluster alive until a collection."""
+    ref, owner, close = weakref.ref(cluster), os.getpid(), type(cluster).close
+    checked = False
+
+    def close_validated(*args, **kwargs):
+        nonlocal checked
+        c = ref()
+        if c is None:
+            return None
+        # A forked child's copy is not its to close (close() returns), nor to lock.
+        if checked or os.getpid() != owner:
+            return close(c, *args, **kwargs)
+        checked = True
+        try:
+            c.validate()
+        except AssertionError as e:
+            message = _broken(c, "at close", e)
+            close(c, *args, **kwargs)
+            if _found is None:
+                raise AssertionError(message) from e
+            _found.append(message)
+            return None
+        return close(c, *args, **kwargs)
+    cluster.close = close_validated
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_cluster_validates_at_close():
+    undo = watch(_validate_at_close)      # session scope: module-scoped clusters are made first
+    yield
+    undo()
+
+
+@pytest.fixture(autouse=True)
+def validated():
+    global _found
+    _found = found = []
+    try:
+        yield
+        for c in live_clusters():
+            try:
+                c.validate()
+            except AssertionError as e:
+                found.append(_broken(c, "at the end of the test", e))
+    finally:
+        _found = None
+    assert not found, "\n".join(found)
+
+
 @pytest.fixture
-def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as c:
+def cluster(request):
+    """Two workers of one thread. A test that needs other settings says so with a marker:
+    ``@pytest.mark.cluster(allowed_failures=0)``."""
+    marker = request.node.get_closest_marker("cluster")
+    settings = dict(n_workers=2, threads_per_worker=1, forward_logs=False)
+    settings.update(marker.kwargs if marker else {})
+    with LocalCluster(**settings) as c:
         yield c
-        c.validate()          # the scheduler's invariants hold after whatever the test did
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from localcluster import Client
-
 np = pytest.importorskip("numpy")
 
 BIG = 20 * 2**20 // 8        # a 20 MB float64 array: fetched from its worker, not inline
@@ -30,12 +28,6 @@ def slow(x, delay):
 
 def boom():
     raise KeyError("missing")
-
-
-@pytest.fixture
-def client(cluster):
-    with Client(cluster) as c:
-        yield c
 
 
 def test_await_a_future_small_large_and_failed(client):

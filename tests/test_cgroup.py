@@ -65,6 +65,7 @@ def burst(n_bytes: int) -> int:
     return int(np.ones(n_bytes // 8).sum())
 
 
+@pytest.mark.slow
 def test_a_burst_between_samples_meets_the_ceiling_as_the_oom_killer(cgroups_allowed):
     pytest.importorskip("numpy")
     with LocalCluster(n_workers=1, memory_limit=200 * MiB, memory_sample_interval=30,
@@ -98,6 +99,7 @@ def shmem(group: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("shmem "))
 
 
+@pytest.mark.slow
 def test_results_the_client_keeps_do_not_count_against_the_ceiling_of_the_worker_that_made_them(cgroups_allowed):
     """The kernel charges a memfd to the group of its writer: 320 MiB of results sent to
     the client and kept there are charged to a worker whose ceiling is 240 MiB. It must
@@ -150,6 +152,7 @@ def test_an_oom_kill_elsewhere_on_the_machine_is_not_blamed_on_a_worker_killed_a
         assert c.deaths[0].cause == "signal"
 
 
+@pytest.mark.slow
 def test_a_worker_read_in_no_group_while_it_exits_is_still_judged_by_its_own_group(cgroups_allowed, monkeypatch):
     """A process read while it exits shows in no cgroup. The nanny's once-a-second look at
     the worker must not take that for leaving its group, or the SIGKILL that follows is

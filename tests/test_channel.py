@@ -360,6 +360,7 @@ def test_data_let_go_to_user_code_is_copied_when_sent_again(memfds):
 
 
 @needs_memfd
+@pytest.mark.slow
 def test_descriptor_limit_per_frame(pair, memfds):
     """At most ``_MAX_FDS`` (SCM_MAX_FD) memfds per frame: the buffers past the limit go
     inline. Two frames at the limit sent back to back lose no descriptor on the way."""

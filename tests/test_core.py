@@ -330,6 +330,7 @@ def test_no_listening_socket(client, cluster):
         assert conns == [], (p.pid, conns)
 
 
+@pytest.mark.slow
 def test_many_clusters_in_a_row_leak_nothing():
     for _ in range(20):
         with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:

@@ -66,7 +66,7 @@ def _in_the_call(pid: int, phase: str, ticks_at_go: int) -> bool:
     return ticks > ticks_at_go + 5 if phase == "map" else state == "S"
 
 
-@pytest.mark.parametrize("phase", ["result", "gather", "wait", "map", "scale"])
+@pytest.mark.parametrize("phase", ["result", "gather", "wait", "map", pytest.param("scale", marks=pytest.mark.slow)])
 def test_ctrl_c_interrupts_the_call_and_the_cluster_stays_usable(tmp_path, phase):
     script = tmp_path / "ctrl_c.py"
     script.write_text(SCRIPT)

@@ -132,6 +132,7 @@ def read_null_pointer(x, *chunks):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_segfault_in_a_graph_is_a_killed_worker_naming_the_graph_key():
     with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as cluster, Client(cluster) as client:
         chunks = [dask.delayed(np.ones, pure=True)(500_000, dask_key_name=("chunk", i)) for i in range(3)]

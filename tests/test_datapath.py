@@ -22,9 +22,32 @@ from _util import wait_for
 from _data import KINDS, SIZES, fingerprint, identity, make
 from localcluster import Client, LocalCluster, wait
 
-VALUES = [pytest.param(kind, n, id=f"{kind}-{label}") for kind in KINDS for label, n in SIZES.items()]
-VALUES.append(pytest.param("int", 0, id="int"))
-LARGE_ONLY = [pytest.param(kind, SIZES["50MB"], id=kind) for kind in KINDS]
+# The quick tier (pytest -m "not slow") runs a diagonal of each table, the full run all of it:
+# one kind for each size (of each other path: sizes and paths of the same parity meet), the
+# kinds taken in turn, so that each table covers every size, every path and, with the next
+# table's turn, every kind, in 6 cells (18 for the paths' 366) instead of 61.
+SLOW = pytest.mark.slow
+
+
+def table(turn: int, paths: tuple = ("",)) -> list:
+    """(kind, n[, path]) for every kind and size (and path), and the int 0 (quick on the paths' first)."""
+    cells, quick = [], {}
+    for p, path in enumerate(paths):
+        for s, label in enumerate(SIZES):
+            if len(paths) == 1 or s % 2 == p % 2:
+                quick[(label, path)] = KINDS[(turn + len(quick)) % len(KINDS)]
+    for p, path in enumerate(paths):
+        more = (path,) if path else ()
+        for kind in KINDS:
+            for label, n in SIZES.items():
+                cells.append(pytest.param(kind, n, *more, id="-".join((kind, label) + more),
+                                          marks=() if quick.get((label, path)) == kind else SLOW))
+        cells.append(pytest.param("int", 0, *more, id="-".join(("int",) + more), marks=() if p == 0 and len(paths) > 1 else SLOW))
+    return cells
+
+
+def large_only(quick: tuple) -> list:
+    return [pytest.param(kind, SIZES["50MB"], id=kind, marks=() if kind in quick else SLOW) for kind in KINDS]
 
 
 def assert_same(got, expected):
@@ -126,9 +149,8 @@ PATHS = {
 }
 
 
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("kind,n", VALUES)
-def test_data_path(pair, path, kind, n):
+@pytest.mark.parametrize("kind,n,path", table(0, tuple(PATHS)))
+def test_data_path(pair, kind, n, path):
     cluster, client = pair
     v = make(kind, n)
     fn = PATHS[path]
@@ -139,7 +161,7 @@ def test_data_path(pair, path, kind, n):
     settle(client, cluster)
 
 
-@pytest.mark.parametrize("kind,n", VALUES)
+@pytest.mark.parametrize("kind,n", table(3))
 def test_spill_reload_and_send_on(spilling, kind, n):
     cluster, client = spilling
     w0, w1 = names(cluster)
@@ -158,7 +180,7 @@ def kill(cluster, name):
     os.kill(cluster.workers[name].pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("kind,n", VALUES)
+@pytest.mark.parametrize("kind,n", table(6))
 def test_replicate_then_kill_a_holder(kind, n):
     """Scattered data cannot be recomputed: only the replica can answer after the kill."""
     with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
@@ -173,7 +195,7 @@ def test_replicate_then_kill_a_holder(kind, n):
         assert [d.cause for d in cluster.deaths] == ["signal"]
 
 
-@pytest.mark.parametrize("kind,n", VALUES)
+@pytest.mark.parametrize("kind,n", table(9))
 def test_recompute_from_lineage_after_the_holder_is_killed(kind, n):
     with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
         w0, w1 = names(cluster)
@@ -187,7 +209,7 @@ def test_recompute_from_lineage_after_the_holder_is_killed(kind, n):
         assert [d.cause for d in cluster.deaths] == ["signal"]
 
 
-@pytest.mark.parametrize("kind,n", LARGE_ONLY)
+@pytest.mark.parametrize("kind,n", large_only(("bytes", "pandas")))
 def test_a_result_lost_with_the_only_worker_it_may_run_on_says_so(kind, n):
     """Its recompute cannot be placed: the fetch fails with that reason, not a CancelledError
     that blames a release nobody made."""
@@ -203,7 +225,7 @@ def test_a_result_lost_with_the_only_worker_it_may_run_on_says_so(kind, n):
 # --- memory accounting: what a worker says it holds is what its RSS grew by -------------------
 
 @pytest.mark.parametrize("how", ["result", "scattered"])
-@pytest.mark.parametrize("kind,n", LARGE_ONLY)
+@pytest.mark.parametrize("kind,n", large_only(("numpy",)))
 def test_managed_memory_matches_rss_growth(kind, n, how):
     with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
         (w,) = names(cluster)

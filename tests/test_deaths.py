@@ -76,22 +76,19 @@ EXPECT = {
 }
 
 
-@pytest.fixture
-def fragile():
-    """allowed_failures=0: the first death that blames a task gives it up."""
-    with LocalCluster(n_workers=2, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
-        yield c, cl
+# The conftest's cluster with allowed_failures=0: the first death that blames a task gives it up.
+fragile = pytest.mark.cluster(allowed_failures=0)
 
 
 def at_unpickle_result():
     return FailOnUnpickle("raise")
 
 
+@fragile
 @pytest.mark.parametrize("point", ["pickle-args", "unpickle-result"])
-def test_crash_table_in_the_client(fragile, point):
+def test_crash_table_in_the_client(cluster, client, point):
     """loky's two crash points on the parent's side; only "raise" makes sense there
     (a segfault would take the user's own process down, as it would without us)."""
-    cluster, client = fragile
     if point == "pickle-args":
         with pytest.raises(TypeError, match=r"could not pickle argument 0 .* of at_unpickle\(\).*task raised"):
             client.submit(at_unpickle, FailOnPickle("raise"))
@@ -103,10 +100,16 @@ def test_crash_table_in_the_client(fragile, point):
     assert client.submit(inc, 1).result(30) == 2
 
 
-@pytest.mark.parametrize("how", list(EXPECT))
-@pytest.mark.parametrize("point", ["call", "unpickle-args", "pickle-result"])
-def test_crash_table(fragile, point, how):
-    cluster, client = fragile
+POINTS = ["call", "unpickle-args", "pickle-result"]
+# Every failure at every point; the quick tier (pytest -m "not slow") each failure at one point,
+# every point in turn.
+CRASH_TABLE = [pytest.param(point, how, id=f"{point}-{how}", marks=() if h % len(POINTS) == p else pytest.mark.slow)
+               for p, point in enumerate(POINTS) for h, how in enumerate(EXPECT)]
+
+
+@fragile
+@pytest.mark.parametrize("point,how", CRASH_TABLE)
+def test_crash_table(cluster, client, point, how):
     if point == "call":
         fut = client.submit(at_call, how)
     elif point == "unpickle-args":
@@ -162,6 +165,7 @@ def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig, tmp
     wait_for(lambda: len(cluster.workers) == 2)
 
 
+@pytest.mark.slow
 def test_killed_worker_after_allowed_failures_names_every_death():
     with LocalCluster(n_workers=2, allowed_failures=2, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(at_call, "segfault")
@@ -201,6 +205,7 @@ def hold_the_gil():
     return sum(range(10 ** 11))     # C loop that never releases the GIL
 
 
+@pytest.mark.slow
 def test_unresponsive_worker_dumps_stacks_then_dies():
     with LocalCluster(n_workers=1, worker_ttl=1.0, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(hold_the_gil)
@@ -241,6 +246,9 @@ def test_a_timeout_names_the_frame_the_task_was_in():
     import inspect
     line = inspect.getsourcelines(sleep_in_user_code)[1] + 1
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        # The worker imports this module (pytest and all) first, or a loaded machine's import
+        # can outlast the 0.3 s and the stack shows importlib, not the task's frame.
+        assert cl.submit(inc, 1).result(30) == 2
         with pytest.raises(TaskTimeoutError) as info:
             cl.submit(sleep_in_user_code, 300, timeout=0.3, pure=False).result(60)
         assert f"line {line} in sleep_in_user_code" in str(info.value), str(info.value)
@@ -269,6 +277,7 @@ def broken_initializer():
     raise ImportError("No module named 's3fs'")
 
 
+@pytest.mark.slow
 def test_startup_failure_stops_retrying_with_a_clear_error():
     with pytest.raises(WorkerStartupError) as info:
         LocalCluster(n_workers=1, initializer=broken_initializer, forward_logs=False)
@@ -359,6 +368,7 @@ def test_restart_just_after_a_death_starts_exactly_as_many_workers(tmp_path):
         assert len(cluster.workers) == 3
 
 
+@pytest.mark.slow
 def test_twenty_restarts_neither_hang_nor_leak(client, cluster):
     for i in range(20):
         client.restart()
@@ -398,9 +408,9 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
     assert fut.result(30) is None and cluster.deaths == []
 
 
-def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(fragile):
+@fragile
+def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(cluster, client):
     from localcluster.replay import ReplayedDeath
-    cluster, client = fragile
     fut = client.submit(at_call, "segfault")
     with pytest.raises(KilledWorker):
         fut.result(30)

@@ -48,6 +48,7 @@ def run(backend: str) -> list:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_one_script_prints_the_same_under_both():
     pytest.importorskip("distributed")
     ours, theirs = run("localcluster"), run("distributed")

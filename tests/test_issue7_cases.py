@@ -21,14 +21,7 @@ def length_plus(b, i):
     return len(b) + i
 
 
-@pytest.fixture
-def pair():
-    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
-        yield cluster, client
-
-
-def test_case1_scattered_array_used_by_40_tasks(pair):
-    cluster, client = pair
+def test_case1_scattered_array_used_by_40_tasks(cluster, client):
     big = client.scatter(np.ones(2_000_000))
     fs = [client.submit(first_element_plus, big, i, pure=False) for i in range(40)]
     assert client.gather(fs) == [1.0 + i for i in range(40)]
@@ -36,16 +29,14 @@ def test_case1_scattered_array_used_by_40_tasks(pair):
     assert len({cluster.workers[w].pid for w in cluster.workers}) == 2
 
 
-def test_case1_scattered_5mb_bytes_used_by_40_tasks(pair):
-    cluster, client = pair
+def test_case1_scattered_5mb_bytes_used_by_40_tasks(cluster, client):
     big = client.scatter(b"x" * 5_000_000)
     fs = [client.submit(length_plus, big, i, pure=False) for i in range(40)]
     assert client.gather(fs) == [5_000_000 + i for i in range(40)]
     assert cluster.deaths == []
 
 
-def test_case2_the_scheduler_thread_survives_relaying_large_data(pair):
-    cluster, client = pair
+def test_case2_the_scheduler_thread_survives_relaying_large_data(cluster, client):
     w0, w1 = sorted(cluster.workers)
     big = client.scatter(np.arange(2_000_000.0), workers=[w0])
     # Every one of these needs the array relayed through the parent to w1.
@@ -63,8 +54,7 @@ def total_plus(a, j):
     return float(a.sum()) + j
 
 
-def test_case3_six_20mb_results_each_read_by_three_dependents(pair):
-    cluster, client = pair
+def test_case3_six_20mb_results_each_read_by_three_dependents(cluster, client):
     results = [client.submit(twenty_mb, i, pure=False) for i in range(6)]
     dependents = [client.submit(total_plus, r, j, pure=False) for r in results for j in range(3)]
     n = 20 * MiB // 8
@@ -72,8 +62,7 @@ def test_case3_six_20mb_results_each_read_by_three_dependents(pair):
     assert cluster.deaths == []
 
 
-def test_case4_replicate_a_large_scattered_value_then_lose_one_holder(pair):
-    cluster, client = pair
+def test_case4_replicate_a_large_scattered_value_then_lose_one_holder(cluster, client):
     w0, w1 = sorted(cluster.workers)
     value = np.arange(2_000_000.0)
     big = client.scatter(value, workers=[w0])
@@ -92,6 +81,7 @@ def forty_mib(i, kind):
 
 
 @pytest.mark.parametrize("kind", ["bytes", "bytearray", "numpy"])
+@pytest.mark.slow
 def test_case5_spilling_keeps_a_small_worker_alive_whatever_the_type(kind):
     with LocalCluster(n_workers=1, memory_limit="400MiB", forward_logs=False) as cluster, Client(cluster) as client:
         fs = [client.submit(forty_mib, i, kind, pure=False) for i in range(12)]

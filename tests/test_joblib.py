@@ -89,6 +89,7 @@ def test_parallel_without_a_client_starts_one_and_stops_it():
     assert not alive, f"the backend's own workers outlived the Parallel call: {alive}"
 
 
+@pytest.mark.slow
 def test_multi_megabyte_arrays_through_joblib(client):
     arrays = [np.full(2**19, float(i)) for i in range(6)]            # 4 MiB each
     with joblib.parallel_config(backend="localcluster", client=client):
@@ -132,6 +133,7 @@ def test_nested_parallel_runs_sequentially_on_the_worker(client):
         assert backend == "SequentialBackend" and pid in workers and inner_pids == {pid}
 
 
+@pytest.mark.slow
 def test_functions_defined_in_main():
     """A script's own functions (and lambdas) are pickled by value: workers cannot import __main__."""
     script = (
@@ -149,6 +151,7 @@ def test_functions_defined_in_main():
     assert run.stdout.split() == [str(sum(i * i for i in range(50))), str(sum(range(1, 51)))]
 
 
+@pytest.mark.slow
 def test_scikit_learn_grid_search_on_the_cluster(client):
     pytest.importorskip("sklearn")
     from sklearn.datasets import load_iris

@@ -11,7 +11,7 @@ from _util import wait_for
 from localcluster import Client, LocalCluster
 
 MiB = 2 ** 20
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(120)
 
 
 def leaky(i, mib=2, seconds=0.0):
@@ -24,6 +24,7 @@ def leaky(i, mib=2, seconds=0.0):
     return i * i
 
 
+@pytest.mark.slow
 def test_a_leak_restarts_the_worker_and_every_task_finishes(caplog):
     caplog.set_level(logging.WARNING, logger="localcluster")
     with LocalCluster(n_workers=2, memory_limit="200MiB", memory_leak_restart=1.0) as cluster, \

@@ -36,3 +36,23 @@ def test_timeouts_are_enforced_even_when_memory_is_sampled_rarely():
     with LocalCluster(n_workers=1, memory_sample_interval=600.0, forward_logs=False) as c, Client(c) as cl:
         with pytest.raises(TaskTimeoutError):
             cl.submit(time.sleep, 900, timeout=0.3).result(60)
+
+
+def test_scale_down_returns_when_the_worker_is_gone_not_at_its_timeout(monkeypatch):
+    """scale(n) waits for the policy's slots to number n. A requested exit frees its slot in
+    a policy event that asks for nothing; that event must still wake the waiter, or scale()
+    slept until its timeout whenever it woke (at the reap) before the slot was freed: 60 s
+    on a loaded machine. A pause in the event opens that window every time."""
+    from localcluster.policy import Policy
+    exited = Policy.exited
+
+    def late_exited(self, *args, **kwargs):
+        time.sleep(0.3)                 # the scale() caller, woken by the reap, waits again meanwhile
+        return exited(self, *args, **kwargs)
+    monkeypatch.setattr(Policy, "exited", late_exited)
+    with LocalCluster(n_workers=2, forward_logs=False) as c:
+        start = time.monotonic()
+        c.scale(1, timeout=20)
+        took = time.monotonic() - start
+        assert len(c.workers) == 1
+    assert took < 10, f"scale(1) took {took:.1f} s: it waited for its timeout, not for the worker"

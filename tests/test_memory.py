@@ -97,6 +97,7 @@ def test_worker_over_the_limit_is_killed_with_figures(caplog):
     assert any("Worker exceeded 95% memory budget. Restarting" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_results_spill_to_disk_instead_of_killing_the_worker():
     with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:
         futs = cl.map(block, range(12))

@@ -70,6 +70,7 @@ print(json.dumps([[cell.get("outputs", []) for cell in nb.cells if cell.cell_typ
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_example_notebook_runs_in_a_kernel_and_exports_to_html(tmp_path):
     """examples/notebook.ipynb through a real kernel: the cluster view, a memory kill and a
     segfault drawn as HTML, worker logging and printing in their cells; then nbconvert."""

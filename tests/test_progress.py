@@ -8,7 +8,6 @@ import sys
 import pytest
 
 import localcluster
-from localcluster import Client
 
 
 def inc(x):
@@ -19,12 +18,6 @@ def fail_on_odd(x):
     if x % 2:
         raise ValueError(x)
     return x
-
-
-@pytest.fixture
-def client(cluster):
-    with Client(cluster) as c:
-        yield c
 
 
 def test_tqdm_bar_counts_failures_apart(client):

@@ -103,17 +103,10 @@ def same(x):
     return x
 
 
-@pytest.fixture
-def two():
-    with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
-        yield c, cl
-
-
 _OPTS = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(allow_nan=True), st.text(max_size=5))
 
 
-def test_submit_options_run_or_name_the_option(two):
-    cluster, client = two
+def test_submit_options_run_or_name_the_option(cluster, client):
     names = list(cluster.workers)
 
     @PROFILE
@@ -140,8 +133,7 @@ def test_submit_options_run_or_name_the_option(two):
     assert client.submit(inc, 41).result(30) == 42
 
 
-def test_keys_are_strings_or_refused(two):
-    cluster, client = two
+def test_keys_are_strings_or_refused(cluster, client):
 
     @PROFILE
     @given(key=st.one_of(st.text(max_size=40), st.integers(), st.none(), st.binary(max_size=4),
@@ -178,8 +170,7 @@ def _resolve(structure, values):
     return structure
 
 
-def test_futures_nested_anywhere_arrive_as_values(two):
-    cluster, client = two
+def test_futures_nested_anywhere_arrive_as_values(cluster, client):
     with LocalCluster(n_workers=0, forward_logs=False) as other, Client(other) as closed_client:
         foreign = closed_client.scatter(7)
     # a future of a closed client: refused, naming what is wrong
@@ -203,8 +194,7 @@ def test_futures_nested_anywhere_arrive_as_values(two):
     prop()
 
 
-def test_gather_wait_and_as_completed_refuse_what_is_not_a_future(two):
-    cluster, client = two
+def test_gather_wait_and_as_completed_refuse_what_is_not_a_future(cluster, client):
     fut = client.submit(inc, 1)
     assert client.gather([fut, 3, "x", {"a": fut}]) == [2, 3, "x", {"a": 2}]
 

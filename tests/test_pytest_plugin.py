@@ -111,6 +111,7 @@ def test_a_separate_project_uses_the_plugin(tmp_path, import_mode, launcher):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_entry_point_loads_it_and_the_ini_option_sizes_the_cluster(tmp_path):
     """With autoloading on, the pytest11 entry point loads the plugin (``-p`` with the same name
     is then harmless); ``localcluster_workers`` in the ini file sets the size. A conftest.py's

@@ -97,6 +97,7 @@ def page(run):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_report_opens_in_a_real_browser(run, page, tmp_path):
     stream = page.locator("svg.lc-stream").bounding_box()
     assert stream["width"] >= 800 and stream["height"] >= 4 * 16, stream

@@ -219,6 +219,7 @@ def test_every_worker_paused_is_said_once_and_every_timeout_says_why(tmp_path, s
         assert c.deaths == []
 
 
+@pytest.mark.slow
 def test_no_worker_is_said_and_every_timeout_says_why(said):
     with LocalCluster(n_workers=0, stall_warning=0.5, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(inc, 1)

@@ -40,6 +40,7 @@ def test_a_stuck_scheduler_thread_breaks_the_cluster_with_its_stack(monkeypatch)
             release.set()
 
 
+@pytest.mark.slow
 def test_an_idle_scheduler_or_a_long_task_is_not_a_stall():
     with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=0.3) as c, Client(c) as cl:
         slow = cl.submit(time.sleep, 1.5)              # the thread waits in select meanwhile

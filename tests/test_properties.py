@@ -152,10 +152,14 @@ def test_keys_are_strings_or_refused(cluster, client):
     prop()
 
 
+def _containers(inner):
+    return st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                     st.dictionaries(st.text(max_size=3), inner, max_size=3))
+
+
 def _nested(leaves):
-    return st.recursive(leaves, lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.tuples(inner, inner),
-        st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=12)
+    # a named function, not a lambda: hypothesis reads a lambda's source to describe it
+    return st.recursive(leaves, _containers, max_leaves=12)
 
 
 def _resolve(structure, values):

@@ -3,7 +3,7 @@ the actions the state machine emits (Send, Resolve, FailAll, Deliver, Retire).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from . import protocol as P
 
@@ -87,6 +87,92 @@ class Whereabouts:
 
 TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
 
+# Every change of a Task's state that the scheduler may make: (old, new). Anything else is a
+# bug in localcluster, raised at once (``Transitions.apply``) instead of surfacing later as a
+# broken invariant or a hang. scheduler.py's docstring lists the same pairs, with why each
+# happens (a test checks the two agree). A task is made "released" and moved on at once.
+TRANSITIONS: frozenset = frozenset({
+    ("released", "waiting"), ("released", "ready"), ("released", "memory"), ("released", "erred"),
+    ("waiting", "ready"), ("waiting", "erred"), ("waiting", "released"),
+    ("ready", "processing"), ("ready", "waiting"), ("ready", "erred"), ("ready", "released"),
+    ("processing", "memory"), ("processing", "ready"), ("processing", "waiting"), ("processing", "erred"),
+    ("processing", "released"),
+    ("memory", "waiting"), ("memory", "lost"), ("memory", "released"),
+    ("erred", "released"),
+    ("lost", "released"),
+})
+
+# old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record
+_STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _new in TRANSITIONS}
+
+STORY_LENGTH = 10_000       # transitions kept, of all keys together: ~1 MB, whatever the number of tasks
+
+
+class InvalidTransition(AssertionError):
+    """A state change that TRANSITIONS does not allow: a bug in localcluster's scheduler."""
+
+
+class Transitions:
+    """The only writer of ``Task.state`` (dask's ``_transition``), and the story: the last
+    ``STORY_LENGTH`` transitions of all keys, read for one key when something breaks.
+
+    One bounded record for every key, not one per key: a deque per task would cost more than
+    the ~1 KB a pending task may cost the parent in all. The hot path (submit, run, finish,
+    release: four transitions a task) pays two dict lookups and three list stores each, and
+    allocates nothing: ``apply`` is a closure over the table and a ring of three lists."""
+    __slots__ = ("apply", "_read", "length")
+
+    def __init__(self, length: int = STORY_LENGTH):
+        self.length = length
+        #: apply(ts, new, event): move ``ts`` to state ``new``; ``event`` (a constant string)
+        #: says why, for the story. Raises InvalidTransition, with the story, if TRANSITIONS
+        #: forbids it. Called under the cluster lock, by whichever thread brings the event.
+        self.apply, self._read = _ring(length, self.story)
+
+    def events(self) -> list:
+        """The transitions kept, oldest first: [(key, old, new, event)]."""
+        return self._read()
+
+    def of(self, key: str) -> list:
+        """The transitions of ``key`` still kept, oldest first: [(old, new, event)]."""
+        return [(old, new, event) for k, old, new, event in self._read() if k == key]
+
+    def story(self, key: str) -> str:
+        """The story of ``key``, to print with an error about it."""
+        lines = [f"  {old} -> {new}  ({event})" for old, new, event in self.of(key)]
+        return (f"story of {key!r} (its transitions among the last {self.length:,} of all keys):\n"
+                + ("\n".join(lines) if lines else "  (none kept)"))
+
+
+def _ring(length: int, story: Callable[[str], str]) -> tuple:
+    """(apply, read) over a ring of ``length`` transitions: three preallocated lists, so that
+    recording one makes no object (a tuple each would be ~0.3 µs a task on the hot path)."""
+    keys: list = [None] * length
+    steps: list = [None] * length        # the table's own (old, new) tuples: shared, not made
+    events: list = [None] * length
+    at = 0
+    last = length - 1
+    table = _STEPS
+
+    def apply(ts: Task, new: str, event: str) -> None:
+        nonlocal at
+        try:
+            step = table[ts.state][new]
+        except KeyError:
+            raise InvalidTransition(f"internal error in localcluster's scheduler: task {ts.key!r} may not go "
+                                    f"from {ts.state!r} to {new!r} (event {event!r}).\n{story(ts.key)}") from None
+        ts.state = new
+        keys[at] = ts.key
+        steps[at] = step
+        events[at] = event
+        at = at + 1 if at < last else 0
+
+    def read() -> list:
+        order = [*range(at, length), *range(at)]
+        return [(keys[i], *steps[i], events[i]) for i in order if keys[i] is not None]
+
+    return apply, read
+
 
 # The shared empty value of a Task's sets until the first element: three empty sets cost
 # 650 bytes, a third of what a pending task held. Read it like a set; change it only
@@ -101,7 +187,7 @@ class Task:
 
     def __init__(self, key: str, spec: Optional[Spec], order: int):
         self.key = key
-        self.state: TaskState = "waiting"
+        self.state: TaskState = "released"     # written only by Transitions.apply from here on
         self.spec = spec
         self.deps: tuple = spec.deps if spec else ()
         self.dependents: "set | frozenset" = EMPTY    # keys of tasks that depend on this one

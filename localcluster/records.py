@@ -168,8 +168,8 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
         at = at + 1 if at < last else 0
 
     def read() -> list:
-        order = [*range(at, length), *range(at)]
-        return [(keys[i], *steps[i], events[i]) for i in order if keys[i] is not None]
+        order = range(at) if keys[at] is None else [*range(at, length), *range(at)]   # not yet full: no wrap
+        return [(keys[i], *steps[i], events[i]) for i in order]
 
     return apply, read
 

@@ -6,13 +6,37 @@ message to a worker, :class:`Resolve` a key's futures, :class:`Deliver` a fetche
 value, :class:`Retire` a worker). Nothing here touches a process, a socket, a
 clock or a thread, so it is tested with plain asserts (tests/test_scheduler.py).
 
-Task states::
+Task states. A task is made ``released`` and moved on in the same event; from then on
+``Transitions.apply`` (records.py) is the only writer of its state, and it refuses a change
+that ``records.TRANSITIONS`` does not list. The list below is that table, one line a
+transition (tests/test_scheduler_machine.py checks that the two agree)::
 
-    waiting -> ready -> processing -> memory          (results stay on workers)
-                           |   \\-> erred             (user error, KilledWorker, timeout)
-                           \\-> ready (worker died; blamed runs count towards KilledWorker)
-    memory -> waiting/ready   all copies lost with workers and still needed: recompute
-    memory -> lost            scattered data whose only copy died (LostDataError)
+    released   -> waiting      submitted, or needed again by a dependent: inputs not in memory yet
+    released   -> ready        submitted with every input in memory
+    released   -> memory       scattered
+    released   -> erred        submitted with an input that failed, was lost or forgotten
+    waiting    -> ready        its last input is in memory
+    waiting    -> erred        an input failed; a recompute's input is gone for good
+    waiting    -> released     the client let go of it (release, cancel)
+    ready      -> processing   sent to a worker (placement.py)
+    ready      -> waiting      an input was lost with its worker
+    ready      -> erred        no worker it may run on is left; an input failed
+    ready      -> released     the client let go of it
+    processing -> memory       finished
+    processing -> ready        given back by its worker (steal, pause); failed, retries left
+    processing -> waiting      its worker died (run again, or blamed below allowed_failures);
+                               an input was lost before the worker got it
+    processing -> erred        failed (no retries left), timed out, KilledWorker, an input failed
+    processing -> released     the client let go of it: the run is taken back (Cancel)
+    memory     -> waiting      every copy died with workers and it is still needed: recompute
+    memory     -> lost         scattered data whose only copy died (LostDataError)
+    memory     -> released     the client let go of it, or its copies died and nothing needs it
+    erred      -> released     the client let go of it
+    lost       -> released     the client let go of it
+
+A released task is forgotten (dropped from ``tasks``) unless a dependent still links to it.
+Each transition is recorded with the event that caused it in a ring of the last 10,000 of
+all keys: ``story(key)`` prints a key's, and a broken invariant is reported with it.
 
 Data on the move (relays between workers, fetches for the client, replicas) is the
 business of its part ``Transfers`` (transfers.py). Small results travel with their
@@ -318,6 +342,9 @@ class Scheduler:
             missing = [d for d in spec.deps if d not in self.tasks]
             if missing:
                 ts.error = _gone(missing[0])
+                # never linked to its inputs, so it lists none: an input submitted again later
+                # must not be taken for one of its inputs (it would not list it as a dependent)
+                ts.deps = ()
                 self._to(ts, "erred", "submit: an input is forgotten")
                 out.append(self._resolution(ts))
                 continue

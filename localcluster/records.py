@@ -105,7 +105,7 @@ TRANSITIONS: frozenset = frozenset({
 # old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record
 _STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _new in TRANSITIONS}
 
-STORY_LENGTH = 10_000       # transitions kept, of all keys together: ~1 MB, whatever the number of tasks
+STORY_LENGTH = 1 << 14      # transitions kept, of all keys together: 3 lists of 16,384 slots, ~400 KB
 
 
 class InvalidTransition(AssertionError):
@@ -123,6 +123,7 @@ class Transitions:
     __slots__ = ("apply", "_read", "length")
 
     def __init__(self, length: int = STORY_LENGTH):
+        length = 1 << max(0, length - 1).bit_length()      # a power of two: the ring wraps with a mask
         self.length = length
         #: apply(ts, new, event): move ``ts`` to state ``new``; ``event`` (a constant string)
         #: says why, for the story. Raises InvalidTransition, with the story, if TRANSITIONS
@@ -151,7 +152,7 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
     steps: list = [None] * length        # the table's own (old, new) tuples: shared, not made
     events: list = [None] * length
     at = 0
-    last = length - 1
+    mask = length - 1
     table = _STEPS
 
     def apply(ts: Task, new: str, event: str) -> None:
@@ -165,7 +166,7 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
         keys[at] = ts.key
         steps[at] = step
         events[at] = event
-        at = at + 1 if at < last else 0
+        at = (at + 1) & mask
 
     def read() -> list:
         order = range(at) if keys[at] is None else [*range(at, length), *range(at)]   # not yet full: no wrap

@@ -35,7 +35,7 @@ transition (tests/test_scheduler_machine.py checks that the two agree)::
     lost       -> released     the client let go of it
 
 A released task is forgotten (dropped from ``tasks``) unless a dependent still links to it.
-Each transition is recorded with the event that caused it in a ring of the last 10,000 of
+Each transition is recorded with the event that caused it in a ring of the last 16,384 of
 all keys: ``story(key)`` prints a key's, and a broken invariant is reported with it.
 
 Data on the move (relays between workers, fetches for the client, replicas) is the
@@ -72,7 +72,9 @@ def _placing(event: Callable) -> Callable:
     """A public event: placement runs once at its end (or at the end of the batch)."""
     @functools.wraps(event)
     def run(self: "Scheduler", *args: Any, **kwargs: Any) -> list:
-        return event(self, *args, **kwargs) + self._assign()
+        out = event(self, *args, **kwargs)
+        # inline _assign: in a frame of worker messages, skipped once a message
+        return out if self._deferring else out + self.placement.assign()
     return run
 
 
@@ -339,7 +341,7 @@ class Scheduler:
             if kept:
                 ts.dependents = kept
             ts.wanted = 1
-            missing = [d for d in spec.deps if d not in self.tasks]
+            missing = [d for d in spec.deps if d not in self.tasks] if spec.deps else None
             if missing:
                 ts.error = _gone(missing[0])
                 # never linked to its inputs, so it lists none: an input submitted again later
@@ -488,8 +490,9 @@ class Scheduler:
                     out += self._make_ready_or_wait(dts)
         if not ts.wanted and not self.forgetting.needed_by_dependents(ts):
             out += self.forgetting.release(ts)
-        out += self._release_inputs(ts)
-        return out + self._maybe_retire(ws)
+        if ts.deps:                                  # most tasks of a map have none: no call
+            out += self._release_inputs(ts)
+        return out + self._maybe_retire(ws) if ws.closing else out     # most finish on an open worker
 
     def _release_inputs(self, ts: Task) -> list:
         """Inputs the client already let go of are freed once their last dependent is done."""

@@ -88,9 +88,10 @@ class Whereabouts:
 TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
 
 # Every change of a Task's state that the scheduler may make: (old, new). Anything else is a
-# bug in localcluster, raised at once (``Transitions.apply``) instead of surfacing later as a
-# broken invariant or a hang. scheduler.py's docstring lists the same pairs, with why each
-# happens (a test checks the two agree). A task is made "released" and moved on at once.
+# bug in localcluster, raised at once as an AssertionError (``Transitions.apply``) instead of
+# surfacing later as a broken invariant or a hang. scheduler.py's docstring lists the same
+# pairs, with why each happens (a test checks the two agree). A task is made "released" and
+# moved on in the same event.
 TRANSITIONS: frozenset = frozenset({
     ("released", "waiting"), ("released", "ready"), ("released", "memory"), ("released", "erred"),
     ("waiting", "ready"), ("waiting", "erred"), ("waiting", "released"),
@@ -108,10 +109,6 @@ _STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _n
 STORY_LENGTH = 1 << 14      # transitions kept, of all keys together: 3 lists of 16,384 slots, ~400 KB
 
 
-class InvalidTransition(AssertionError):
-    """A state change that TRANSITIONS does not allow: a bug in localcluster's scheduler."""
-
-
 class Transitions:
     """The only writer of ``Task.state`` (dask's ``_transition``), and the story: the last
     ``STORY_LENGTH`` transitions of all keys, read for one key when something breaks.
@@ -126,8 +123,9 @@ class Transitions:
         length = 1 << max(0, length - 1).bit_length()      # a power of two: the ring wraps with a mask
         self.length = length
         #: apply(ts, new, event): move ``ts`` to state ``new``; ``event`` (a constant string)
-        #: says why, for the story. Raises InvalidTransition, with the story, if TRANSITIONS
-        #: forbids it. Called under the cluster lock, by whichever thread brings the event.
+        #: says why, for the story. A pair TRANSITIONS does not list raises AssertionError with
+        #: the story (a bug in localcluster: the cluster breaks with ClusterBroken). Called under
+        #: the cluster's lock by whichever thread brings the event; the ring is written only here.
         self.apply, self._read = _ring(length, self.story)
 
     def events(self) -> list:
@@ -160,7 +158,7 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
         try:
             step = table[ts.state][new]
         except KeyError:
-            raise InvalidTransition(f"internal error in localcluster's scheduler: task {ts.key!r} may not go "
+            raise AssertionError(f"internal error in localcluster's scheduler: task {ts.key!r} may not go "
                                     f"from {ts.state!r} to {new!r} (event {event!r}).\n{story(ts.key)}") from None
         ts.state = new
         keys[at] = ts.key

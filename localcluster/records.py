@@ -184,26 +184,47 @@ class Task:
                  "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",
                  "type_name", "order", "fetchers")
 
+    # Every field: used under the cluster's lock by whichever thread brings the scheduler an
+    # event; written by the scheduler and its parts (placement, transfers, forgetting) only.
     def __init__(self, key: str, spec: Optional[Spec], order: int):
+        #: the key it is filed under in ``Scheduler.tasks``
         self.key = key
-        self.state: TaskState = "released"     # written only by Transitions.apply from here on
+        #: one of TaskState; made "released", then written only by Transitions.apply
+        self.state: TaskState = "released"
+        #: what the client submitted; None for scattered data (which cannot be recomputed)
         self.spec = spec
+        #: input keys; each one still in ``tasks`` lists this task among its ``dependents``
         self.deps: tuple = spec.deps if spec else ()
-        self.dependents: "set | frozenset" = EMPTY    # keys of tasks that depend on this one
-        self.waiting_on: "set | frozenset" = EMPTY    # dependencies not in memory yet
-        self.who_has: "set | frozenset" = EMPTY       # workers holding the data
+        #: keys of tasks that depend on this one (and list it in their ``deps``)
+        self.dependents: "set | frozenset" = EMPTY
+        #: waiting: the inputs not in memory yet, never empty; empty in any other state
+        self.waiting_on: "set | frozenset" = EMPTY
+        #: live workers holding the data (each lists the key in its ``has``); empty unless memory
+        self.who_has: "set | frozenset" = EMPTY
+        #: processing: the worker its run ``seq`` was sent to; None in any other state
         self.worker: Optional[str] = None
+        #: its latest run (Placement's number); the current one while processing
         self.seq = 0
+        #: deaths blamed on it; past ``allowed_failures`` it fails with KilledWorker
         self.suspicious = 0
-        self.deaths: tuple = ()         # tuples: most tasks never have one, and () costs nothing
+        #: those deaths (tuples: most tasks never have one, and () costs nothing)
+        self.deaths: tuple = ()
+        #: erred, lost: the exception (or its pickled bytes) its futures raise; None otherwise
         self.error: Any = None
+        #: user errors it may still retry after
         self.retries = spec.retries if spec else 0
+        #: memory: the size of its result
         self.nbytes = 0
+        #: memory: the result itself when small (kept in the parent), else None
         self.data: Optional[P.Payload] = None
+        #: futures of it the client holds; 0 and no pending dependent: it is released
         self.wanted = 0
+        #: memory: the type of its result, for reprs
         self.type_name = ""
+        #: submission order: ties in priority run oldest first
         self.order = order
-        self.fetchers: tuple = ()       # fetch requests waiting for this key to be in memory again
+        #: waiting, ready, processing: fetch requests answered once it is in memory (else ())
+        self.fetchers: tuple = ()
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
@@ -262,13 +283,21 @@ def _dropped(items: "set | frozenset", item: str) -> None:
 
 class WorkerState:
     __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing")
-    # processing: seq -> key, or None for a cancelled run the worker has not answered yet
 
+    # Used under the cluster's lock, like Task's fields.
     def __init__(self, name: str, nthreads: int):
+        #: the key it is filed under in ``Scheduler.workers``; never reused once it died
         self.name = name
+        #: task slots (``threads_per_worker``)
         self.nthreads = nthreads
+        #: seq -> key of each run sent and not answered (Placement's ``runs``), or None for a run
+        #: taken back that the worker has not answered yet (Forgetting's ``cancelled_runs``)
         self.processing: dict[int, Optional[str]] = {}
+        #: keys it holds data of: exactly the tasks that list it in ``who_has``
         self.has: set = set()
+        #: function ids already sent with a Run: later runs send the id alone
         self.fns: set = set()
+        #: paused for memory: given no new runs, its queued ones asked back
         self.paused = False
+        #: being retired: given nothing new; Retire once it runs nothing and holds nothing needed alone
         self.closing = False

@@ -94,19 +94,23 @@ class Scheduler:
         self.gone: set = set()
         #: the only writer of ``Task.state`` (records.TRANSITIONS) and the story of each key
         self.transitions = Transitions()
-        self._to = self.transitions.apply
+        self._to = self.transitions.apply           # the writer itself, handed to the parts too
+        #: submission order of tasks (Task.order)
         self._order = itertools.count()
+        #: request ids of fetches and replicates, and ack ids of Puts (shared with Transfers)
         self._request = itertools.count(1)
         tasks, workers = self.tasks, self.workers
-        #: data on the move (relays, fetches, replicas); reads tasks and workers, changes no state
+        #: data on the move (relays, fetches, replicas); looks tasks and workers up, writes no Task.state
         self.transfers = Transfers(tasks.get, workers.get, workers.values, self._request)
         #: ready queues and runs (seq -> (key, worker)); moves tasks ready -> processing
         self.placement = Placement(tasks.get, workers.values, self.transfers.relay, self._to)
         #: letting go: release, cancel, and the cancelled runs (seq -> key) until their worker answers
         self.forgetting = Forgetting(tasks.get, tasks.pop, workers.get, workers.values, self.placement.unassigned,
                                      self._maybe_retire, self._to)
-        self._deferring = False                     # inside handle_messages: placement waits for its end
-        self._small: dict = {}                      # pickled small result -> the one Payload kept for it
+        #: inside handle_messages: placement waits for the end of the frame
+        self._deferring = False
+        #: pickled small result -> the one Payload kept for it (protocol.shared)
+        self._small: dict = {}
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant, with the story of the key

@@ -2,32 +2,45 @@
 
 Pure and read-only. The scheduler's unit tests check them after every event, and the
 integration tests at teardown (``LocalCluster.validate``); an AssertionError names the
-first broken rule with the key or worker concerned.
+first broken rule with the key or worker concerned, followed by the story of that key
+(its last transitions, ``Scheduler.story``).
 """
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Optional, get_args
 
-from .records import TaskState
+from .records import Task, TaskState
+
+if TYPE_CHECKING:       # the scheduler imports this module: no import at run time
+    from .scheduler import Scheduler
 
 STATES = frozenset(get_args(TaskState))
 
 
-def check(s: Any) -> None:
+def check(s: "Scheduler") -> None:
     for key, ts in s.tasks.items():
-        assert ts.key == key, f"task filed under {key!r} is {ts.key!r}"
-        assert ts.state in STATES, f"{key!r} has unknown state {ts.state!r}"
-        _check_task(s, ts)
+        try:
+            assert ts.key == key, f"task filed under {key!r} is {ts.key!r}"
+            assert ts.state in STATES, f"{key!r} has unknown state {ts.state!r}"
+            _check_task(s, ts)
+        except AssertionError as e:
+            raise _with_story(s, e, key) from None
     _check_runs(s)
     _check_workers(s)
     _check_transfers(s)
 
 
-def _check_task(s: Any, ts: Any) -> None:
+def _with_story(s: "Scheduler", e: AssertionError, key: Optional[str]) -> AssertionError:
+    """The broken rule, then what happened to the key it is about."""
+    return AssertionError(f"{e}\n{s.story(key)}") if key is not None else e
+
+
+def _check_task(s: "Scheduler", ts: Task) -> None:
     key = ts.key
     if ts.state == "processing":
         assert ts.worker in s.workers, f"{key!r} processing on unknown worker {ts.worker!r}"
-        assert s.runs.get(ts.seq) == (key, ts.worker), f"{key!r}: run {ts.seq} not recorded as ({key!r}, {ts.worker!r})"
+        assert s.placement.run_of(ts.seq) == (key, ts.worker), \
+            f"{key!r}: run {ts.seq} not recorded as ({key!r}, {ts.worker!r})"
         assert s.workers[ts.worker].processing.get(ts.seq) == key, f"{key!r} missing from {ts.worker}'s processing"
     if ts.state == "memory":
         assert ts.who_has or ts.data is not None, f"{key!r} in memory with no copy anywhere"
@@ -63,34 +76,48 @@ def _check_task(s: Any, ts: Any) -> None:
         assert d not in s.tasks or key in s.tasks[d].deps, f"{key!r} lists dependent {d!r}, which does not depend on it"
 
 
-def _check_runs(s: Any) -> None:
-    for seq, (key, worker) in s.runs.items():
+def _check_runs(s: "Scheduler") -> None:
+    runs, cancelled = s.placement.runs, s.forgetting.cancelled_runs
+    for seq, (key, worker) in runs.items():
         ts = s.tasks.get(key)
-        assert ts is not None and ts.state == "processing" and ts.seq == seq, \
-            f"run {seq} of {key!r} on {worker} is not that task's current run"
+        try:
+            assert ts is not None and ts.state == "processing" and ts.seq == seq, \
+                f"run {seq} of {key!r} on {worker} is not that task's current run"
+        except AssertionError as e:
+            raise _with_story(s, e, key) from None
     empty = {seq for ws in s.workers.values() for seq, k in ws.processing.items() if k is None}
-    for seq, key in s.cancelled_runs.items():
-        assert seq not in s.runs, f"run {seq} of {key!r} is both running and cancelled"
-        assert seq in empty, f"cancelled run {seq} of {key!r} holds no worker's slot"
+    for seq, key in cancelled.items():
+        try:
+            assert seq not in runs, f"run {seq} of {key!r} is both running and cancelled"
+            assert seq in empty, f"cancelled run {seq} of {key!r} holds no worker's slot"
+        except AssertionError as e:
+            raise _with_story(s, e, key) from None
     for seq, name in (*s.placement.stealing.items(), *s.placement.started.items()):
         assert name in s.workers and seq in s.workers[name].processing, \
             f"run {seq} asked back from {name}, which does not hold it"
 
 
-def _check_workers(s: Any) -> None:
+def _check_workers(s: "Scheduler") -> None:
+    runs, cancelled = s.placement.runs, s.forgetting.cancelled_runs
     for name, ws in s.workers.items():
         assert ws.name == name, f"worker filed under {name!r} is {ws.name!r}"
         assert name not in s.gone, f"{name} is both live and gone"
         for seq, key in ws.processing.items():
-            if key is None:
-                assert seq in s.cancelled_runs, f"{name}: empty slot {seq} that is not a cancelled run"
-            else:
-                assert s.runs.get(seq) == (key, name), f"{name}: slot {seq} ({key!r}) is not a recorded run"
+            try:
+                if key is None:
+                    assert seq in cancelled, f"{name}: empty slot {seq} that is not a cancelled run"
+                else:
+                    assert runs.get(seq) == (key, name), f"{name}: slot {seq} ({key!r}) is not a recorded run"
+            except AssertionError as e:
+                raise _with_story(s, e, key) from None
         for key in ws.has:
-            assert key in s.tasks and name in s.tasks[key].who_has, f"{name} lists {key!r}, not in its who_has"
+            try:
+                assert key in s.tasks and name in s.tasks[key].who_has, f"{name} lists {key!r}, not in its who_has"
+            except AssertionError as e:
+                raise _with_story(s, e, key) from None
 
 
-def _check_transfers(s: Any) -> None:
+def _check_transfers(s: "Scheduler") -> None:
     t = s.transfers
     for req, e in t.exports.items():
         assert e.holder in s.workers, f"export {req} of {e.key!r} asks dead worker {e.holder}"

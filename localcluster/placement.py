@@ -1,7 +1,8 @@
 """Placement: which ready task runs on which worker, and when.
 
-A part of the Scheduler (composition: same thread, same lock, no I/O). It reads the
-scheduler's tasks and workers, and owns:
+A part of the Scheduler (composition: same thread, same lock, no I/O). It looks tasks up
+by key and walks the workers through the scheduler's narrow accessors, moves a task
+ready -> processing through the scheduler's one writer of states, and owns:
 
 - the ready queues: one shared heap, and one per worker for tasks that ``workers=``
   restricts (entries are deleted lazily: a popped key is checked against its task);
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 from . import protocol as P
 from .records import Send, Task, WorkerState
@@ -29,17 +30,27 @@ STEAL_MAX_BYTES = 64 << 20
 
 
 class Placement:
-    def __init__(self, tasks: dict, workers: dict, transfers: "object"):
-        self._tasks = tasks            # the scheduler's, read here
-        self._workers = workers        # the scheduler's; ``processing`` and ``fns`` are written here
-        self._transfers = transfers
-        self._shared: list = []                     # heap of (-priority, order, key)
-        self._on: dict[str, list] = {}              # worker -> heap of tasks restricted to it
+    # Used by whichever thread brings the scheduler an event, under the cluster's lock.
+    def __init__(self, task: Callable[[str], Optional[Task]], workers: Callable[[], Iterable[WorkerState]],
+                 relay: Callable[[Task, WorkerState], list], transition: Callable[[Task, str, str], None]):
+        self._task = task              # the scheduler's tasks.get
+        self._workers = workers        # the scheduler's live workers; ``processing`` and ``fns`` are written here
+        self._relay = relay            # Transfers.relay: an input onto the worker about to run its dependent
+        self._to = transition          # the scheduler's one writer of Task.state
+        #: heap of (-priority, order, key); entries whose task is no longer ready are dropped when popped
+        self._shared: list = []
+        #: worker -> heap of the tasks ``workers=`` restricts to it (lazy deletion, as ``_shared``)
+        self._on: dict[str, list] = {}
         self._seq = itertools.count(1)
-        self.runs: dict[int, tuple[str, str]] = {}   # seq -> (key, worker)
+        #: seq -> (key, worker) of each run sent whose task is processing with that seq; a run
+        #: leaves on its end (``ended``) or when taken back (``unassigned``)
+        self.runs: dict[int, tuple[str, str]] = {}
+        #: moving average of run durations (None before the first), sizes the prefetch
         self.avg_duration: Optional[float] = None
-        self.stealing: dict[int, str] = {}           # seq -> worker asked to give it back, until it answers
-        self.started: dict[int, str] = {}            # seq -> worker that had started it when asked, until it ends
+        #: seq -> worker asked to give the run back, until it answers; the worker holds the seq
+        self.stealing: dict[int, str] = {}
+        #: seq -> worker that had started it when asked, until it ends; never asked again
+        self.started: dict[int, str] = {}
 
     def __bool__(self) -> bool:
         return bool(self._shared or self._on)
@@ -47,6 +58,10 @@ class Placement:
     def keys(self) -> set:
         """Keys queued (some may no longer be ready: deletion is lazy)."""
         return {key for heap in (self._shared, *self._on.values()) for _p, _o, key in heap}
+
+    def run_of(self, seq: int) -> Optional[tuple]:
+        """(key, worker) of run ``seq`` while its task is processing it, else None."""
+        return self.runs.get(seq)
 
     def push(self, ts: Task, live: list) -> None:
         """Queue a ready task: on the queues of ``live`` (its restricted workers still
@@ -69,7 +84,7 @@ class Placement:
         out: list = []
         if not (self._shared or self._on):      # the common case, after most events: nothing queued
             return self._steal()
-        open_workers = [w for w in self._workers.values() if not w.paused and not w.closing]
+        open_workers = [w for w in self._workers() if not w.paused and not w.closing]
         if not open_workers:
             return out
         caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
@@ -77,13 +92,13 @@ class Placement:
             heap = self._on.get(ws.name)
             while heap and caps[ws.name] > 0:
                 _prio, _order, key = heapq.heappop(heap)
-                ts = self._tasks.get(key)
+                ts = self._task(key)
                 if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
                     caps[ws.name] -= 1
                     out += self._run(ts, ws)
         while self._shared:
             _prio, _order, key = self._shared[0]
-            ts = self._tasks.get(key)
+            ts = self._task(key)
             if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
                 heapq.heappop(self._shared)
                 continue
@@ -100,7 +115,7 @@ class Placement:
         threads stand idle elsewhere, newest first (the likeliest not to have started), each
         run at most once. Not a run whose inputs an idle worker lacks by more than
         ``STEAL_MAX_BYTES``: moving them could cost more than the wait."""
-        workers = self._workers.values()
+        workers = self._workers()
         if not any(len(w.processing) > w.nthreads for w in workers):
             return []
         thieves = [w for w in workers if not w.paused and not w.closing and len(w.processing) < w.nthreads]
@@ -119,7 +134,7 @@ class Placement:
             for seq in reversed(victim.processing):
                 if len(seqs) >= min(excess, idle):
                     break
-                ts = self._tasks.get(victim.processing[seq])
+                ts = self._task(victim.processing[seq])
                 if seq not in self.stealing and seq not in self.started and ts is not None and ts.seq == seq \
                         and self._may_move(ts, thieves):
                     seqs.append(seq)
@@ -135,7 +150,7 @@ class Placement:
         on through its prefetch, up to 256 runs per thread of short tasks, and meet its limit."""
         seqs = []
         for seq, key in ws.processing.items():
-            ts = self._tasks.get(key) if key is not None else None
+            ts = self._task(key) if key is not None else None
             if ts is not None and ts.seq == seq and seq not in self.stealing and seq not in self.started:
                 seqs.append(seq)
                 self.stealing[seq] = ws.name
@@ -146,15 +161,21 @@ class Placement:
         for w in thieves:
             if spec.workers and not spec.loose and w.name not in spec.workers:
                 continue
-            if not ts.deps or sum(self._tasks[d].nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
+            if not ts.deps or sum(self._task(d).nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
                 return True
         return False
 
     def ended(self, seq: int) -> None:
         """Run ``seq`` ended, or was given back."""
+        self.runs.pop(seq, None)
         if self.stealing or self.started:       # on every run's end: most often both are empty
             self.stealing.pop(seq, None)
             self.started.pop(seq, None)
+
+    def unassigned(self, seq: int) -> None:
+        """Run ``seq`` no longer runs its task (taken back, or its worker died); what the
+        worker answers about it, if anything, is for Forgetting."""
+        self.runs.pop(seq, None)
 
     def kept(self, seq: int) -> None:
         """The worker had started run ``seq`` when asked for it: never ask again."""
@@ -188,7 +209,7 @@ class Placement:
         for ws in workers:
             if caps[ws.name] <= 0:
                 continue
-            local = sum(self._tasks[d].nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
+            local = sum(self._task(d).nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
             score = (-local, len(ws.processing) / ws.nthreads, ws.name)
             if best_score is None or score < best_score:
                 best, best_score = ws, score
@@ -198,9 +219,10 @@ class Placement:
         out: list = []
         for d in ts.deps:
             if d not in ws.has:
-                out += self._transfers.relay(self._tasks[d], ws)
+                out += self._relay(self._task(d), ws)
         seq = next(self._seq)
-        ts.seq, ts.worker, ts.state = seq, ws.name, "processing"
+        ts.seq, ts.worker = seq, ws.name
+        self._to(ts, "processing", "assign")
         ws.processing[seq] = ts.key
         self.runs[seq] = (ts.key, ws.name)
         spec = ts.spec

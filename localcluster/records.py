@@ -3,7 +3,7 @@ the actions the state machine emits (Send, Resolve, FailAll, Deliver, Retire).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from . import protocol as P
 
@@ -87,6 +87,91 @@ class Whereabouts:
 
 TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
 
+# Every change of a Task's state that the scheduler may make: (old, new). Anything else is a
+# bug in localcluster, raised at once as an AssertionError (``Transitions.apply``) instead of
+# surfacing later as a broken invariant or a hang. scheduler.py's docstring lists the same
+# pairs, with why each happens (a test checks the two agree). A task is made "released" and
+# moved on in the same event.
+TRANSITIONS: frozenset = frozenset({
+    ("released", "waiting"), ("released", "ready"), ("released", "memory"), ("released", "erred"),
+    ("waiting", "ready"), ("waiting", "erred"), ("waiting", "released"),
+    ("ready", "processing"), ("ready", "waiting"), ("ready", "erred"), ("ready", "released"),
+    ("processing", "memory"), ("processing", "ready"), ("processing", "waiting"), ("processing", "erred"),
+    ("processing", "released"),
+    ("memory", "waiting"), ("memory", "lost"), ("memory", "released"),
+    ("erred", "released"),
+    ("lost", "released"),
+})
+
+# old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record
+_STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _new in TRANSITIONS}
+
+STORY_LENGTH = 1 << 14      # transitions kept, of all keys together: 3 lists of 16,384 slots, ~400 KB
+
+
+class Transitions:
+    """The only writer of ``Task.state`` (dask's ``_transition``), and the story: the last
+    ``STORY_LENGTH`` transitions of all keys, read for one key when something breaks.
+
+    One bounded record for every key, not one per key: a deque per task would cost more than
+    the ~1 KB a pending task may cost the parent in all. The hot path (submit, run, finish,
+    release: four transitions a task) pays two dict lookups and three list stores each, and
+    allocates nothing: ``apply`` is a closure over the table and a ring of three lists."""
+    __slots__ = ("apply", "_read", "length")
+
+    def __init__(self, length: int = STORY_LENGTH):
+        length = 1 << max(0, length - 1).bit_length()      # a power of two: the ring wraps with a mask
+        self.length = length
+        #: apply(ts, new, event): move ``ts`` to state ``new``; ``event`` (a constant string)
+        #: says why, for the story. A pair TRANSITIONS does not list raises AssertionError with
+        #: the story (a bug in localcluster: the cluster breaks with ClusterBroken). Called under
+        #: the cluster's lock by whichever thread brings the event; the ring is written only here.
+        self.apply, self._read = _ring(length, self.story)
+
+    def events(self) -> list:
+        """The transitions kept, oldest first: [(key, old, new, event)]."""
+        return self._read()
+
+    def of(self, key: str) -> list:
+        """The transitions of ``key`` still kept, oldest first: [(old, new, event)]."""
+        return [(old, new, event) for k, old, new, event in self._read() if k == key]
+
+    def story(self, key: str) -> str:
+        """The story of ``key``, to print with an error about it."""
+        lines = [f"  {old} -> {new}  ({event})" for old, new, event in self.of(key)]
+        return (f"story of {key!r} (its transitions among the last {self.length:,} of all keys):\n"
+                + ("\n".join(lines) if lines else "  (none kept)"))
+
+
+def _ring(length: int, story: Callable[[str], str]) -> tuple:
+    """(apply, read) over a ring of ``length`` transitions: three preallocated lists, so that
+    recording one makes no object (a tuple each would be ~0.3 µs a task on the hot path)."""
+    keys: list = [None] * length
+    steps: list = [None] * length        # the table's own (old, new) tuples: shared, not made
+    events: list = [None] * length
+    at = 0
+    mask = length - 1
+    table = _STEPS
+
+    def apply(ts: Task, new: str, event: str) -> None:
+        nonlocal at
+        try:
+            step = table[ts.state][new]
+        except KeyError:
+            raise AssertionError(f"internal error in localcluster's scheduler: task {ts.key!r} may not go "
+                                    f"from {ts.state!r} to {new!r} (event {event!r}).\n{story(ts.key)}") from None
+        ts.state = new
+        keys[at] = ts.key
+        steps[at] = step
+        events[at] = event
+        at = (at + 1) & mask
+
+    def read() -> list:
+        order = range(at) if keys[at] is None else [*range(at, length), *range(at)]   # not yet full: no wrap
+        return [(keys[i], *steps[i], events[i]) for i in order]
+
+    return apply, read
+
 
 # The shared empty value of a Task's sets until the first element: three empty sets cost
 # 650 bytes, a third of what a pending task held. Read it like a set; change it only
@@ -99,26 +184,47 @@ class Task:
                  "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",
                  "type_name", "order", "fetchers")
 
+    # Every field: used under the cluster's lock by whichever thread brings the scheduler an
+    # event; written by the scheduler and its parts (placement, transfers, forgetting) only.
     def __init__(self, key: str, spec: Optional[Spec], order: int):
+        #: the key it is filed under in ``Scheduler.tasks``
         self.key = key
-        self.state: TaskState = "waiting"
+        #: one of TaskState; made "released", then written only by Transitions.apply
+        self.state: TaskState = "released"
+        #: what the client submitted; None for scattered data (which cannot be recomputed)
         self.spec = spec
+        #: input keys; each one still in ``tasks`` lists this task among its ``dependents``
         self.deps: tuple = spec.deps if spec else ()
-        self.dependents: "set | frozenset" = EMPTY    # keys of tasks that depend on this one
-        self.waiting_on: "set | frozenset" = EMPTY    # dependencies not in memory yet
-        self.who_has: "set | frozenset" = EMPTY       # workers holding the data
+        #: keys of tasks that depend on this one (and list it in their ``deps``)
+        self.dependents: "set | frozenset" = EMPTY
+        #: waiting: the inputs not in memory yet, never empty; empty in any other state
+        self.waiting_on: "set | frozenset" = EMPTY
+        #: live workers holding the data (each lists the key in its ``has``); empty unless memory
+        self.who_has: "set | frozenset" = EMPTY
+        #: processing: the worker its run ``seq`` was sent to; None in any other state
         self.worker: Optional[str] = None
+        #: its latest run (Placement's number); the current one while processing
         self.seq = 0
+        #: deaths blamed on it; past ``allowed_failures`` it fails with KilledWorker
         self.suspicious = 0
-        self.deaths: tuple = ()         # tuples: most tasks never have one, and () costs nothing
+        #: those deaths (tuples: most tasks never have one, and () costs nothing)
+        self.deaths: tuple = ()
+        #: erred, lost: the exception (or its pickled bytes) its futures raise; None otherwise
         self.error: Any = None
+        #: user errors it may still retry after
         self.retries = spec.retries if spec else 0
+        #: memory: the size of its result
         self.nbytes = 0
+        #: memory: the result itself when small (kept in the parent), else None
         self.data: Optional[P.Payload] = None
+        #: futures of it the client holds; 0 and no pending dependent: it is released
         self.wanted = 0
+        #: memory: the type of its result, for reprs
         self.type_name = ""
+        #: submission order: ties in priority run oldest first
         self.order = order
-        self.fetchers: tuple = ()       # fetch requests waiting for this key to be in memory again
+        #: waiting, ready, processing: fetch requests answered once it is in memory (else ())
+        self.fetchers: tuple = ()
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
@@ -177,13 +283,21 @@ def _dropped(items: "set | frozenset", item: str) -> None:
 
 class WorkerState:
     __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing")
-    # processing: seq -> key, or None for a cancelled run the worker has not answered yet
 
+    # Used under the cluster's lock, like Task's fields.
     def __init__(self, name: str, nthreads: int):
+        #: the key it is filed under in ``Scheduler.workers``; never reused once it died
         self.name = name
+        #: task slots (``threads_per_worker``)
         self.nthreads = nthreads
+        #: seq -> key of each run sent and not answered (Placement's ``runs``), or None for a run
+        #: taken back that the worker has not answered yet (Forgetting's ``cancelled_runs``)
         self.processing: dict[int, Optional[str]] = {}
+        #: keys it holds data of: exactly the tasks that list it in ``who_has``
         self.has: set = set()
+        #: function ids already sent with a Run: later runs send the id alone
         self.fns: set = set()
+        #: paused for memory: given no new runs, its queued ones asked back
         self.paused = False
+        #: being retired: given nothing new; Retire once it runs nothing and holds nothing needed alone
         self.closing = False

@@ -6,13 +6,37 @@ message to a worker, :class:`Resolve` a key's futures, :class:`Deliver` a fetche
 value, :class:`Retire` a worker). Nothing here touches a process, a socket, a
 clock or a thread, so it is tested with plain asserts (tests/test_scheduler.py).
 
-Task states::
+Task states. A task is made ``released`` and moved on in the same event; from then on
+``Transitions.apply`` (records.py) is the only writer of its state, and it refuses a change
+that ``records.TRANSITIONS`` does not list. The list below is that table, one line a
+transition (tests/test_scheduler_machine.py checks that the two agree)::
 
-    waiting -> ready -> processing -> memory          (results stay on workers)
-                           |   \\-> erred             (user error, KilledWorker, timeout)
-                           \\-> ready (worker died; blamed runs count towards KilledWorker)
-    memory -> waiting/ready   all copies lost with workers and still needed: recompute
-    memory -> lost            scattered data whose only copy died (LostDataError)
+    released   -> waiting      submitted, or needed again by a dependent: inputs not in memory yet
+    released   -> ready        submitted with every input in memory
+    released   -> memory       scattered
+    released   -> erred        submitted with an input that failed, was lost or forgotten
+    waiting    -> ready        its last input is in memory
+    waiting    -> erred        an input failed; a recompute's input is gone for good
+    waiting    -> released     the client let go of it (release, cancel)
+    ready      -> processing   sent to a worker (placement.py)
+    ready      -> waiting      an input was lost with its worker
+    ready      -> erred        no worker it may run on is left; an input failed
+    ready      -> released     the client let go of it
+    processing -> memory       finished
+    processing -> ready        given back by its worker (steal, pause); failed, retries left
+    processing -> waiting      its worker died (run again, or blamed below allowed_failures);
+                               an input was lost before the worker got it
+    processing -> erred        failed (no retries left), timed out, KilledWorker, an input failed
+    processing -> released     the client let go of it: the run is taken back (Cancel)
+    memory     -> waiting      every copy died with workers and it is still needed: recompute
+    memory     -> lost         scattered data whose only copy died (LostDataError)
+    memory     -> released     the client let go of it, or its copies died and nothing needs it
+    erred      -> released     the client let go of it
+    lost       -> released     the client let go of it
+
+A released task is forgotten (dropped from ``tasks``) unless a dependent still links to it.
+Each transition is recorded with the event that caused it in a ring of the last 16,384 of
+all keys: ``story(key)`` prints a key's, and a broken invariant is reported with it.
 
 Data on the move (relays between workers, fetches for the client, replicas) is the
 business of its part ``Transfers`` (transfers.py). Small results travel with their
@@ -36,7 +60,8 @@ from .death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, b
 from .forgetting import PENDING, Forgetting
 from .invariants import check
 from .placement import Placement
-from .records import EMPTY, Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Whereabouts, WorkerState
+from .records import (EMPTY, Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts,
+                      WorkerState)
 from .transfers import Transfers, gone as _gone
 
 ENDED = frozenset({"memory", "erred", "lost"})               # its futures are done
@@ -47,30 +72,54 @@ def _placing(event: Callable) -> Callable:
     """A public event: placement runs once at its end (or at the end of the batch)."""
     @functools.wraps(event)
     def run(self: "Scheduler", *args: Any, **kwargs: Any) -> list:
-        return event(self, *args, **kwargs) + self._assign()
+        out = event(self, *args, **kwargs)
+        # inline _assign: in a frame of worker messages, skipped once a message
+        return out if self._deferring else out + self.placement.assign()
     return run
 
 
 
 class Scheduler:
+    # Every field is used by whichever thread brings an event, always under the cluster's lock
+    # (dispatch.py); the parts below are the scheduler's own, used under the same lock.
     def __init__(self, allowed_failures: int = 3):
+        #: deaths a task may be blamed for before it fails with KilledWorker
         self.allowed_failures = allowed_failures
+        #: key -> Task: every key a future, a dependent or a run still needs; only this class adds
+        #: tasks, and Forgetting drops them (``drop``) once released with no dependent linked
         self.tasks: dict[str, Task] = {}
+        #: name -> WorkerState of each worker running now (closing ones too, until they die)
         self.workers: dict[str, WorkerState] = {}
-        self.gone: set = set()                      # names of workers that died (names are never reused)
+        #: names of workers that died; never in ``workers`` again (names are never reused)
+        self.gone: set = set()
+        #: the only writer of ``Task.state`` (records.TRANSITIONS) and the story of each key
+        self.transitions = Transitions()
+        self._to = self.transitions.apply           # the writer itself, handed to the parts too
+        #: submission order of tasks (Task.order)
         self._order = itertools.count()
+        #: request ids of fetches and replicates, and ack ids of Puts (shared with Transfers)
         self._request = itertools.count(1)
-        self.transfers = Transfers(self.tasks, self.workers, self._request)
-        self.placement = Placement(self.tasks, self.workers, self.transfers)
-        self.runs = self.placement.runs             # seq -> (key, worker): the same dict
-        self.forgetting = Forgetting(self.tasks, self.workers, self.runs, self._maybe_retire)
-        self.cancelled_runs = self.forgetting.cancelled_runs   # seq -> key, until the worker answers: the same dict
-        self._deferring = False                     # inside batch(): placement waits for its end
-        self._small: dict = {}                      # pickled small result -> the one Payload kept for it
+        tasks, workers = self.tasks, self.workers
+        #: data on the move (relays, fetches, replicas); looks tasks and workers up, writes no Task.state
+        self.transfers = Transfers(tasks.get, workers.get, workers.values, self._request)
+        #: ready queues and runs (seq -> (key, worker)); moves tasks ready -> processing
+        self.placement = Placement(tasks.get, workers.values, self.transfers.relay, self._to)
+        #: letting go: release, cancel, and the cancelled runs (seq -> key) until their worker answers
+        self.forgetting = Forgetting(tasks.get, tasks.pop, workers.get, workers.values, self.placement.unassigned,
+                                     self._maybe_retire, self._to)
+        #: inside handle_messages: placement waits for the end of the frame
+        self._deferring = False
+        #: pickled small result -> the one Payload kept for it (protocol.shared)
+        self._small: dict = {}
 
     def validate(self) -> None:
-        """Raise AssertionError naming the first broken invariant (tests call it after every event)."""
+        """Raise AssertionError naming the first broken invariant, with the story of the key
+        concerned (tests call it after every event)."""
         check(self)
+
+    def story(self, key: str) -> str:
+        """The last transitions of ``key`` (what happened to it), for an error about it."""
+        return self.transitions.story(key)
 
     @property
     def ready_keys(self) -> set:
@@ -80,7 +129,7 @@ class Scheduler:
     # --- queries ------------------------------------------------------------------------
 
     def key_of(self, seq: int) -> Optional[str]:
-        run = self.runs.get(seq)
+        run = self.placement.run_of(seq)
         return run[0] if run else None
 
     def knows(self, key: str) -> bool:
@@ -100,7 +149,7 @@ class Scheduler:
         return [self._resolution(ts)] if ts.state in ENDED else []
 
     def timeout_of(self, seq: int) -> Optional[float]:
-        run = self.runs.get(seq)
+        run = self.placement.run_of(seq)
         if run is None:
             return None
         ts = self.tasks.get(run[0])
@@ -183,10 +232,10 @@ class Scheduler:
             if ts.spec is None:
                 out += self._lost_for_good(ts, death)
             elif ts.wanted or self.forgetting.needed_by_dependents(ts):
-                ts.state = "waiting"
+                self._to(ts, "waiting", "worker-died: recompute lost data")
                 recompute.append(ts)
             else:
-                ts.state = "released"
+                self._to(ts, "released", "worker-died: lost data nobody needs")
                 out += self.forgetting.forget(ts)
         out += self._runs_interrupted(ws, death, timed_out, recompute)
         for ts in lost:
@@ -217,29 +266,30 @@ class Scheduler:
         KilledWorker, the rest run again (appended to ``recompute``)."""
         out: list = []
         for seq, key in sorted(ws.processing.items()):
-            self.runs.pop(seq, None)
-            self.cancelled_runs.pop(seq, None)
+            self.placement.unassigned(seq)
+            self.forgetting.answered(seq)
             ts = self.tasks.get(key) if key is not None else None
             if ts is None or ts.seq != seq or ts.state != "processing":
                 continue
             ts.worker = None
             if timed_out and seq == timed_out[0]:
                 out += self._fail(ts, TaskTimeoutError(key, ts.spec.timeout, timed_out[1], death.worker,
-                                                       death.stack))
+                                                       death.stack), "worker-died: timed out")
                 continue
             if key in death.blamed:
                 ts.suspicious += 1
                 ts.deaths += (death,)
                 if ts.suspicious > self.allowed_failures:
-                    out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures))
+                    out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures),
+                                      "worker-died: KilledWorker")
                     continue
-            ts.state = "waiting"
+            self._to(ts, "waiting", "worker-died: run again")
             recompute.append(ts)
         return out
 
     def _lost_for_good(self, ts: Task, death: WorkerDeath) -> list:
         """Scattered data whose last copy died: it cannot be recomputed."""
-        ts.state = "lost"
+        self._to(ts, "lost", "worker-died: scattered data lost")
         ts.error = LostDataError(ts.key, death.worker, death.cause)
         out: list = [Resolve(ts.key, "lost", ts.error)]
         for req in ts.fetchers:
@@ -256,13 +306,13 @@ class Scheduler:
             if dts is None:
                 continue
             if dts.state == "ready":
-                dts.state = "waiting"
+                self._to(dts, "waiting", "worker-died: an input lost")
                 dts.wait_for(ts.key)
             elif dts.state == "processing":
                 ws = self.workers.get(dts.worker)
                 if ws is not None and ts.key not in ws.has:
                     out += self.forgetting.unassign(dts)
-                    dts.state = "waiting"
+                    self._to(dts, "waiting", "worker-died: an input lost")
                     dts.wait_for(ts.key)
             elif dts.state == "waiting":
                 dts.wait_for(ts.key)
@@ -295,10 +345,13 @@ class Scheduler:
             if kept:
                 ts.dependents = kept
             ts.wanted = 1
-            missing = [d for d in spec.deps if d not in self.tasks]
+            missing = [d for d in spec.deps if d not in self.tasks] if spec.deps else None
             if missing:
-                ts.state = "erred"
                 ts.error = _gone(missing[0])
+                # never linked to its inputs, so it lists none: an input submitted again later
+                # must not be taken for one of its inputs (it would not list it as a dependent)
+                ts.deps = ()
+                self._to(ts, "erred", "submit: an input is forgotten")
                 out.append(self._resolution(ts))
                 continue
             for d in spec.deps:
@@ -321,7 +374,7 @@ class Scheduler:
             ts.wanted += 1
             if ts.state == "memory":
                 continue
-            ts.state = "memory"
+            self._to(ts, "memory", "scatter")
             ts.nbytes = data.nbytes
             ts.data = data if data.nbytes <= P.INLINE_RESULT or not targets else None
             for ws in (targets if broadcast or not targets else [targets[i % len(targets)]]):
@@ -342,7 +395,7 @@ class Scheduler:
 
     def _make_ready_or_wait(self, ts: Task) -> list:
         if not ts.deps and not ts.spec.workers:      # most tasks of a big map: ready at once
-            ts.state = "ready"
+            self._to(ts, "ready", "inputs in memory")
             self.placement.push(ts, ())
             return []
         out: list = []
@@ -350,16 +403,17 @@ class Scheduler:
         for d in list(ts.waiting_on):
             dts = self.tasks[d]
             if dts.state in FAILED:
-                return self._fail(ts, dts.error)
+                return self._fail(ts, dts.error, "an input failed")
             if dts.state == "released":   # needed again: bring it back
                 if dts.spec is None:       # scattered data cannot be recomputed
-                    return self._fail(ts, _gone(d))
-                dts.state = "waiting"
+                    return self._fail(ts, _gone(d), "an input is forgotten")
+                self._to(dts, "waiting", "needed again by a dependent")
                 out += self._make_ready_or_wait(dts)
         if ts.waiting_on:
-            ts.state = "waiting"
+            if ts.state != "waiting":
+                self._to(ts, "waiting", "inputs not in memory")
             return out
-        ts.state = "ready"
+        self._to(ts, "ready", "inputs in memory")
         return out + self._push_ready(ts)
 
     def _push_ready(self, ts: Task) -> list:
@@ -370,7 +424,7 @@ class Scheduler:
         live = [w for w in ts.spec.workers if w not in self.gone and (not ts.spec.loose or w in self.workers)] \
             if ts.spec.workers else []
         if ts.spec.workers and not live and not ts.spec.loose:
-            return self._fail(ts, _unplaceable(ts.key, ts.spec.workers))
+            return self._fail(ts, _unplaceable(ts.key, ts.spec.workers), "no allowed worker left")
         self.placement.push(ts, live)
         return []
 
@@ -422,7 +476,8 @@ class Scheduler:
         ws = self.workers[worker]
         # each message brings its own copy of a name and a small value that most tasks share
         data = P.shared(data, self._small)
-        ts.state, ts.nbytes, ts.type_name, ts.data = "memory", nbytes, sys.intern(type_name), data
+        self._to(ts, "memory", "finished")
+        ts.nbytes, ts.type_name, ts.data = nbytes, sys.intern(type_name), data
         ts.add_holder(worker)
         ws.has.add(ts.key)
         ts.error = None
@@ -439,8 +494,9 @@ class Scheduler:
                     out += self._make_ready_or_wait(dts)
         if not ts.wanted and not self.forgetting.needed_by_dependents(ts):
             out += self.forgetting.release(ts)
-        out += self._release_inputs(ts)
-        return out + self._maybe_retire(ws)
+        if ts.deps:                                  # most tasks of a map have none: no call
+            out += self._release_inputs(ts)
+        return out + self._maybe_retire(ws) if ws.closing else out     # most finish on an open worker
 
     def _release_inputs(self, ts: Task) -> list:
         """Inputs the client already let go of are freed once their last dependent is done."""
@@ -461,7 +517,7 @@ class Scheduler:
             ts.retries -= 1
             out = self._make_ready_or_wait(ts)
         else:
-            out = self._fail(ts, error) + self._release_inputs(ts)
+            out = self._fail(ts, error, "failed") + self._release_inputs(ts)
         return out + self._maybe_retire(self.workers[worker])
 
     def _take_run(self, worker: str, seq: int) -> Optional[Task]:
@@ -469,7 +525,6 @@ class Scheduler:
         if ws is None:
             return None
         key = ws.processing.pop(seq, None)
-        self.runs.pop(seq, None)
         self.placement.ended(seq)
         ts = self.tasks.get(key) if key is not None else None
         if ts is None or ts.seq != seq or ts.state != "processing":
@@ -495,13 +550,14 @@ class Scheduler:
             if ts is None:              # cancelled or released meanwhile
                 out += self.forgetting.orphan(worker, seq)
             else:
-                ts.state = "ready"
+                self._to(ts, "ready", "unqueued: given back")
                 out += self._push_ready(ts)
         ws = self.workers.get(worker)
         return out + (self._maybe_retire(ws) if ws is not None else [])
 
-    def _fail(self, ts: Task, error: Any) -> list:
-        ts.state, ts.error = "erred", error
+    def _fail(self, ts: Task, error: Any, why: str) -> list:
+        ts.error = error
+        self._to(ts, "erred", why)
         out: list = [Resolve(ts.key, "error", error)]
         for req in ts.fetchers:
             out.append(Deliver(req, ts.key, error=error))
@@ -516,7 +572,7 @@ class Scheduler:
                 continue
             if dts.state == "processing":
                 out += self.forgetting.unassign(dts)
-            out += self._fail(dts, error)
+            out += self._fail(dts, error, "an input failed")
         return out
 
     def _resolution(self, ts: Task) -> Resolve:
@@ -564,7 +620,7 @@ class Scheduler:
                     for dkey in list(ts.dependents):
                         dts = self.tasks.get(dkey)
                         if dts is not None and dts.state == "processing" and dts.worker == target:
-                            out += self.forgetting.unassign(dts) + self._fail(dts, error)
+                            out += self.forgetting.unassign(dts) + self._fail(dts, error, "an input's relay failed")
                 out += self._maybe_retire(tws)
         ws = self.workers.get(holder)
         if ws is not None:
@@ -605,7 +661,7 @@ class Scheduler:
         out += self.transfers.clear(error)
         self.tasks.clear()
         self.placement.clear()
-        self.cancelled_runs.clear()
+        self.forgetting.clear()
         for ws in self.workers.values():
             ws.processing.clear()
             ws.has.clear()

@@ -1,7 +1,8 @@
 """Data in flight: relays between workers, fetches for the client, and replicas.
 
-A part of the Scheduler (composition: same thread, same lock, no I/O). It reads the
-scheduler's tasks and workers and owns the bookkeeping of data on the move:
+A part of the Scheduler (composition: same thread, same lock, no I/O). It looks up the
+scheduler's tasks and workers (narrow accessors; it changes no task's state) and owns the
+bookkeeping of data on the move:
 
 - ``exports``: request id -> Export, data asked of a holder for a worker or a client;
 - ``relaying``: (key, target) -> the request id of the relay under way;
@@ -16,20 +17,27 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import CancelledError
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import protocol as P
 from .records import Deliver, Export, Send, Task, WorkerState
 
 
 class Transfers:
-    def __init__(self, tasks: dict, workers: dict, ids: "itertools.count"):
-        self._tasks = tasks            # the scheduler's, read here
-        self._workers = workers        # the scheduler's, read here
+    # Used by whichever thread brings the scheduler an event, under the cluster's lock.
+    def __init__(self, task: Callable[[str], Optional[Task]], worker: Callable[[str], Optional[WorkerState]],
+                 workers: Callable[[], Iterable[WorkerState]], ids: "itertools.count"):
+        self._task = task              # the scheduler's tasks.get
+        self._worker = worker          # the scheduler's workers.get (a relay target's ``has`` is written here)
+        self._workers = workers        # the scheduler's workers.values
         self._ids = ids                # request and ack ids, shared with the scheduler's fetches
+        #: request id -> Export asked of a live holder, until it answers or dies
         self.exports: dict[int, Export] = {}
+        #: (key, target) -> request id of the relay under way; exactly the exports with a target
         self.relaying: dict[tuple, int] = {}
+        #: replicate request -> the (key, target) copies not yet stored; answered when empty
         self.replicas: dict[int, set] = {}
+        #: ack id of a Put to a live worker -> (key, target), until the worker answers Stored
         self.unacked: dict[int, tuple] = {}
 
     def holding(self, worker: str) -> bool:
@@ -44,7 +52,7 @@ class Transfers:
             return [self.put(ts.key, target.name, ts.data)]
         if (ts.key, target.name) in self.relaying or not ts.who_has:
             return []
-        holder = min(ts.who_has, key=lambda w: len(self._workers[w].processing) if w in self._workers else 0)
+        holder = min(ts.who_has, key=lambda w: len(ws.processing) if (ws := self._worker(w)) is not None else 0)
         req = next(self._ids)
         self.exports[req] = Export(ts.key, holder, target.name, None)
         self.relaying[(ts.key, target.name)] = req
@@ -54,7 +62,7 @@ class Transfers:
         """The client's request ``req`` for the data of ``ts`` (in memory somewhere)."""
         if ts.data is not None:
             return [Deliver(req, ts.key, ts.data)]
-        holder = min(ts.who_has, key=lambda w: len(self._workers[w].processing))
+        holder = min(ts.who_has, key=lambda w: len(self._worker(w).processing))
         self.exports[req] = Export(ts.key, holder, None, req)
         return [Send(holder, P.Export(ts.key, req))]
 
@@ -96,12 +104,12 @@ class Transfers:
         """Copies of each key's data on ``n`` open workers (all when None): (request id,
         actions). The request is answered by a Deliver once every copy is stored."""
         req = next(self._ids)
-        workers = sorted((w for w in self._workers.values() if not w.closing), key=lambda w: (len(w.has), w.name))
+        workers = sorted((w for w in self._workers() if not w.closing), key=lambda w: (len(w.has), w.name))
         want = len(workers) if n is None else min(n, len(workers))
         out: list = []
         pending = self.replicas[req] = set()    # registered first: put() asks for acks for these
         for key in keys:
-            ts = self._tasks.get(key)
+            ts = self._task(key)
             if ts is None or ts.state != "memory":
                 continue
             copies = len(ts.who_has) + sum(1 for (k, _t) in self.relaying if k == key)
@@ -137,11 +145,12 @@ class Transfers:
 
     def _ask_again(self, export: Export) -> list:
         key, target, client = export.key, export.target, export.client_request
-        ts = self._tasks.get(key)
+        ts = self._task(key)
         if target is not None:
             out: list = []
-            if ts is not None and ts.state == "memory" and target in self._workers:
-                out += self.relay(ts, self._workers[target])
+            tws = self._worker(target)
+            if ts is not None and ts.state == "memory" and tws is not None:
+                out += self.relay(ts, tws)
             if (key, target) not in self.relaying:
                 out += self.done(key, target)
             return out

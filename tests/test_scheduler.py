@@ -1166,3 +1166,18 @@ def test_equal_small_results_are_kept_as_one_payload():
     acts = finish(s, "b", pb, nbytes=4)
     assert s.tasks["a"].data is pa and s.tasks["b"].data is pa
     assert [a.value for a in acts if type(a) is Resolve] == [pa]
+
+
+def test_a_task_erred_for_a_forgotten_input_is_not_linked_to_that_key_submitted_again():
+    """Found by the state machine (test_scheduler_machine.py): ``b`` cancelled (forgotten),
+    ``a(b)`` submitted with b's future fails at once; ``b`` submitted again must not be
+    taken for a's input, which was never linked to it."""
+    s = sched("w1")
+    s.submit([spec("b")])
+    s.cancel(["b"])
+    s.submit([spec("a", "b")])
+    assert s.tasks["a"].state == "erred"
+    s.submit([spec("b")])                     # validate: b lists no dependent a
+    assert not s.tasks["b"].dependents
+    s.release("a")
+    assert "b" in s.tasks and "a" not in s.tasks

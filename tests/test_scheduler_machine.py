@@ -1,0 +1,331 @@
+"""The scheduler's transitions: the table, the one writer of Task.state, the story, and a
+hypothesis state machine that drives random event sequences through the pure Scheduler
+with every invariant checked after every step. No processes: the workers are modelled
+here, answering as worker.py does (runs, cancels, steals, exports, puts)."""
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from typing import get_args
+
+import pytest
+
+from localcluster import protocol as P
+from localcluster import scheduler as S
+from localcluster.death import WorkerDeath
+from localcluster.records import (TRANSITIONS, Retire, Send, Spec, Task, TaskState,
+                                  Transitions)
+from localcluster.serialize import dumps
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+ARGS = dumps(((), {}))
+SMALL = dumps(2)
+BIG = P.Payload(b"x" * 16, (), P.INLINE_RESULT + 1)      # a result that stays on its worker
+ERR = dumps(ValueError("boom"))
+
+
+# --- the table and its diagram ------------------------------------------------------------
+
+def test_the_docstring_diagram_is_the_transition_table():
+    listed = set(re.findall(r"^ {4}(\w+) +-> (\w+) {2,}", S.__doc__, re.M))
+    assert listed == set(TRANSITIONS), (f"in the docstring only: {listed - TRANSITIONS}; "
+                                        f"in the table only: {TRANSITIONS - listed}")
+    states = set(get_args(TaskState))
+    assert {s for pair in TRANSITIONS for s in pair} == states      # every state has a way in or out
+    assert all(any(old == s for old, _ in TRANSITIONS) for s in states), "a state with no way out"
+    assert all(any(new == s for _, new in TRANSITIONS) for s in states - {"released"}), "unreachable state"
+
+
+def test_a_forbidden_transition_names_the_key_both_states_and_the_story():
+    t = Transitions()
+    ts = Task("k", None, 0)
+    t.apply(ts, "ready", "submit")
+    t.apply(ts, "processing", "assign")
+    t.apply(ts, "memory", "finished")
+    with pytest.raises(AssertionError) as info:
+        t.apply(ts, "ready", "oops")
+    msg = str(info.value)
+    assert "task 'k' may not go from 'memory' to 'ready' (event 'oops')" in msg
+    assert "ready -> processing  (assign)\n  processing -> memory  (finished)" in msg
+    assert ts.state == "memory"                              # refused: nothing written
+    assert t.of("k") == [("released", "ready", "submit"), ("ready", "processing", "assign"),
+                         ("processing", "memory", "finished")]
+
+
+def test_an_event_that_would_break_the_table_raises_instead_of_corrupting_state():
+    """Scattering onto a key that failed (the client never does: scatter makes new keys)
+    used to turn the error into a value behind its futures' backs; now the scheduler refuses."""
+    s = S.Scheduler()
+    s.add_worker("w1", 1)
+    s.submit([Spec("a", 1, b"fn", ARGS, ("gone",))])           # an input nobody knows: erred
+    assert s.tasks["a"].state == "erred"
+    with pytest.raises(AssertionError, match=r"(?s)'a' may not go from 'erred' to 'memory' "
+                                                r"\(event 'scatter'\).*story of 'a'.*\n"
+                                                r"  released -> erred  \(submit: an input is forgotten\)"):
+        s.scatter([("a", SMALL)])
+    assert s.tasks["a"].state == "erred"
+
+
+def test_the_story_is_bounded_and_kept_for_all_keys_together():
+    t = Transitions(length=4)
+    tasks = [Task(f"k{i}", None, i) for i in range(3)]
+    for ts in tasks:
+        t.apply(ts, "ready", "submit")
+        t.apply(ts, "processing", "assign")
+    assert [e[0] for e in t.events()] == ["k1", "k1", "k2", "k2"]      # the last 4, oldest first
+    assert t.of("k0") == [] and "(none kept)" in t.story("k0")
+    assert t.of("k2") == [("released", "ready", "submit"), ("ready", "processing", "assign")]
+
+
+def test_a_broken_invariant_is_reported_with_the_story_of_its_key():
+    s = S.Scheduler()
+    s.add_worker("w1", 1)
+    s.submit([Spec("a", 1, b"fn", ARGS, ())])
+    ts = s.tasks["a"]
+    s.finished("w1", ts.seq, 4, "int", SMALL)
+    s.workers["w1"].has.discard("a")                  # a copy the worker no longer lists
+    with pytest.raises(AssertionError) as info:
+        s.validate()
+    assert "'a': w1 in who_has but the worker does not list it" in str(info.value)
+    assert "story of 'a'" in str(info.value)
+    assert "processing -> memory  (finished)" in str(info.value)
+
+
+# --- the state machine --------------------------------------------------------------------
+
+class Worker:
+    """What the scheduler can know of a worker process: the runs it was sent, what it
+    stores, and the answers it has not sent yet (sent as one frame, like the real one)."""
+
+    def __init__(self, nthreads: int):
+        self.nthreads = nthreads
+        self.queue: dict[int, str] = {}          # seq -> key of runs received, not answered
+        self.deps: dict[int, tuple] = {}
+        self.started: set = set()
+        self.store: set = set()
+        self.replies: list = []
+        self.exports: list = []                  # (key, request) asked of it
+        self.steals: list = []                   # seqs asked back, per Steal
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.s = S.Scheduler(allowed_failures=1)
+        self.workers: dict[str, Worker] = {}
+        self.names = (f"w{i}" for i in itertools.count())
+        self.scattered = (f"s{i}" for i in itertools.count())
+        self.held: Counter = Counter()              # futures the client holds, per key
+        for _ in range(2):
+            self._add(1)
+
+    # the scheduler's actions, carried out by the modelled workers
+    def _do(self, actions: list) -> None:
+        retired = []
+        for a in actions:
+            if type(a) is Retire:
+                retired.append(a.worker)
+            if type(a) is not Send:
+                continue
+            w, m = self.workers[a.worker], a.msg
+            if type(m) is P.Run:
+                w.queue[m.seq], w.deps[m.seq] = m.key, m.deps
+            elif type(m) is P.Cancel:
+                for seq in m.seqs:
+                    if seq in w.queue and seq not in w.started:     # as worker.py: dropped before it starts
+                        del w.queue[seq]
+                        w.replies.append(P.Skipped(seq))
+            elif type(m) is P.Steal:
+                w.steals.append(m.seqs)
+            elif type(m) is P.Export:
+                w.exports.append((m.key, m.request))
+            elif type(m) is P.Put:
+                w.store.add(m.key)
+                if m.ack:
+                    w.replies.append(P.Stored(m.ack))
+            elif type(m) is P.Free:
+                w.store.difference_update(m.keys)
+        for name in retired:                       # the supervisor stops it: a requested death
+            self._die(name, "requested")
+
+    def _add(self, nthreads: int) -> None:
+        name = next(self.names)
+        self.workers[name] = Worker(nthreads)
+        self._do(self.s.add_worker(name, nthreads))
+
+    def _die(self, name: str, cause: str, crashed: bool = False, timed_out: bool = False) -> None:
+        w = self.workers.pop(name, None)
+        if w is None:
+            return
+        board = {seq: (i, 0.0) for i, seq in enumerate(sorted(w.started))}
+        late = next((seq for seq in sorted(w.started) if self.s.timeout_of(seq)), None) if timed_out else None
+        crashed_seq = min(w.started) if crashed and w.started else None
+        d = WorkerDeath(worker=name, pid=1, cause=cause, exitcode=-9, signal="SIGKILL",
+                        blamed=self.s.blame(cause, board, crashed_seq, late))
+        self._do(self.s.worker_died(d, (late, 2.0) if late is not None else None))
+
+    def _held_keys(self) -> list:
+        return sorted(k for k, n in self.held.items() if n > 0)
+
+    # --- client events ---
+    @rule(base=st.sampled_from("abc"), data=st.data(), retries=st.integers(0, 1), timeout=st.booleans(),
+          restricted=st.sampled_from([None, "strict", "loose"]), priority=st.integers(0, 1))
+    def submit(self, base, data, retries, timeout, restricted, priority):
+        held = self._held_keys()
+        deps = tuple(data.draw(st.lists(st.sampled_from(held), max_size=2, unique=True))) if held else ()
+        key = f"{base}({','.join(sorted(deps))})"         # as tokenize: the key says its inputs, no cycle
+        workers = None
+        if restricted and self.workers:
+            workers = frozenset(data.draw(st.lists(st.sampled_from(sorted(self.workers)), min_size=1,
+                                                   max_size=2, unique=True)))
+        spec = Spec(key, 1, b"fn", ARGS, deps, priority, retries, 1.0 if timeout else None, workers,
+                    restricted == "loose")
+        self.held[key] += 1
+        self._do(self.s.submit([spec]))
+
+    @rule(small=st.booleans(), broadcast=st.booleans(), data=st.data())
+    def scatter(self, small, broadcast, data):
+        key = next(self.scattered)
+        to = None
+        if self.workers and data.draw(st.booleans()):
+            to = frozenset(data.draw(st.lists(st.sampled_from(sorted(self.workers)), min_size=1, unique=True)))
+        self.held[key] += 1
+        self._do(self.s.scatter([(key, SMALL if small else BIG)], to, broadcast))
+
+    @precondition(lambda self: self._held_keys())
+    @rule(data=st.data())
+    def release(self, data):
+        key = data.draw(st.sampled_from(self._held_keys()))
+        self.held[key] -= 1
+        self._do(self.s.release(key))
+
+    @precondition(lambda self: self._held_keys())
+    @rule(data=st.data())
+    def cancel(self, data):
+        self._do(self.s.cancel([data.draw(st.sampled_from(self._held_keys()))]))
+
+    @precondition(lambda self: self._held_keys())
+    @rule(data=st.data())
+    def fetch_or_acquire(self, data):
+        key = data.draw(st.sampled_from(self._held_keys()))
+        if data.draw(st.booleans()):
+            self._do(self.s.fetch(key)[1])
+        else:
+            self.held[key] += 1
+            self._do(self.s.acquire(key))
+
+    @precondition(lambda self: self._held_keys())
+    @rule(data=st.data(), n=st.sampled_from([None, 1, 2]))
+    def replicate(self, data, n):
+        keys = data.draw(st.lists(st.sampled_from(self._held_keys()), min_size=1, max_size=2, unique=True))
+        self._do(self.s.replicate(keys, n)[1])
+
+    @rule(dice=st.integers(0, 5))
+    def restart(self, dice):
+        if dice:            # rarely: a restart forgets everything the other rules built up
+            return
+        self._do(self.s.clear(RuntimeError("restart")))
+        for name in list(self.workers):
+            self._die(name, "requested")
+        self._add(1)
+        self._add(2)
+
+    # --- cluster events ---
+    @precondition(lambda self: len(self.workers) < 4)
+    @rule(nthreads=st.integers(1, 2))
+    def add_worker(self, nthreads):
+        self._add(nthreads)
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data(), cause=st.sampled_from(["signal", "crash", "timeout", "memory-limit", "requested"]))
+    def worker_dies(self, data, cause):
+        name = data.draw(st.sampled_from(sorted(self.workers)))
+        self._die(name, cause, crashed=cause == "crash", timed_out=cause == "timeout")
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data())
+    def retire(self, data):
+        self._do(self.s.retire(data.draw(st.sampled_from(sorted(self.workers)))))
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data(), paused=st.booleans())
+    def pause(self, data, paused):
+        self._do(self.s.set_paused(data.draw(st.sampled_from(sorted(self.workers))), paused))
+
+    # --- what the workers do ---
+    @precondition(lambda self: any(w.queue for w in self.workers.values()))
+    @rule(data=st.data(), outcome=st.sampled_from(["small", "big", "error"]), now=st.booleans())
+    def run_ends(self, data, outcome, now):
+        """A run ends (starting it first if it may); its answer goes out now or in a later frame."""
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.queue)))
+        w = self.workers[name]
+        startable = [seq for seq in w.queue if seq in w.started or set(w.deps[seq]) <= w.store]
+        if not startable:
+            return
+        seq = data.draw(st.sampled_from(startable))
+        key = w.queue.pop(seq)
+        w.started.discard(seq)
+        if outcome == "error":
+            w.replies.append(P.Failed(seq, ERR))
+        else:
+            w.store.add(key)
+            w.replies.append(P.Finished(seq, 4, "int", SMALL, 0.001) if outcome == "small"
+                             else P.Finished(seq, BIG.nbytes, "bytes", None, 0.001))
+        if now:
+            msgs, w.replies = w.replies, []
+            self._do(self.s.handle_messages(name, msgs))
+
+    @precondition(lambda self: any(w.queue for w in self.workers.values()))
+    @rule(data=st.data())
+    def run_starts(self, data):
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.queue)))
+        w = self.workers[name]
+        for seq in w.queue:
+            if seq not in w.started and set(w.deps[seq]) <= w.store and len(w.started) < w.nthreads:
+                w.started.add(seq)
+                return
+
+    @precondition(lambda self: any(w.exports or w.steals for w in self.workers.values()))
+    @rule(data=st.data())
+    def answers(self, data):
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.exports or w.steals)))
+        w = self.workers[name]
+        for key, req in w.exports:
+            w.replies.append(P.Data(req, key, BIG, None) if key in w.store
+                             else P.Data(req, key, None, dumps(KeyError(key))))
+        for asked in w.steals:
+            taken = tuple(seq for seq in asked if seq in w.queue and seq not in w.started)
+            for seq in taken:
+                del w.queue[seq]
+            w.replies.append(P.Unqueued(asked, taken))
+        w.exports, w.steals = [], []
+
+    @precondition(lambda self: any(w.replies for w in self.workers.values()))
+    @rule(data=st.data())
+    def frame_arrives(self, data):
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.replies)))
+        w = self.workers[name]
+        msgs, w.replies = w.replies, []
+        self._do(self.s.handle_messages(name, msgs))
+
+    # --- after every step ---
+    @invariant()
+    def valid(self):
+        self.s.validate()
+
+    @invariant()
+    def every_state_was_written_by_the_one_writer(self):
+        last = {key: new for key, _old, new, _event in self.s.transitions.events()}
+        for key, ts in self.s.tasks.items():
+            assert last.get(key) == ts.state, f"{key!r} is {ts.state} but its last transition says " \
+                                              f"{last.get(key)}\n{self.s.story(key)}"
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])

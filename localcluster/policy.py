@@ -328,15 +328,28 @@ class Policy:
         s = self.slots.get(name)
         if s is None or not s.ready:
             return []
-        for seq, (elapsed, timeout) in runs.items():
-            if timeout is not None and elapsed > timeout:
-                s.timed_out = (seq, elapsed)
-                return self._stop(s, "timeout", now)
-        ttl = self.limits.worker_ttl
-        if not ttl or not heartbeat or now - heartbeat <= ttl:
+        late = self.late_run(runs)
+        if late is not None:
+            s.timed_out = late
+            return self._stop(s, "timeout", now)
+        if not self.silent(heartbeat, now):
             return []
+        ttl = self.limits.worker_ttl
         return [Note(name, f"[nanny] no heartbeat for {now - heartbeat:.1f} s (worker_ttl={ttl:g}); "
                            f"dumping all thread stacks, then stopping it")] + self._stop(s, "unresponsive", now)
+
+    @staticmethod
+    def late_run(runs: dict) -> Optional[tuple]:
+        """(seq, seconds it ran) of a run past its timeout, in ``observed``'s ``runs``; else None."""
+        for seq, (elapsed, timeout) in runs.items():
+            if timeout is not None and elapsed > timeout:
+                return seq, elapsed
+        return None
+
+    def silent(self, heartbeat: float, now: float) -> bool:
+        """No heartbeat for worker_ttl (a worker that never beat yet is not silent)."""
+        ttl = self.limits.worker_ttl
+        return bool(ttl and heartbeat and now - heartbeat > ttl)
 
     def stacks_arrived(self, name: str) -> list:
         s = self.slots.get(name)

@@ -283,7 +283,8 @@ class Supervisor:
             if slot.ready:
                 runs = {seq: (now - started, timeout_of(seq)) for seq, (_ident, started) in n.board.running().items()}
                 beat = n.board.heartbeat() / 1e9
-                if self._due(runs, beat, now):
+                # most ticks the board shows nothing for the policy: then no lock is taken
+                if policy.late_run(runs) is not None or policy.silent(beat, now):
                     self._decide(lambda: policy.observed(name, now, runs, beat))
             elif slot.step == "stacks" and n.stacks_arrived():
                 self._decide(lambda: policy.stacks_arrived(name))
@@ -295,14 +296,6 @@ class Supervisor:
             self._history.sample(n.name, time.time(), rss)
         managed = n.board.store()[0] if n.board is not None else 0
         self._decide(lambda: self.policy.sampled(n.name, now, rss, managed))
-
-    def _due(self, runs: dict, beat: float, now: float) -> bool:
-        """Whether the board shows anything for the policy (a run past its timeout, a missed
-        heartbeat): most ticks it shows nothing, and take no lock."""
-        ttl = self.policy.limits.worker_ttl
-        return any(t is not None and e > t for e, t in runs.values()) or bool(ttl and beat and now - beat > ttl)
-
-    # --- what a worker sends and writes ------------------------------------------------------
 
     def _on_channel(self, n: Nanny, mask: int) -> None:
         if mask & selectors.EVENT_WRITE and n.chan.flush():     # the backlog went out

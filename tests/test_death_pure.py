@@ -215,8 +215,8 @@ Thread 0x00007f6a53c3f6c0 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 982 in run
 
 Thread 0x00007f6a54c416c0 (most recent call first):
-  File "/home/me/tests/test_x.py", line 41 in hold_the_gil
-  File "/home/me/tests/test_x.py", line 37 in outer
+  File "/srv/app/tests/test_x.py", line 41 in hold_the_gil
+  File "/srv/app/tests/test_x.py", line 37 in outer
   File "{PKG}/worker.py", line 292 in _run
   File "/usr/lib/python3.11/threading.py", line 982 in run
 
@@ -228,8 +228,8 @@ Current thread 0x00007f6a55c00b80 (most recent call first):
 def test_top_frames_reads_the_one_thread_of_a_hang_or_timeout_stack():
     stack = thread_stack(HANG_DUMP, STUCK_TID)
     assert stack.startswith("Thread 0x00007f6a54c416c0")
-    assert top_frames(stack, 2) == ['File "/home/me/tests/test_x.py", line 41 in hold_the_gil',
-                                    'File "/home/me/tests/test_x.py", line 37 in outer']
+    assert top_frames(stack, 2) == ['File "/srv/app/tests/test_x.py", line 41 in hold_the_gil',
+                                    'File "/srv/app/tests/test_x.py", line 37 in outer']
     # a whole dump: the current thread wins, wherever its block is
     assert top_frames("\n".join(HANG_DUMP), 1) == ['File "/usr/lib/python3.11/threading.py", line 327 in wait']
     # faulthandler's header when it has no thread to name

@@ -404,7 +404,7 @@ class LocalCluster:
         with self._lock:
             where = self.scheduler.whereabouts(key)
             started = self._supervisor.running_since(where.worker, where.seq)
-        why = _why(key, where, started, self._supervisor.target)
+        why = _why(key, where, started)
         if stall is None or not stall.stuck or where.state not in ("waiting", "ready", "processing"):
             return why
         return f"task {key!r} is queued: {stall}" if where.state == "ready" else f"{why}; {stall}"
@@ -420,7 +420,7 @@ class LocalCluster:
         self._callbacks.run(fn, fut)
 
 
-def _why(key: str, where: S.Whereabouts, started: Optional[float], target: int = 0) -> str:
+def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
     task = f"task {key!r}"
     if where.state == "processing" and started is not None:
         return f"{task} is still running on {where.worker} (started {time.monotonic() - started:.1f} s ago)"
@@ -430,8 +430,6 @@ def _why(key: str, where: S.Whereabouts, started: Optional[float], target: int =
         shown = ", ".join(map(repr, where.waiting_for[:3])) + (", ..." if len(where.waiting_for) > 3 else "")
         count = len(where.waiting_for)
         return f"{task} is waiting for {count} {'dependency' if count == 1 else 'dependencies'} ({shown})"
-    if where.state == "ready" and where.workers == 0 and target:
-        return f"{task} is queued: no worker is up right now; the cluster is starting one (it keeps {target})"
     if where.state == "ready" and where.workers == 0:
         return f"{task} is queued: no worker is running (call cluster.scale(n) to start some)"
     if where.state == "ready" and where.paused == where.workers:

@@ -26,6 +26,7 @@ from . import future as _future
 from . import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_seconds
+from .lifecycle import Phase
 from .future import Future, as_completed, wait  # noqa: F401 - re-exported
 from .future import walk as _walk
 from .records import Spec
@@ -48,14 +49,21 @@ class Client:
         self._owns_cluster = cluster is None
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
         self.id = f"client-{_PREFIX}-{next(_unique)}"
-        self.status = "running"
+        self._closed = False
         self._futures: dict[str, Any] = {}      # key -> a weakref of its Future, or a list of them
         self._refs: dict[str, int] = {}
         # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
         self._refs_lock = threading.RLock()
         self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (ref to fn, fn_id, fn_bytes)
-        self.cluster.attach(self)
+        self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
         _future.register_client(self)
+
+    @property
+    def status(self) -> str:
+        """running, closed, or forked (this process is a fork of the cluster's owner)."""
+        if self._closed:
+            return "closed"
+        return "forked" if self.gateway.phase is Phase.FORKED else "running"
 
     @classmethod
     def current(cls, allow_none: bool = False) -> Optional["Client"]:
@@ -105,7 +113,7 @@ class Client:
                 return
             self._refs.pop(key, None)
             self._futures.pop(key, None)
-        self.cluster.release(key)
+        self.gateway.release(key)
 
     def resolve(self, key: str, status: str, value: Any) -> None:
         """The cluster says how ``key``'s task ended: finished (value: the payload, or None
@@ -206,10 +214,10 @@ class Client:
 
     def _check(self) -> None:
         if self.status == "forked":
-            self.cluster.check_open()       # says what a fork means
+            self.gateway.check_open()       # says what a fork means
         if self.status != "running":
             raise RuntimeError("this Client is closed")
-        self.cluster.check_open()
+        self.gateway.check_open()
 
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
@@ -272,7 +280,7 @@ class Client:
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
         self._check()
-        names = self.cluster.check_worker_names(workers, not allow_other_workers) if workers is not None else None
+        names = self.gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
         return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
 
     def _submit(self, specs: list) -> list[Future]:
@@ -280,7 +288,7 @@ class Client:
             futures = [Future(s.key, self, track=False) for s in specs]
             self.track_many(futures)
             return futures
-        return self.cluster.submit(specs, track)
+        return self.gateway.submit(specs, track)
 
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""
@@ -299,7 +307,7 @@ class Client:
         for flag, value in (("broadcast", broadcast), ("allow_other_workers", allow_other_workers)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag}={value!r}: expected True or False")
-        names = self.cluster.check_worker_names(workers, not allow_other_workers) if workers is not None else None
+        names = self.gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
         if names is not None and allow_other_workers and not names & set(self.cluster.workers):
             names = None
         if isinstance(data, dict):
@@ -307,7 +315,7 @@ class Client:
         single = not isinstance(data, (list, tuple, set, frozenset))
         values = [data] if single else list(data)
         items = [(f"{type(v).__name__}-{_PREFIX}{next(_unique):x}", serialize.dumps(v)) for v in values]
-        futures = self.cluster.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
+        futures = self.gateway.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
         return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
 
     def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
@@ -335,7 +343,7 @@ class Client:
                     raise error
         lazy = [f for f in flat if _future.needs_fetch(f)]
         if lazy:   # fetch all large results at once rather than one round trip each
-            fetched = self.cluster.fetch([f.key for f in lazy])
+            fetched = self.gateway.fetch([f.key for f in lazy])
             for f, ff in zip(lazy, fetched):
                 try:
                     payload = ff.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -380,12 +388,12 @@ class Client:
         self._check()
         fs = [f for f in _walk(futures) if isinstance(f, Future)]
         cf.wait(fs, timeout)
-        self.cluster.replicate([f.key for f in fs], n, timeout)
+        self.gateway.replicate([f.key for f in fs], n, timeout)
 
     def cancel(self, futures: Any, force: bool = False) -> None:
         """Cancel these futures' tasks and release their data. Always what dask calls
         ``force=True``: the keys are cancelled for every client that holds them."""
-        self.cluster.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
+        self.gateway.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
 
     def restart(self, timeout: float = 60.0, wait_for_workers: bool = True) -> "Client":
         """Stop every worker, forget every task (pending futures fail with ClusterRestarted),
@@ -402,7 +410,7 @@ class Client:
     def get_versions(self, check: bool = False) -> dict:
         from .worker import versions
         mine = versions()
-        theirs = self.cluster.worker_versions()
+        theirs = self.gateway.worker_versions()
         if check:
             bad = []
             for name, v in theirs.items():
@@ -444,15 +452,14 @@ class Client:
         return ClusterExecutor(self, **submit_kwargs)
 
     def after_fork(self) -> None:
-        """In a child forked from this process: inert (see LocalCluster.mark_forked). The
+        """In a child forked from this process: inert (its cluster is in Phase.FORKED; lifecycle.py). The
         lock is new: a thread of the parent may have held it at the fork."""
         self._refs_lock = threading.RLock()
-        self.status = "forked"
 
     def close(self) -> None:
-        if self.status == "closed":
+        if self._closed:
             return
-        self.status = "closed"
+        self._closed = True
         _future.unregister_client(self)
         if self._owns_cluster:
             self.cluster.close()

@@ -103,6 +103,7 @@ class Future(cf.Future):
         self._exception: Optional[BaseException] = None
         self.key = key
         self.client = client
+        self._gateway = client.gateway       # the cluster as a future sees it: why late, fetch, callbacks
         self._lost: Optional[BaseException] = None
         if track:           # else the client tracks a batch at once (Client.track_many)
             client.track(self)
@@ -170,7 +171,7 @@ class Future(cf.Future):
             if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
                 raise
             try:
-                why = self.client.cluster.why_pending(self.key)
+                why = self._gateway.why_pending(self.key)
             except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
                 why = f"task {self.key!r} is not done"
             raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
@@ -181,7 +182,7 @@ class Future(cf.Future):
         payload = stored.payload
         if payload is None:
             try:
-                payload = self.client.cluster.fetch([self.key])[0].result(timeout)
+                payload = self._gateway.fetch([self.key])[0].result(timeout)
             except cf.TimeoutError:
                 raise
             except BaseException as e:
@@ -203,11 +204,11 @@ class Future(cf.Future):
         """As concurrent.futures, except that a callback is never run on the scheduler
         thread: there, a ``result()`` that must fetch data from a worker would wait on the
         very thread that delivers it."""
-        cluster = self.client.cluster
+        gateway = self._gateway
 
         def call(fut: "Future") -> None:
-            if cluster.on_scheduler_thread():
-                cluster.run_callback(fn, fut)
+            if gateway.on_scheduler_thread():
+                gateway.run_callback(fn, fut)
             else:
                 fn(fut)
         super().add_done_callback(call)
@@ -366,7 +367,7 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     client = _clients.get(client_id) if client_id else None
     fut = None
     if client is not None and client.status == "running":
-        fut = client.cluster.acquire(key, lambda: Future(key, client))
+        fut = client.gateway.acquire(key, lambda: Future(key, client))
     if fut is None:
         raise ValueError(f"future {key!r} is not known to a running Client (its client "
                          f"{client_id!r} is closed, or the key was released)")
@@ -379,7 +380,7 @@ serialize.install_futures(Future, _from_pickle)
 def _refuse_in_fork(fut: cf.Future) -> None:
     """In a forked child, a pending future of the parent's client is never resolved: say why."""
     if isinstance(fut, Future) and not fut.done() and fut.client.status == "forked":
-        fut.client.cluster.check_open()
+        fut.client.gateway.check_open()
 
 
 def _only_futures(what: str, fs: Any) -> list:
@@ -435,9 +436,9 @@ def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:
     ours = [f for f in pending if isinstance(f, Future)]
     if not ours:
         return TimeoutError(text)
-    cluster = ours[0].client.cluster
+    gateway = ours[0].client.gateway
     try:
-        why = cluster.why_not_done([f.key for f in ours if f.client.cluster is cluster])
+        why = gateway.why_not_done([f.key for f in ours if f.client.gateway is gateway])
     except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
         return TimeoutError(text)
     return TimeoutError(f"{text}: {why}")

@@ -2,6 +2,9 @@
 
 Thread: ``run()`` is the whole life of the ``localcluster-scheduler`` thread, and every
 handler runs on it. ``call``, ``run_soon`` and ``wake`` may be called from any thread.
+Whether the thread has ended is the cluster's ``Lifecycle`` (STOPPED): its owner moves
+it there as the thread ends, then fails what is left with ``fail_pending``; a command
+handed over after that fails at once.
 
 Owns: the selector (each registered file object carries the callable to run when it
 is ready), the wake-up pipe (a self-pipe: a write from another thread ends the
@@ -22,11 +25,12 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
+from .lifecycle import Lifecycle
 from .machine import block_interrupts
 
 
 class EventLoop:
-    def __init__(self, on_wake: Callable[[], None]):
+    def __init__(self, life: Lifecycle, on_wake: Callable[[], None]):
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -35,7 +39,7 @@ class EventLoop:
         self._commands: deque = deque()       # (fn, Future or None), appended by any thread
         self._on_wake = on_wake               # runs first on every wake-up (work queued lock-free)
         self.thread: Optional[threading.Thread] = None
-        self._stopped = False                 # run() has returned: commands fail at once
+        self._life = life
         # Since when the loop thread has been handling what woke it (None: in select).
         # Written by the loop thread only; the watchdog reads it.
         self.busy_since: Optional[float] = None
@@ -59,8 +63,8 @@ class EventLoop:
             fut.set_result(fn())
             return fut
         self._commands.append((fn, fut))
-        if self._stopped:      # nobody will run it (checked after appending: run() drains first)
-            self._fail_pending()
+        if self._life.thread_ended:   # nobody will run it (checked after appending: the end drains after moving)
+            self.fail_pending()
         else:
             self.wake()
         return fut
@@ -85,12 +89,14 @@ class EventLoop:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
         self._selector.register(fileobj, events, handler)
 
-    def modify(self, fileobj: Any, handler: Callable[[int], None], write: bool) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+    def want_write(self, fileobj: Any, write: bool) -> None:
+        """Select ``fileobj`` for writing too (or no longer), with the handler it has."""
         try:
-            self._selector.modify(fileobj, events, handler)
+            key = self._selector.get_key(fileobj)
         except (KeyError, ValueError):    # already unregistered: its worker is gone
-            pass
+            return
+        if key.fileobj is fileobj:        # not a newer registration on a reused fd number
+            self._selector.modify(fileobj, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0), key.data)
 
     def unregister(self, fileobj: Any) -> None:
         try:
@@ -121,10 +127,9 @@ class EventLoop:
                         key.data(mask)
         finally:
             self.busy_since = None
-            self._stopped = True
-            self._fail_pending()
 
-    def _fail_pending(self) -> None:
+    def fail_pending(self) -> None:
+        """The thread has ended (or is ending): fail every command nobody will run."""
         while True:
             try:
                 _fn, fut = self._commands.popleft()

@@ -55,8 +55,9 @@ class Nanny:
     about the worker is the supervision policy's, policy.py).
 
     Thread: the scheduler thread creates, changes and closes it. User threads read the
-    figures (memory, history, log, status) under the cluster's lock; the dispatcher adds
-    to ``cork`` and writes to ``chan`` from the thread of the event, under that lock.
+    figures (memory, history, log, status) under the cluster's lock. The dispatcher's
+    Outlet holds ``chan`` too: it queues task messages on it under that lock and flushes
+    them from the thread of the event (the channel has its own lock for that).
     """
 
     def __init__(self, name: str, nthreads: int, memory_limit: Optional[int], settings: dict,
@@ -78,7 +79,6 @@ class Nanny:
         self.statm: Optional[int] = None          # its /proc statm, open: each RSS sample is one pread
         self.outputs: list[OutputStream] = []     # the worker's stdout and stderr pipes
         self.board: Optional[Board] = None
-        self.cork: list = []                      # messages held back while the worker is busy
         # what it said and wrote
         self.versions: dict = {}
         self.fatal: Optional[str] = None          # traceback the worker sent before dying

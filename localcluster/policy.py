@@ -38,6 +38,7 @@ from typing import Optional
 
 from .config import format_bytes
 from .death import WorkerDeath, WorkerStartupError
+from .lifecycle import Lifecycle, Phase
 
 __all__ = ["Policy", "Slot", "Limits", "STARTUP_RETRIES", "STOP_GRACE", "STACK_GRACE", "HANDOFF_GRACE"]
 
@@ -174,11 +175,11 @@ class Policy:
     Thread: the scheduler thread sends every event; user threads read ``slots`` and
     ``target`` under the cluster's lock."""
 
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, life: Lifecycle):
         self.limits = limits
+        self.life = life                            #: the cluster's phase: read here, moved by the cluster
         self.slots: dict[str, Slot] = {}            #: name -> slot, for every worker not yet reaped
         self.target = 0                             #: the size scale() asked for
-        self.phase = "starting"                     #: starting, running, closing: the cluster's
         self.startup_failures: list[WorkerDeath] = []   #: failed starts in a row (cleared by an accepted one)
         self.respawn_at: list[float] = []           #: when a replacement is due, one entry each
         self.leak_suspects: Optional[frozenset] = None  #: keys running at every leak restart so far
@@ -212,8 +213,6 @@ class Policy:
             assert (s.timed_out is not None) <= (s.reason == "timeout"), f"{s!r}: timed_out without a timeout"
             assert (s.leak is not None) == (s.reason == "memory-leak"), f"{s!r}: leak {s.leak!r}"
             assert s.peak_memory is None or s.memory is None or s.peak_memory >= s.memory, f"{s!r}: peak below memory"
-        assert self.phase in ("starting", "running", "closing"), f"phase {self.phase!r}"
-        assert self.phase != "closing" or self.target == 0, "closing with a target"
         assert len(self.startup_failures) < STARTUP_RETRIES or not self.respawn_at, \
             "respawning after giving up on start-ups"
 
@@ -231,12 +230,6 @@ class Policy:
                 out += self._leave(s, "requested", now)
         return out
 
-    def running(self) -> list:
-        """The cluster finished starting: a limit too small is a failed start from now on."""
-        if self.phase == "starting":
-            self.phase = "running"
-        return []
-
     def stop_all(self, now: float) -> list:
         """Close or restart: every worker is asked to exit, and killed if it does not."""
         out: list = []
@@ -245,7 +238,6 @@ class Policy:
         return out
 
     def close(self, now: float) -> list:
-        self.phase = "closing"
         self.target = 0
         self.respawn_at.clear()
         return self.stop_all(now)
@@ -264,7 +256,7 @@ class Policy:
             return []
         self._record_memory(s, rss)
         too_small = self._limit_too_small(s, rss)
-        if too_small and self.phase == "starting":
+        if too_small and self.life.phase is Phase.STARTING:
             return [Refuse(ValueError(too_small))] + self._stop(s, "requested", now)
         if too_small:       # scaling up, or a replacement: a failed start (see exited)
             return [Note(name, f"[nanny] {too_small}")] + self._stop(s, "memory-limit", now)
@@ -380,7 +372,7 @@ class Policy:
         for t in due:
             self.respawn_at.remove(t)
             # scale() or restart() since the death may have made up the number already
-            if self.phase != "closing" and len(self.alive()) < self.target:
+            if not self._closing() and len(self.alive()) < self.target:
                 out.append(Spawn())
         return out
 
@@ -391,7 +383,7 @@ class Policy:
         help past a few tries, so the loop ends in WorkerStartupError, never forever. (One that
         ran tasks and was killed between two of them holds what they kept: a leak, not a start.)"""
         s = self.slots.pop(death.worker, None)
-        if s is None or self.phase == "closing" or death.cause == "requested":
+        if s is None or self._closing() or death.cause == "requested":
             return []
         if s.state == "starting" or (death.cause == "memory-limit" and not death.tasks and not ran_tasks):
             self.startup_failures.append(death)
@@ -404,6 +396,9 @@ class Policy:
         # while the dead worker's tasks, just sent elsewhere, come back in about 1.
         self.respawn_at.append(now)
         return []
+
+    def _closing(self) -> bool:
+        return Phase.CLOSING in self.life.passed
 
     def leak_blame(self, running: tuple) -> tuple:
         """The keys a leak restart counts against: only those running at every leak restart

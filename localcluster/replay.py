@@ -39,14 +39,14 @@ class ReplayedDeath(Exception):
 
 
 def _task_inputs(client: Any, key: str) -> tuple:
-    cluster = client.cluster
-    spec = cluster.task_spec(key)
+    gateway = client.gateway
+    spec = gateway.task_spec(key)
     if spec is None:
         raise ValueError(f"task {key!r} is no longer known to the cluster (released or restarted); "
                          f"keep its future alive to replay it")
     deps = {}
     if spec.deps:
-        for dkey, payload in zip(spec.deps, cluster.fetch(list(spec.deps))):
+        for dkey, payload in zip(spec.deps, gateway.fetch(list(spec.deps))):
             deps[dkey] = serialize.loads(payload.result())
     fn = pickle.loads(spec.fn)
     args, kwargs = serialize.loads(spec.args, deps)

@@ -6,13 +6,15 @@ Data flow (all on the scheduler thread unless said)::
 
     spawn ─► Nanny (process, channel, output pipes, pidfd, board) ─► registered in the loop
     channel readable ─► Ready ─► policy.ready ─► Accept (ceiling, Scheduler.add_worker) or Refuse
-                        task messages ─► Dispatcher.on_worker_messages
+                        task messages ─► Dispatcher.on_worker_messages (what was corked goes too)
+    channel writable ─► the backlog flushed (the dispatcher asked the loop to wait for it)
     output readable  ─► OutputStream.read (the bounded log; forwarded to the same stream)
     tick             ─► memory sample ─► policy.sampled ─► SetPaused / Kill / HandOff (a leak)
                      ─► the status boards ─► policy.observed (timeouts, heartbeats) ─► DumpStacks
                      ─► a dump arrived ─► policy.stacks_arrived ─► Kill
                      ─► policy.tick: deadlines of stopping workers, respawns that are due
-    Retire (scheduler, any thread, under the lock) ─► queued here ─► policy.retired ─► SendStop
+    Retire (scheduler, any thread) ─► queued in the dispatcher ─► taken here (take_retired),
+                        after each event and on every wake-up ─► policy.retired ─► SendStop
     pidfd readable   ─► reap ─► classify ─► WorkerDeath ─► Scheduler.worker_died
                         ─► policy.exited ─► a respawn, or GiveUp (WorkerStartupError)
 
@@ -23,8 +25,10 @@ Threads: the scheduler thread runs everything above. User threads only read, und
 cluster's lock: ``snapshot``, ``logs``, ``dump_stacks``, ``wait_for``.
 
 Owns: the nannies (name -> Nanny; only the scheduler thread adds or removes one, under
-the lock), the policy, ``deaths`` (appended under the lock, oldest first) and the logs of
-dead workers.
+the lock, and connects or disconnects its channel in the dispatcher in the same hold),
+the policy, ``deaths`` (appended under the lock, oldest first) and the logs of dead
+workers. It calls down only: the dispatcher, the scheduler, the loop, the lifecycle
+(REFUSED when workers cannot start).
 """
 from __future__ import annotations
 
@@ -34,20 +38,25 @@ import os
 import selectors
 import shutil
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from . import logs
 from . import protocol as P
 from . import scheduler as S
-from .death import (ClusterBroken, WorkerDeath, classify, crash_stack, crashing_thread, exit_signal,
+from .death import (WorkerDeath, classify, crash_stack, crashing_thread, exit_signal,
                     thread_ident, thread_stack)
+from .dispatch import Dispatcher
 from .history import History
+from .lifecycle import Lifecycle, Phase
+from .loop import EventLoop
 from .nanny import Nanny
 from .render import key_group
+from .output import OutputStream
 from .policy import (Accept, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused,
-                     Spawn)
+                     Slot, Spawn)
 
 logger = logging.getLogger("localcluster")
 
@@ -82,8 +91,8 @@ class WorkerSettings:
 
 
 class Supervisor:
-    def __init__(self, settings: WorkerSettings, lock: Any, changed: Any, scheduler: S.Scheduler,
-                 dispatch: Any, loop: Any, history: History):
+    def __init__(self, settings: WorkerSettings, lock: threading.Lock, changed: threading.Condition,
+                 scheduler: S.Scheduler, dispatch: Dispatcher, loop: EventLoop, history: History, life: Lifecycle):
         self._settings = settings
         self._history = history
         self._config = settings.config
@@ -92,20 +101,16 @@ class Supervisor:
         self._scheduler = scheduler
         self._dispatch = dispatch
         self._loop = loop
-        self.policy = Policy(Limits.from_config(settings.memory_limit, settings.config))
+        self._life = life
+        self.policy = Policy(Limits.from_config(settings.memory_limit, settings.config), life)
         self.nannies: dict[str, Nanny] = {}      #: the I/O handles, name -> Nanny; added and removed under the lock
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
         self._names = itertools.count()
-        self._retired: list[str] = []            #: workers the scheduler let go of, for the loop thread
 
     @property
     def target(self) -> int:
         return self.policy.target
-
-    @property
-    def closing(self) -> bool:
-        return self.policy.phase == "closing"
 
     # --- the policy's decisions, carried out ---------------------------------------------------
 
@@ -133,9 +138,9 @@ class Supervisor:
                     n.enforce_ceiling()
                     actions += self._scheduler.add_worker(n.name, n.nthreads)
                 elif t is Refuse:
-                    self._dispatch.refuse(i.error)                  # the constructor raises it
+                    self._life.to(Phase.REFUSED, i.error)           # the constructor raises it
                 elif t is GiveUp:
-                    self._dispatch.refuse(i.error)
+                    self._life.to(Phase.REFUSED, i.error)
                     actions += self._scheduler.clear(i.error)
             post = self._dispatch.apply(actions)
             self._changed.notify_all()
@@ -144,7 +149,7 @@ class Supervisor:
             t = type(i)
             n = self.nannies.get(getattr(i, "worker", ""))
             if t is Spawn:
-                if self._dispatch.broken is None:
+                if self._life.error is None:
                     self.spawn()
             elif n is None:
                 continue
@@ -156,29 +161,13 @@ class Supervisor:
                 n.request_stacks(mark=True)
             elif t is Note:
                 n.add_log(i.line)
-        self._retire_pending()
+        self.retire_pending()
 
-    def _retire_pending(self) -> None:
-        while self._retired:
-            name = self._retired.pop(0)
+    def retire_pending(self) -> None:
+        """Stop the workers the scheduler let go of (from any thread's event): here, on the
+        scheduler thread and outside the lock, as every signal and message to a nanny."""
+        for name in self._dispatch.take_retired():
             self._decide(lambda: self.policy.retired(name, time.monotonic()))
-
-    # --- for the dispatcher (under the lock) --------------------------------------------------
-
-    def nanny(self, name: str) -> Optional[Nanny]:
-        return self.nannies.get(name)
-
-    def retire(self, name: str) -> None:
-        """The scheduler let go of ``name`` (any thread, under the lock): the loop thread
-        stops it, outside the lock."""
-        self._retired.append(name)
-        if not self._loop.on_loop():
-            self._loop.run_soon(self._retire_pending)
-
-    def watch_channel(self, n: Nanny) -> None:
-        """Select its channel for reading, and for writing while it has bytes pending."""
-        if n.chan is not None and not n.chan.closed:
-            self._loop.modify(n.chan, lambda mask: self._on_channel(n, mask), n.chan.wants_write())
 
     # --- size ---------------------------------------------------------------------------------
 
@@ -190,6 +179,7 @@ class Supervisor:
         n.spawn()
         with self._lock:
             self.nannies[name] = n
+            self._dispatch.connect(name, n.chan)
             self.policy.spawned(name, n.pid, time.monotonic())
         self._loop.register(n.chan, lambda mask: self._on_channel(n, mask))
         for stream in n.outputs:
@@ -205,11 +195,6 @@ class Supervisor:
             return {name: one(name) for name in self.policy.slots}
         self._decide(lambda: self.policy.scale(target, time.monotonic(), idleness()))
 
-    def started(self) -> None:
-        """The cluster is up: a limit too small for a new worker is a failed start from now on."""
-        with self._lock:
-            self.policy.running()
-
     def stop_all(self) -> None:
         """Ask every worker to exit (restart); each is killed if it does not."""
         self._decide(lambda: self.policy.stop_all(time.monotonic()))
@@ -220,10 +205,10 @@ class Supervisor:
     def keep_going(self) -> bool:
         """Whether the scheduler thread goes on: not once closing found every worker gone,
         nor after a break (then it kills and reaps the workers first)."""
-        if isinstance(self._dispatch.broken, ClusterBroken):
+        if self._life.broken:
             self.reap_all()
             return False
-        return not (self.closing and not self.nannies)
+        return not (self._life.phase is Phase.CLOSING and not self.nannies)
 
     def reap_all(self) -> None:
         """Kill and reap every worker now (after a break, or at close)."""
@@ -248,6 +233,7 @@ class Supervisor:
         n.close()
         with self._lock:
             self.nannies.pop(n.name, None)
+            self._dispatch.disconnect(n.name)
             self.policy.slots.pop(n.name, None)
 
     def wait_for(self, count: int, timeout: float, at_least: bool = False) -> None:
@@ -256,8 +242,8 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                if self._dispatch.broken is not None:
-                    raise self._dispatch.broken
+                if self._life.error is not None:
+                    raise self._life.error
                 slots = self.policy.slots
                 ready = sum(1 for s in slots.values() if s.ready)
                 if ready == len(slots) == count or (at_least and ready >= count):
@@ -299,7 +285,7 @@ class Supervisor:
 
     def _on_channel(self, n: Nanny, mask: int) -> None:
         if mask & selectors.EVENT_WRITE and n.chan.flush():     # the backlog went out
-            self.watch_channel(n)
+            self._loop.want_write(n.chan, False)
         if mask & selectors.EVENT_READ:
             try:
                 msgs = n.chan.receive()
@@ -311,7 +297,7 @@ class Supervisor:
             if msgs:
                 self._on_messages(n, msgs)
 
-    def _on_output(self, stream: Any) -> None:
+    def _on_output(self, stream: OutputStream) -> None:
         if not stream.read():
             self._loop.unregister(stream.fd)
         with self._changed:
@@ -340,16 +326,10 @@ class Supervisor:
             self._decide(lambda: self.policy.ready(n.name, time.monotonic(), rss))
         if pressed:     # a sample now, not at the next tick: its prefetch is asked back at once
             self._sample(n, time.monotonic())
-        if tasks or n.cork:
-            with self._lock:
-                actions = self._dispatch.on_worker_messages(n.name, tasks) if tasks else []
-                post = self._dispatch.apply(actions)
-                if n.cork and n.chan is not None:
-                    post += self._dispatch.send(n, [])
-            self._dispatch.post(post)
+        self._dispatch.on_worker_messages(n.name, tasks)
         if records:     # outside the lock: the user's handlers may take their time
             logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)
-        self._retire_pending()
+        self.retire_pending()
 
     # --- deaths -------------------------------------------------------------------------------
 
@@ -372,6 +352,7 @@ class Supervisor:
         death = self._record_death(n, exitcode)
         with self._changed:
             self.nannies.pop(n.name, None)
+            self._dispatch.disconnect(n.name)
             self._dead_logs[n.name] = list(n.log)
             self._changed.notify_all()
         n.close()
@@ -441,7 +422,7 @@ class Supervisor:
             return None
         return crash_stack(lines, all_threads=self._config["forward_logs"] == "all")
 
-    def _death_detail(self, n: Nanny, slot: Any, cause: str, timed_out: Optional[tuple],
+    def _death_detail(self, n: Nanny, slot: Optional[Slot], cause: str, timed_out: Optional[tuple],
                       lines: list) -> Optional[str]:
         """Caller holds the lock."""
         if cause == "timeout" and timed_out:

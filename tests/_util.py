@@ -31,8 +31,9 @@ def release(path) -> None:
     open(path, "w").close()
 
 
-def wait_running(cluster, key, timeout: float = 30.0):
-    """Until ``key`` is executing on a worker (read from the workers' status boards);
+def wait_running(cluster, fut, timeout: float = 30.0):
+    """Until ``fut``'s task is executing on a worker (read from the workers' status boards);
     returns that worker's WorkerInfo."""
-    wait_for(lambda: key in cluster.running_tasks(), timeout)
-    return cluster.workers[cluster.running_tasks()[key]]
+    running = fut.client.gateway.running_tasks
+    wait_for(lambda: fut.key in running(), timeout)
+    return cluster.workers[running()[fut.key]]

@@ -209,7 +209,7 @@ def test_runs_queued_behind_a_long_task_move_to_an_idle_worker(tmp_path, long_ta
     with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
         w0 = sorted(c.workers)[0]
         long = cl.submit(until, str(marker), workers=[w0], pure=False)
-        wait_for(lambda: long.key in c.running_tasks())
+        wait_for(lambda: long.key in cl.gateway.running_tasks())
         shorts = cl.map(getpid, range(40), pure=False)
         if long_task != "running":
             cl.cancel([long])
@@ -234,7 +234,7 @@ def test_a_cancelled_run_ending_late_leaves_the_result_of_its_key_run_again(tmp_
     marker, n = tmp_path / "go", 1 << 20
     with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
         first = cl.submit(late_bytes, str(marker), n, key="k")
-        wait_for(lambda: "k" in c.running_tasks())
+        wait_for(lambda: "k" in cl.gateway.running_tasks())
         cl.cancel([first])
         second = cl.submit(bytes, 3 * n, key="k")
         assert cl.submit(len, second).result(30) == 3 * n

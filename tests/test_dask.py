@@ -33,8 +33,8 @@ def recording(client, graphs: list):
     return get
 
 
-def forgotten(cluster, keys) -> bool:
-    return all(cluster.task_spec(name_of(k)) is None for k in keys)
+def forgotten(client, keys) -> bool:
+    return all(client.gateway.task_spec(name_of(k)) is None for k in keys)
 
 
 def test_array_reductions_over_many_chunks(client):
@@ -72,7 +72,7 @@ def test_multi_megabyte_chunks_cross_workers(client):
                if isinstance(d, tuple) and d[0].split("-")[0] in ("random", "chunk_sum")
                and ran_on[name_of(d)] != ran_on[name_of(k)]]
     assert crossed, "no multi-MB input went from one worker to the other"
-    wait_for(lambda: forgotten(client.cluster, graphs[0]), timeout=10)   # nothing held after compute
+    wait_for(lambda: forgotten(client, graphs[0]), timeout=10)   # nothing held after compute
 
 
 def test_bag(client):
@@ -122,7 +122,7 @@ def test_a_retry_runs_again_while_the_first_exception_is_kept(client, tmp_path):
     task = dask.delayed(flaky, pure=True)(str(tmp_path / "m"), dask_key_name="flaky-part-3")
     with pytest.raises(ValueError) as first:
         task.compute(scheduler=client.get)
-    wait_for(lambda: forgotten(client.cluster, ["flaky-part-3"]), timeout=2)
+    wait_for(lambda: forgotten(client, ["flaky-part-3"]), timeout=2)
     assert task.compute(scheduler=client.get) == 1
     assert "first attempt" in str(first.value)
 
@@ -142,7 +142,7 @@ def test_a_segfault_in_a_graph_is_a_killed_worker_naming_the_graph_key():
             dask.compute(dask.delayed(len)(part), other, scheduler=client.get)
         # the kept exception holds none of the graph's keys (get clears its frames)
         keys = [("chunk", i) for i in range(3)] + [("load-partition", 17), "other"]
-        wait_for(lambda: forgotten(cluster, keys), timeout=10)
+        wait_for(lambda: forgotten(client, keys), timeout=10)
     death = info.value.deaths[0]
     assert death.cause == "crash" and death.signal == "SIGSEGV"
     assert "read_null_pointer" in str(info.value) + (death.stack or "")    # the crashing frame

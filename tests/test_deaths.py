@@ -139,7 +139,7 @@ def test_crash_blames_only_the_task_on_the_crashing_thread(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=2, allowed_failures=0, forward_logs=False) as c, \
             Client(c) as cl:
         slow = cl.submit(block_until, marker, pure=False)    # still running when its neighbour crashes
-        wait_running(c, slow.key)
+        wait_running(c, slow)
         crash = cl.submit(at_call, "segfault")
         with pytest.raises(KilledWorker):
             crash.result(30)
@@ -153,7 +153,7 @@ def test_crash_blames_only_the_task_on_the_crashing_thread(tmp_path):
 def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig, tmp_path):
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
-    n = wait_running(cluster, fut.key)
+    n = wait_running(cluster, fut)
     os.kill(n.pid, sig)
     wait_for(lambda: len(cluster.deaths) == 1)
     release(marker)
@@ -187,7 +187,7 @@ def test_timeout_kills_worker_and_spares_neighbours(tmp_path):
     marker = str(tmp_path / "go")
     with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
         neighbour = cl.submit(block_until, marker, pure=False)    # running when the kill comes
-        wait_running(c, neighbour.key)
+        wait_running(c, neighbour)
         late = cl.submit(time.sleep, 300, timeout=0.3, pure=False)
         with pytest.raises(TaskTimeoutError) as info:
             late.result(60)
@@ -400,7 +400,7 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
     cluster = client.cluster
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
-    wait_running(cluster, fut.key)
+    wait_running(cluster, fut)
     stacks = cluster.dump_stacks(timeout=20)      # the default 2 s got one of two on a loaded machine
     release(marker)
     assert len(stacks) == 2 and all("Current thread" in s for s in stacks.values())

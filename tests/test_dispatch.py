@@ -9,9 +9,9 @@ import pytest
 
 from localcluster import protocol as P
 from localcluster.channel import BlockingChannel, Channel
-from localcluster.dispatch import Dispatcher
-from localcluster.nanny import Nanny
-from localcluster.records import Send
+from localcluster.dispatch import Dispatcher, Flush
+from localcluster.lifecycle import Lifecycle, Phase
+from localcluster.records import Retire, Send
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -25,9 +25,9 @@ class Recording:
         return []
 
 
-def dispatcher(scheduler: Recording) -> Dispatcher:
-    lock = threading.Lock()
-    return Dispatcher(lock, threading.Condition(lock), scheduler, loop=None, history=None)
+def dispatcher(scheduler, loop=None, life=None, lock=None) -> Dispatcher:
+    lock = lock or threading.Lock()
+    return Dispatcher(lock, threading.Condition(lock), scheduler, loop=loop, history=None, life=life or Lifecycle())
 
 
 def test_released_keys_are_let_go_in_order_in_bounded_chunks():
@@ -47,10 +47,12 @@ def test_keys_released_while_the_cluster_closes_are_not_let_go_one_by_one():
     """close() does not wait for the scheduler thread to release, key by key, what goes
     with everything else (close() with 200,000 queued after a map of as many was dropped)."""
     s = Recording()
-    d = dispatcher(s)
+    life = Lifecycle()
+    d = dispatcher(s, life=life)
     for i in range(10_000):
         d.release(f"k-{i}")
     d.stop_releasing()
+    life.to(Phase.CLOSING)
     d.release("late")
     d.free_released()
     assert s.calls == []
@@ -65,21 +67,22 @@ class Sending:
     def ping(self) -> list:
         return [Send("w", P.Free(("k",)))]
 
-
-class Workers:
-    def __init__(self, nanny: Nanny) -> None:
-        self.n = nanny
-
-    def nanny(self, name: str) -> Nanny:
-        return self.n
+    def let_go(self) -> list:
+        return [Retire("w")]
 
 
 class Loop:
+    def __init__(self) -> None:
+        self.woken = 0
+
     def on_loop(self) -> bool:
         return False
 
     def run_soon(self, fn) -> None:
         raise AssertionError("nothing is left for the scheduler thread here")
+
+    def wake(self) -> None:
+        self.woken += 1
 
 
 def test_a_message_is_queued_under_the_lock_and_sent_after_it():
@@ -93,16 +96,32 @@ def test_a_message_is_queued_under_the_lock_and_sent_after_it():
             held_at_flush.append(lock.locked())
             return super().flush()
     here, there = socket.socketpair()
-    n = Nanny("w", 1, None, {}, None, None, False, 10)
-    n.chan = Checking(here)
+    chan = Checking(here)
     peer = BlockingChannel(there)
     try:
         s = Sending()
-        d = Dispatcher(lock, threading.Condition(lock), s, loop=Loop(), history=None)
-        d.bind(Workers(n))
-        d.event(s.ping)
+        d = dispatcher(s, loop=Loop(), lock=lock)
+        with lock:
+            d.connect("w", chan)
+            post = d.apply(s.ping())
+        assert [type(a) for a in post] == [Flush] and held_at_flush == []    # queued, not sent
+        d.post(post)
         assert held_at_flush == [False]
         assert peer.recv_all() == [P.Free(("k",))]
+        d.event(s.ping)                  # the same, as one event
+        assert held_at_flush == [False, False]
+        assert peer.recv_all() == [P.Free(("k",))]
     finally:
-        n.chan.close()
+        chan.close()
         peer.close()
+
+
+def test_a_retire_from_a_user_thread_is_left_for_the_scheduler_thread():
+    """A cancel on the user's thread that lets a worker go makes no syscall to it there:
+    the supervisor takes the retirement on the scheduler thread, woken for it."""
+    loop = Loop()
+    s = Sending()
+    d = dispatcher(s, loop=loop)
+    d.event(s.let_go)
+    assert loop.woken == 1
+    assert d.take_retired() == ["w"] and d.take_retired() == []

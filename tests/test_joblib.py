@@ -122,7 +122,7 @@ def test_a_timeout_cancels_the_rest(client):
     with joblib.parallel_config(backend="localcluster", client=client):
         with pytest.raises(multiprocessing.TimeoutError):         # joblib's own choice of TimeoutError
             joblib.Parallel(timeout=0.3)(joblib.delayed(nap)(s) for s in [0.01, 5, 5, 0.01])
-    assert client.cluster.running_tasks() == {}
+    assert client.gateway.running_tasks() == {}
 
 
 def test_nested_parallel_runs_sequentially_on_the_worker(client):

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from localcluster.lifecycle import Lifecycle
 from localcluster.loop import EventLoop
 
 pytestmark = pytest.mark.timeout(10)
@@ -48,7 +49,7 @@ def test_an_event_whose_file_a_handler_of_the_same_batch_closed_is_dropped(kind)
     """A worker's death closes its channel and sentinel while their events wait in the same
     batch, and a replacement may already own their fd numbers: neither the old handler nor
     the new one may see the stale event."""
-    loop = EventLoop(on_wake=lambda: None)
+    loop = EventLoop(Lifecycle(), on_wake=lambda: None)
     pipes = [Pipe(kind), Pipe(kind)]
     called: list = []
     replacements: list = []

@@ -150,7 +150,7 @@ def test_paused_worker_receives_no_tasks_until_it_recovers(tmp_path):
         cl.submit(hog_until, 300, marker).result(30)     # pause at 320 MiB, terminate at 380
         wait_for(lambda: next(iter(c.workers.values())).status == "paused")
         later = cl.submit(sum, [1, 2])
-        assert c.task_state(later.key) == "ready"          # held back, not sent
+        assert cl.gateway.task_state(later.key) == "ready"          # held back, not sent
         release(marker)
         name = next(iter(c.workers))
         assert later.result(30) == 3

@@ -194,7 +194,7 @@ def test_exit_inside_a_task_names_the_code_and_the_task():
 def test_result_timeout_says_the_task_is_running_and_where(client, tmp_path):
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
-    n = wait_running(client.cluster, fut.key)
+    n = wait_running(client.cluster, fut)
     dependent = client.submit(len, [fut])
     with pytest.raises(cf.TimeoutError, match=rf"task {re.escape(repr(fut.key))} is still running on "
                                               rf"{n.name} \(started [\d.]+ s ago\)"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localcluster.death import WorkerDeath, WorkerStartupError
+from localcluster.lifecycle import Lifecycle, Phase
 from localcluster.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept, DumpStacks,
                                  GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused, Spawn)
 
@@ -31,14 +32,14 @@ class Checked:
 
 
 def make(**limits) -> Checked:
-    return Checked(Policy(Limits(limits.pop("limit", LIMIT), **limits)))
+    return Checked(Policy(Limits(limits.pop("limit", LIMIT), **limits), Lifecycle()))
 
 
 def started(p: Checked, *names: str, now: float = 0.0) -> None:
     for i, name in enumerate(names):
         p.spawned(name, 100 + i, now)
         assert p.ready(name, now, 20 * MiB) == [Accept(name)]
-    p.running()
+    p.life.to(Phase.RUNNING)
 
 
 def death(name: str, cause: str, tasks: tuple = ()) -> WorkerDeath:
@@ -78,7 +79,7 @@ def test_limit_too_small_is_refused_while_starting_and_a_failed_start_later():
     assert kinds(out) == ["Refuse", "SendStop"]
     assert "memory_limit=30.00 MiB is too small" in str(out[0].error) and "pid 7" in str(out[0].error)
     p = make(limit=30 * MiB)
-    p.running()
+    p.life.to(Phase.RUNNING)
     p.spawned("w1", 8, 0.0)
     out = p.ready("w1", 0.0, 28 * MiB)
     assert kinds(out) == ["Note", "Kill"] and "too small" in out[0].line
@@ -86,7 +87,7 @@ def test_limit_too_small_is_refused_while_starting_and_a_failed_start_later():
 
 def test_failed_starts_back_off_then_give_up():
     p = make()
-    p.running()
+    p.life.to(Phase.RUNNING)
     p.policy.target = 1
     now = 0.0
     delays = []
@@ -105,7 +106,7 @@ def test_failed_starts_back_off_then_give_up():
 
 def test_an_accepted_start_clears_the_run_of_failures():
     p = make()
-    p.running()
+    p.life.to(Phase.RUNNING)
     p.spawned("w0", 1, 0.0)
     p.exited(death("w0", "exception"), 0.0)
     p.spawned("w1", 2, 0.2)
@@ -121,6 +122,7 @@ def test_a_death_is_replaced_on_the_next_tick_but_not_when_requested_or_closing(
     assert p.tick(1.0) == [Spawn()]
     p.spawned("w2", 3, 1.0)
     assert p.exited(death("w1", "requested"), 2.0) == [] and p.tick(2.0) == []
+    p.life.to(Phase.CLOSING)        # the cluster moves first, then tells the policy
     p.close(3.0)
     assert p.exited(death("w2", "signal"), 3.0) == [] and p.tick(3.0) == []
 

@@ -247,7 +247,7 @@ def test_a_busy_cluster_is_not_said_stuck_and_the_timeout_names_the_running_task
     with LocalCluster(n_workers=1, stall_warning=0.3, forward_logs=False) as c, Client(c) as cl:
         slow = cl.submit(block_until, marker, pure=False)
         queued = cl.submit(inc, 1)
-        wait_running(c, slow.key)
+        wait_running(c, slow)
         with pytest.raises(TimeoutError, match=rf"2 of 2 futures were not done after 0.5 s: task "
                                                rf"{re.escape(repr(slow.key))} is still running on worker-0"):
             wait([slow, queued], timeout=0.5)          # meanwhile a look found it busy, not stuck

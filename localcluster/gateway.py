@@ -1,0 +1,216 @@
+"""The gateway: the cluster as its Clients and their Futures see it (the internal protocol).
+
+``LocalCluster`` offers what a user calls; everything a Client and its Futures need
+besides (hand over tasks, release and re-acquire keys, fetch data, say why a future is
+late) is here, on one object the cluster makes and ``LocalCluster.connect`` hands to
+each Client. It holds its parts by name and only calls down into them:
+
+- ``Dispatcher``: every event (submit, scatter, cancel, acquire, fetch, replicate);
+- ``Supervisor``: worker names, the boards (what runs now), versions;
+- ``StallWatch``: why the whole cluster is stuck, for a TimeoutError;
+- ``CallbackThread``: users' done-callbacks, kept off the scheduler thread;
+- ``Lifecycle``: whether the cluster takes work (``check_open``).
+
+Threads: any thread (user threads, the garbage collector for ``release``).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from . import scheduler as S
+from .callbacks import CallbackThread
+from .dispatch import Dispatcher, Listener
+from .lifecycle import Lifecycle, Phase
+from .loop import EventLoop
+from .records import Spec
+from .stall import Stall
+from .stallwatch import StallWatch
+from .supervisor import Supervisor
+
+logger = logging.getLogger("localcluster")
+
+
+class Gateway:
+    def __init__(self, life: Lifecycle, lock: threading.Lock, scheduler: S.Scheduler, dispatch: Dispatcher,
+                 supervisor: Supervisor, stall: StallWatch, callbacks: CallbackThread, loop: EventLoop):
+        self._life = life
+        self._lock = lock
+        self._scheduler = scheduler
+        self._dispatch = dispatch
+        self._supervisor = supervisor
+        self._stall = stall
+        self._callbacks = callbacks
+        self._loop = loop
+        self._owner_pid = os.getpid()          # a forked child sees another pid
+        self._said_no_worker = False           #: the no-worker warning is given (submit); any thread
+
+    @property
+    def phase(self) -> Phase:
+        return self._life.phase
+
+    def rescaled(self) -> None:
+        """scale() was called: a new period with no worker is said again."""
+        self._said_no_worker = False
+
+    def check_worker_names(self, workers: Any, strict: bool = True) -> frozenset:
+        """``workers=`` as a set of names of this cluster's workers; a clear error otherwise.
+        ``strict=False`` (a mere preference: allow_other_workers) accepts names no longer running."""
+        names = (workers,) if isinstance(workers, str) else workers
+        try:
+            names = frozenset(names)
+        except TypeError:
+            raise TypeError(f"workers={workers!r}: expected a worker name or a list of names "
+                            f"(as in cluster.workers)") from None
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"workers={workers!r}: expected a worker name or a non-empty list of names "
+                            f"(as in cluster.workers)")
+        with self._lock:
+            known = set(self._supervisor.nannies)
+        unknown = sorted(names - known)
+        if unknown and strict:
+            raise ValueError(f"workers={sorted(names)!r}: no running worker is called "
+                             f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
+        return names
+
+    def check_open(self) -> None:
+        """Raise if the cluster is closed or broken, or this process is a fork of its owner."""
+        life = self._life
+        if life.phase is Phase.FORKED:
+            raise RuntimeError(
+                f"this LocalCluster belongs to process {self._owner_pid}, and this process "
+                f"({os.getpid()}) is a fork of it: its scheduler thread and workers stayed in the "
+                f"parent. Create a new LocalCluster in the child, or start children with the "
+                f"'spawn' or 'forkserver' method of multiprocessing.")
+        if Phase.CLOSING in life.passed or life.phase is Phase.CLOSED:
+            raise RuntimeError("this LocalCluster is closed; create a new one")
+        if life.error is not None:
+            raise life.error
+
+    def attach(self, listener: Listener) -> None:
+        """``listener`` (a Client) hears how tasks end and is failed if the cluster breaks."""
+        self._dispatch.attach(listener)
+
+    def submit(self, specs: list, track: Callable[[], Any]) -> Any:
+        """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
+        if self._supervisor.nannies or self._supervisor.target:
+            self._said_no_worker = False
+        elif self._life.phase is Phase.RUNNING and specs and not self._said_no_worker:
+            # Legitimate (scale up later), but a silent wait is the worst way to find out.
+            # Said once while no worker runs: a loop of submits must not flood the log.
+            # Not while one is due (target > 0): between a death and its replacement's
+            # spawn, on the next tick, no worker runs, yet nothing needs the user's hand.
+            self._said_no_worker = True
+            logger.warning("localcluster: %s submitted while the cluster has no worker; %s until "
+                           "cluster.scale(n) starts one (said once until a worker runs)",
+                           f"{len(specs)} tasks" if len(specs) > 1 else f"task {specs[0].key!r}",
+                           "they wait" if len(specs) > 1 else "it waits")
+        return self._dispatch.event(self._scheduler.submit, specs, before=track)
+
+    def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,
+                broadcast: bool = False) -> Any:
+        """Place ``[(key, Payload)]`` on workers (the scheduler chooses which)."""
+        return self._dispatch.event(self._scheduler.scatter, items, workers, broadcast, before=track)
+
+    def cancel(self, keys: list) -> None:
+        self._dispatch.event(self._scheduler.cancel, keys)
+
+    def release(self, key: str) -> None:
+        """The last Future of ``key`` is gone (any thread, even inside the garbage collector)."""
+        if self._life.open:
+            self._dispatch.release(key)
+
+    def acquire(self, key: str, make: Callable[[], Any]) -> Any:
+        """One more Future of ``key`` (one unpickled in this process), made by ``make()``
+        under the lock and resolved at once if the task has ended; None if the key is gone."""
+        made: list = []
+
+        def make_if_known() -> None:
+            if self._scheduler.knows(key):
+                made.append(make())
+        self._dispatch.event(lambda: self._scheduler.acquire(key) if made else [], before=make_if_known)
+        return made[0] if made else None
+
+    def replicate(self, keys: list, n: Optional[int], timeout: Optional[float]) -> None:
+        """Copies of these keys' data on ``n`` workers; returns when they have arrived."""
+        fut = self._dispatch.request(lambda: self._scheduler.replicate(keys, n))
+        try:
+            fut.result(timeout)
+        except cf.TimeoutError:
+            raise TimeoutError(f"replicate() did not finish within {timeout:g} s") from None
+
+    def fetch(self, keys: list) -> list[cf.Future]:
+        """Futures for the data (Payloads) of ``keys``, however far away it is."""
+        return [self._dispatch.request(lambda key=key: self._scheduler.fetch(key)) for key in keys]
+
+    def task_spec(self, key: str) -> Optional[Spec]:
+        """The Spec ``key`` was submitted with, while the cluster still knows it."""
+        with self._lock:
+            return self._scheduler.spec_of(key)
+
+    def task_state(self, key: str) -> str:
+        """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""
+        with self._lock:
+            return self._scheduler.whereabouts(key).state
+
+    def running_tasks(self) -> dict[str, str]:
+        """Key -> worker, for the tasks whose function is running now (from the workers' boards)."""
+        with self._lock:
+            return self._supervisor.running_keys()
+
+    def why_pending(self, key: str) -> str:
+        """Why ``key``'s future is not done yet, in words (for a TimeoutError); when the whole
+        cluster is stuck (every worker paused, no worker ...), why it is (stall.py)."""
+        return self._why_pending(key, self._stall.diagnosis())
+
+    def why_not_done(self, keys: list) -> str:
+        """Why these futures are not done (for the TimeoutError of wait and gather): why the
+        cluster is stuck if it is, else what the first of them waits for."""
+        stall = self._stall.diagnosis()
+        if stall is not None and stall.stuck:
+            return str(stall)
+        return self._why_pending(keys[0], stall) if keys else "they are not done"
+
+    def _why_pending(self, key: str, stall: Optional[Stall]) -> str:
+        with self._lock:
+            where = self._scheduler.whereabouts(key)
+            started = self._supervisor.running_since(where.worker, where.seq)
+        why = _why(key, where, started)
+        if stall is None or not stall.stuck or where.state not in ("waiting", "ready", "processing"):
+            return why
+        return f"task {key!r} is queued: {stall}" if where.state == "ready" else f"{why}; {stall}"
+
+    def worker_versions(self) -> dict[str, dict]:
+        return self._supervisor.versions()
+
+    def on_scheduler_thread(self) -> bool:
+        return self._loop.on_loop()
+
+    def run_callback(self, fn: Callable, fut: Any) -> None:
+        """Run a user's done-callback on the callbacks thread, not the scheduler thread."""
+        self._callbacks.run(fn, fut)
+
+
+def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
+    task = f"task {key!r}"
+    if where.state == "processing" and started is not None:
+        return f"{task} is still running on {where.worker} (started {time.monotonic() - started:.1f} s ago)"
+    if where.state == "processing":
+        return f"{task} is sent to {where.worker} and queued there behind the tasks it is running"
+    if where.state == "waiting":
+        shown = ", ".join(map(repr, where.waiting_for[:3])) + (", ..." if len(where.waiting_for) > 3 else "")
+        count = len(where.waiting_for)
+        return f"{task} is waiting for {count} {'dependency' if count == 1 else 'dependencies'} ({shown})"
+    if where.state == "ready" and where.workers == 0:
+        return f"{task} is queued: no worker is running (call cluster.scale(n) to start some)"
+    if where.state == "ready" and where.paused == where.workers:
+        return f"{task} is queued: every worker is paused because its memory is above memory_pause"
+    if where.state == "ready" and where.restricted_to is not None:
+        return f"{task} is queued for workers {sorted(where.restricted_to)}, which are busy"
+    if where.state == "ready":
+        return f"{task} is queued: every worker thread is busy with earlier tasks"
+    return f"{task} is {where.state}"

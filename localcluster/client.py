@@ -126,14 +126,12 @@ class Client:
             fut = ref()
             if fut is None or fut.done():
                 continue
-            if status == "finished":
-                _future.finish(fut, value)
-            elif status in ("error", "lost"):
-                if exc is None:
+            if status in ("error", "lost"):
+                if exc is None:     # once for every future of the key
                     exc = serialize.as_exception(value, key)
-                _future.fail(fut, exc, lost=status == "lost")
+                fut.settle(status, exc)
             else:
-                _future.mark_cancelled(fut)
+                fut.settle(status, value)
 
     # --- submitting -------------------------------------------------------------------
 
@@ -294,7 +292,7 @@ class Client:
         """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""
         with self._refs_lock:
             refs = [r for held in self._futures.values() for r in _refs_of(held)]
-        _future.fail_many([f for r in refs if (f := r()) is not None], exc)
+        Future.fail_all([f for r in refs if (f := r()) is not None], exc)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:
@@ -338,10 +336,10 @@ class Client:
             # The first error in _rebuild's order, raised from here: the caller's traceback then
             # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
             for f in flat:
-                error = _future.raised(f)
+                error = f.stored_error()
                 if error is not None:
                     raise error
-        lazy = [f for f in flat if _future.needs_fetch(f)]
+        lazy = [f for f in flat if f.needs_fetch()]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.gateway.fetch([f.key for f in lazy])
             for f, ff in zip(lazy, fetched):
@@ -352,7 +350,7 @@ class Client:
                         raise TimeoutError(f"gather(timeout={timeout:g}): the results were done, but fetching "
                                            f"their data from the workers took longer than {timeout:g} s") from None
                     continue
-                _future.prefill(f, payload)
+                f.prefill(payload)
         return _rebuild(futures, errors)
 
     async def _gather_async(self, futures: Any, errors: str, timeout: Optional[float]) -> Any:
@@ -376,7 +374,7 @@ class Client:
                         raise       # this coroutine was cancelled
         if errors == "raise":      # here rather than on the executor's thread: no frames of asyncio's
             for f in flat:
-                error = _future.raised(f)
+                error = f.stored_error()
                 if error is not None:
                     raise error
         left = None if deadline is None else max(0.0, deadline - loop.time())

@@ -7,8 +7,10 @@ task ends; a small result arrived with it and is unpickled on the first
 When the last Future of a key is garbage-collected, the key is released and its
 data freed on the workers (``Client.untrack``).
 
-The client resolves its futures through the module functions below (``finish``,
-``fail``, ``mark_cancelled``), not through the Future's own internals.
+The client ends its futures through their own methods (``settle``, ``Future.fail_all``)
+and reads what they hold the same way (``stored_error``, ``needs_fetch``, ``prefill``):
+nothing outside a Future touches its fields. Its client is typed by :class:`Owner`,
+declared here, so this module never imports client.py (which sits above it).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 
 import weakref
 
@@ -28,17 +30,39 @@ from .config import check_seconds
 __all__ = ["Future", "wait", "as_completed"]
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .gateway import Gateway
+
+
+class Owner(Protocol):
+    """What a Future and this module use of the client that made it (``client.Client`` is
+    one): declared here, below client.py, so that this module never imports it."""
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...        # running, closed, or forked
+
+    @property
+    def gateway(self) -> Gateway: ...
+
+    def track(self, fut: "Future") -> None: ...
+
+    def untrack(self, key: str) -> None: ...
+
+    def cancel(self, futures: Any, force: bool = False) -> None: ...
+
+    def after_fork(self) -> None: ...
+
 
 # Clients by id: a Future pickled in this process names its client, and comes back to it.
-_clients: "weakref.WeakValueDictionary[str, Client]" = weakref.WeakValueDictionary()
+_clients: "weakref.WeakValueDictionary[str, Owner]" = weakref.WeakValueDictionary()
 
 
-def register_client(client: "Client") -> None:
+def register_client(client: Owner) -> None:
     _clients[client.id] = client
 
 
-def unregister_client(client: "Client") -> None:
+def unregister_client(client: Owner) -> None:
     _clients.pop(client.id, None)
 
 
@@ -59,7 +83,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def latest_client() -> "Optional[Client]":
+def latest_client() -> Optional[Owner]:
     """The most recently created Client of this process that is still running, if any."""
     for client in reversed(list(_clients.values())):
         if client.status == "running":
@@ -92,7 +116,7 @@ class Future(cf.Future):
     _waiters: "list | tuple" = ()
     _done_callbacks: "list | tuple" = ()
 
-    def __init__(self, key: str, client: "Client", track: bool = True):
+    def __init__(self, key: str, client: Owner, track: bool = True):
         # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
         # 1.4 KB that most futures never use (nobody waits before they finish). It is
         # made on first use (``_condition``), with the lists of waiters and callbacks, which
@@ -143,7 +167,7 @@ class Future(cf.Future):
             try:
                 value = self._within(super().result, timeout)
             except (Exception, cf.CancelledError) as e:
-                error = raised(self)
+                error = self.stored_error()
                 if error is None or (error is not e and not isinstance(e, cf.CancelledError)):
                     raise               # not the task's own error: a timeout, say
             else:
@@ -233,10 +257,10 @@ class Future(cf.Future):
                     pass
             cf.Future.add_done_callback(self, wake)
             await waiter
-        if needs_fetch(self):
+        if self.needs_fetch():
             return await loop.run_in_executor(None, self.result)
         # raised here, not in result(): one frame of ours above the task's, not two
-        error = raised(self)
+        error = self.stored_error()
         if error is not None:
             raise error
         return self.result()
@@ -267,86 +291,85 @@ class Future(cf.Future):
         if client is not None:
             client.untrack(self.key)
 
+    # --- the client's side: how Client.resolve ends a Future, and what gather reads -------
 
-# --- how the client resolves a Future, and reads what it holds -------------------------
+    def settle(self, status: str, value: Any) -> None:
+        """End this future as the cluster says its task ended (``Client.resolve``):
+        ``"finished"`` (``value``: the pickled result, or None while the data stays on a
+        worker), ``"error"`` or ``"lost"`` (``value``: the exception), else cancelled.
+        A future already ended (a racing cancel or restart) stays as it was."""
+        if status == "finished":
+            stored = _Stored(value)
+            if not self._ended_unwatched(_FINISHED, stored, None):
+                self._end_watched(self.set_result, stored)
+        elif status in ("error", "lost"):
+            if status == "lost":
+                self._lost = value
+            if not self._ended_unwatched(_FINISHED, None, value):
+                self._end_watched(self.set_exception, value)
+        elif not self._ended_unwatched(_NOTIFIED, None, None) and super().cancel():
+            self.set_running_or_notify_cancel()
 
-def _settled_quietly(fut: Future, state: str, result: Any = None, exception: Any = None) -> bool:
-    """Resolve ``fut`` without its Condition when it has none: then nobody waits on it and
-    no callback is registered (both are only ever added under it). False: it has one."""
-    with _MAKING:
-        if fut._cond is not None:
+    @staticmethod
+    def fail_all(futures: list, exc: BaseException) -> None:
+        """End every pending one of ``futures`` with ``exc`` (restart, close, a broken
+        cluster), taking the lock once for all those that nobody watches."""
+        with _MAKING:
+            watched = [fut for fut in futures if not fut.fail_unwatched(exc)]
+        for fut in watched:
+            fut.settle("error", exc)
+
+    def fail_unwatched(self, exc: BaseException) -> bool:
+        """For ``fail_all``, which holds ``_MAKING``: fail this future at once if it has no
+        Condition (nobody waits on it, no callback); False if it has one."""
+        if self._cond is not None:
             return False
-        if fut._state == _PENDING:      # else already resolved (a racing cancel or restart)
-            fut._result, fut._exception = result, exception
-            fut._state = state          # last: a lock-free reader sees the state after the rest
+        if self._state == _PENDING:
+            self._result, self._exception = None, exc
+            self._state = _FINISHED     # last: a lock-free reader sees the state after the rest
         return True
 
+    def _ended_unwatched(self, state: str, result: Any, exception: Any) -> bool:
+        """End this future without its Condition when it has none: then nobody waits on it
+        and no callback is registered (both are only ever added under it). False: it has one."""
+        with _MAKING:
+            if self._cond is not None:
+                return False
+            if self._state == _PENDING:     # else already ended (a racing cancel or restart)
+                self._result, self._exception = result, exception
+                self._state = state         # last: a lock-free reader sees the state after the rest
+            return True
 
-def finish(fut: Future, payload: Any) -> None:
-    """Done; ``payload`` is the pickled result, or None while the data stays on a worker."""
-    if _settled_quietly(fut, _FINISHED, result=_Stored(payload)):
-        return
-    try:
-        fut.set_result(_Stored(payload))
-    except cf.InvalidStateError:   # already resolved (a racing cancel or restart)
-        pass
+    @staticmethod
+    def _end_watched(setter: Callable, value: Any) -> None:
+        """concurrent.futures' own way, which wakes the waiters and runs the callbacks."""
+        try:
+            setter(value)
+        except cf.InvalidStateError:       # already ended (a racing cancel or restart)
+            pass
 
+    def stored_error(self) -> Optional[BaseException]:
+        """What ``result()`` raises if this future ended in error or was cancelled, else None.
+        A task's exception comes with its worker's frames only: concurrent.futures' frames
+        and ours, and those that every earlier raise of it added, are left out, so that the
+        caller raising it shows its own frames, one of ours, then the task's."""
+        if self.cancelled():
+            return cf.CancelledError()
+        exc = self._exception if self.done() else None
+        return None if exc is None else exc.with_traceback(remote.task_frames(exc))
 
-def fail(fut: Future, exc: BaseException, lost: bool = False) -> None:
-    if lost:
-        fut._lost = exc
-    if _settled_quietly(fut, _FINISHED, exception=exc):
-        return
-    try:
-        fut.set_exception(exc)
-    except cf.InvalidStateError:
-        pass
+    def needs_fetch(self) -> bool:
+        """Finished, with its data still on a worker (``result()`` would fetch it)."""
+        if not self.done() or self.cancelled() or self._exception is not None:
+            return False
+        stored = self._result
+        return type(stored) is _Stored and stored.payload is None
 
-
-def fail_many(futs: list, exc: BaseException) -> None:
-    """``fail`` for many futures (restart, close, a broken cluster), taking the lock once."""
-    loud = []
-    with _MAKING:
-        for fut in futs:
-            if fut._cond is not None:
-                loud.append(fut)
-            elif fut._state == _PENDING:
-                fut._result, fut._exception = None, exc
-                fut._state = _FINISHED
-    for fut in loud:
-        fail(fut, exc)
-
-
-def mark_cancelled(fut: Future) -> None:
-    if _settled_quietly(fut, _NOTIFIED):
-        return
-    if cf.Future.cancel(fut):
-        fut.set_running_or_notify_cancel()
-
-
-def raised(fut: cf.Future) -> Optional[BaseException]:
-    """What ``result()`` raises for a future that ended in error or was cancelled, else None.
-    A task's exception comes with its worker's frames only: concurrent.futures' frames and
-    ours, and those that every earlier raise of it added, are left out, so that the caller
-    raising it shows its own frames, one of ours, then the task's."""
-    if fut.cancelled():
-        return cf.CancelledError()
-    exc = fut._exception if fut.done() else None
-    return None if exc is None else exc.with_traceback(remote.task_frames(exc))
-
-
-def needs_fetch(fut: Future) -> bool:
-    """Finished, with its data still on a worker (``result()`` would fetch it)."""
-    if not fut.done() or fut.cancelled() or fut._exception is not None:
-        return False
-    return type(fut._result) is _Stored and fut._result.payload is None
-
-
-def prefill(fut: Future, payload: Any) -> None:
-    """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once)."""
-    with _MAKING:
-        if type(fut._result) is _Stored:
-            fut._result = _Stored(payload)
+    def prefill(self, payload: Any) -> None:
+        """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once)."""
+        with _MAKING:
+            if type(self._result) is _Stored:
+                self._result = _Stored(payload)
 
 
 def walk(obj: Any) -> Any:

@@ -34,16 +34,29 @@ dask is imported only inside ``get``: it is an optional dependency.
 from __future__ import annotations
 
 import traceback
-from typing import Any
+from typing import Any, Callable, Optional, Protocol
 
 from .future import Future
 from .serialize import dumps
+
+
+class GraphClient(Protocol):
+    """What ``get`` uses of its client (``client.Client`` is one): declared here, below
+    client.py, so that this module never imports it."""
+
+    def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
+                    key: Optional[str] = None, pure: bool = True, retries: int = 0,
+                    timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+                    allow_other_workers: bool = False) -> Future: ...
+
+    def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
+               timeout: Optional[float] = None) -> Any: ...
 
 SUBMIT_OPTIONS = ("retries", "timeout", "priority", "workers", "allow_other_workers")
 INLINE_LITERAL = 64 * 1024
 
 
-def get(client: Any, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+def get(client: GraphClient, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """Compute ``keys`` (a key, or nested lists of keys) of the graph ``dsk`` (a dict, a
     HighLevelGraph, or anything with ``__dask_graph__``) on ``client``'s cluster; returns their
     values nested as ``keys``. A task's exception is raised as itself; a death, as KilledWorker."""
@@ -65,7 +78,7 @@ def get(client: Any, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     return _pack(keys, values)
 
 
-def _compute(client: Any, graph: dict, wanted: list, options: dict) -> dict:
+def _compute(client: GraphClient, graph: dict, wanted: list, options: dict) -> dict:
     """Submit the needed nodes, gather the wanted keys: {key: value}."""
     from dask.order import order
 
@@ -86,7 +99,7 @@ def _compute(client: Any, graph: dict, wanted: list, options: dict) -> dict:
     return {k: values[k] if k in values else v for k, v in refs.items()}
 
 
-def _submit(client: Any, key: Any, node: Any, deps: dict, uses: dict, options: dict) -> Any:
+def _submit(client: GraphClient, key: Any, node: Any, deps: dict, uses: dict, options: dict) -> Any:
     """The node's Future; a literal's value; an alias's target's Future or value."""
     from dask._task_spec import Alias, DataNode
 

@@ -5,19 +5,31 @@ import concurrent.futures as cf
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol
 
 if TYPE_CHECKING:
-    from .client import Client
     from .future import Future
 
+
+class Submitter(Protocol):
+    """What the executor uses of its client (``client.Client`` is one): declared here, below
+    client.py, so that this module never imports it."""
+
+    def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
+                    key: Optional[str] = None, pure: bool = True, retries: int = 0,
+                    timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+                    allow_other_workers: bool = False) -> Future: ...
+
+    def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
+            timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+            allow_other_workers: bool = False, **kwargs: Any) -> list[Future]: ...
 
 
 class ClusterExecutor(cf.Executor):
     """A ``concurrent.futures.Executor`` over the cluster: ``map`` yields results in order and
     honours ``timeout``; ``shutdown`` does not close the cluster."""
 
-    def __init__(self, client: Client, **submit_kwargs: Any):
+    def __init__(self, client: Submitter, **submit_kwargs: Any):
         self._client = client
         self._kwargs = {"pure": False, **submit_kwargs}
         self._futures: "weakref.WeakSet[Future]" = weakref.WeakSet()

@@ -13,11 +13,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import serialize
 from .death import (KilledWorker, TaskTimeoutError, WorkerDeath, classify, crash_stack,
                     exit_signal)
+
+if TYPE_CHECKING:
+    from .future import Future
+    from .gateway import Gateway
+
+
+class Replayer(Protocol):
+    """What a replay uses of the client (``client.Client`` is one): its gateway to the
+    cluster, which still holds the task and its inputs. Declared here, below client.py,
+    which it never imports."""
+    @property
+    def gateway(self) -> Gateway: ...
+
 
 _REPLAY = ("import sys, json, pickle, faulthandler; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
            "faulthandler.enable(all_threads=True); "
@@ -38,7 +51,7 @@ class ReplayedDeath(Exception):
                 f"{self.death.message}\nIts output:\n{tail}")
 
 
-def _task_inputs(client: Any, key: str) -> tuple:
+def _task_inputs(client: Replayer, key: str) -> tuple:
     gateway = client.gateway
     spec = gateway.task_spec(key)
     if spec is None:
@@ -53,7 +66,7 @@ def _task_inputs(client: Any, key: str) -> tuple:
     return fn, args, kwargs
 
 
-def recreate_error_locally(client: Any, future: Any) -> Any:
+def recreate_error_locally(client: Replayer, future: Future) -> Any:
     exc = future.exception()
     if exc is None:
         raise ValueError(f"future {future.key!r} did not fail ({future.status}); nothing to recreate")

@@ -17,9 +17,9 @@ import time
 from collections import Counter
 from typing import Any, Optional
 
-from .. import __version__
 from .. import render
 from ..cluster import LocalCluster, live_clusters, watch
+from ..version import __version__
 
 __all__ = ["report"]
 

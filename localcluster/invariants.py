@@ -7,12 +7,30 @@ first broken rule with the key or worker concerned, followed by the story of tha
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, get_args
+from typing import TYPE_CHECKING, Optional, Protocol, get_args
 
-from .records import Task, TaskState
+from .records import Task, TaskState, WorkerState
 
-if TYPE_CHECKING:       # the scheduler imports this module: no import at run time
-    from .scheduler import Scheduler
+if TYPE_CHECKING:
+    from .forgetting import Forgetting
+    from .placement import Placement
+    from .transfers import Transfers
+
+
+class Scheduler(Protocol):
+    """What the checks read of the scheduler (``scheduler.Scheduler`` is one): declared
+    here, since the scheduler imports this module and is not imported back."""
+    tasks: dict[str, Task]
+    workers: dict[str, WorkerState]
+    gone: set
+    placement: Placement
+    forgetting: Forgetting
+    transfers: Transfers
+
+    @property
+    def ready_keys(self) -> set: ...
+
+    def story(self, key: str) -> str: ...
 
 STATES = frozenset(get_args(TaskState))
 

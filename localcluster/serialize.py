@@ -24,7 +24,7 @@ import threading
 import traceback
 import types
 from collections import ChainMap
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import cloudpickle
 
@@ -164,7 +164,7 @@ def loads(payload: Payload, store: Any = None) -> Any:
 class _ArgsUnpickler(pickle.Unpickler):
     """Task arguments in the worker: each Future's placeholder becomes its value from ``store``."""
 
-    def __init__(self, file: Any, buffers: Any, store: Any):
+    def __init__(self, file: Any, buffers: Any, store: Mapping[str, Any]):
         super().__init__(file, buffers=buffers)
         self._store = store
 

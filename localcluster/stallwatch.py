@@ -14,12 +14,15 @@ their public readers). Owns nothing but its clock.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Optional
 
 from .forgetting import PENDING
+from .scheduler import Scheduler
 from .history import History
+from .supervisor import Supervisor
 from .stall import (ClusterView, QueuedTask, RunningTask, Stall, StallClock, WorkerView, diagnose,
                     unexplained)
 
@@ -29,7 +32,7 @@ CHECK = 1.0     # the longest gap between two reads of the progress token (short
 
 
 class StallWatch:
-    def __init__(self, lock: Any, scheduler: Any, supervisor: Any, history: History, config: dict,
+    def __init__(self, lock: threading.Lock, scheduler: Scheduler, supervisor: Supervisor, history: History, config: dict,
                  memory_limit: Optional[int]):
         self._lock = lock
         self._scheduler = scheduler

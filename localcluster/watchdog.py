@@ -17,15 +17,16 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+from .loop import EventLoop
 from .machine import block_interrupts
 
 __all__ = ["Watchdog"]
 
 
 class Watchdog:
-    def __init__(self, loop: Any, limit: float, pending: Callable[[], bool],
+    def __init__(self, loop: EventLoop, limit: float, pending: Callable[[], bool],
                  on_stall: Callable[[float, str], None]):
         self._loop = loop               # read only: busy_since and thread
         self._limit = limit

@@ -59,7 +59,8 @@ def _wrap(owner, attr: str, before: "str | None" = None, after: "str | None" = N
 
 def install_worker_hooks() -> None:
     """The worker's initializer: runs in the worker before it serves."""
-    from localcluster import channel, worker
+    from localcluster.wire import channel
+    from localcluster.worker import process as worker
     _wrap(channel, "_recv_into", after="wrecv")
     _wrap(channel, "_send_chunks", before="wsend")
     _wrap(worker.Worker, "_run", before="wrun", after="wran")
@@ -72,7 +73,9 @@ def worker_marks() -> dict:
 
 
 def _install_parent_hooks() -> None:
-    from localcluster import channel, client, future, supervisor
+    from localcluster.wire import channel
+    from localcluster import client, future
+    from localcluster.supervision import supervisor
     _wrap(client.Client, "submit", before="submit")
     _wrap(channel, "_send_chunks", before="send")
     _wrap(supervisor.Supervisor, "_on_channel", before="woke")

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from localcluster import (Client, KilledWorker, LocalCluster, TaskTimeoutError, WorkerStartupError)
+from localcluster import Client, KilledWorker, LocalCluster, TaskTimeoutError, WorkerStartupError
 
 # With the default settings each death prints one line on stderr ("localcluster: worker-0
 # (pid ...) died: crash, SIGSEGV, running ..."); the tour prints what the exception says.

@@ -1,7 +1,7 @@
 """localcluster: a cluster on one machine that tells you why a worker died.
 
 The public names are loaded on first use (PEP 562): a worker process imports only
-``localcluster.worker`` and what it needs, not the client and the parent's machinery,
+``localcluster.worker.process`` and what it needs, not the client and the parent's machinery,
 so every worker starts sooner.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ _WHERE = {
     "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
     "ClusterBroken": "death", "RemoteTraceback": "death",
-    "ReplayedDeath": "replay", "StoreError": "store", "progress": "diagnostics.progress",
-    "report": "diagnostics.report",
+    "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
+    "report": "views.report",
 }
 
 __all__ = [
@@ -49,9 +49,9 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
     from .client import Client, Future, as_completed, wait
     from .cluster import LocalCluster, WorkerInfo
-    from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError,
-                        RemoteTraceback, TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)
-    from .diagnostics.progress import progress
-    from .diagnostics.report import report
-    from .replay import ReplayedDeath
-    from .store import StoreError
+    from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,
+                        TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)
+    from .views.progress import progress
+    from .views.report import report
+    from .integrations.replay import ReplayedDeath
+    from .worker.store import StoreError

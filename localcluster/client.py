@@ -23,13 +23,13 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 from . import future as _future
-from . import serialize
+from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_seconds
-from .lifecycle import Phase
+from .engine.lifecycle import Phase
 from .future import Future, as_completed, wait  # noqa: F401 - re-exported
 from .future import walk as _walk
-from .records import Spec
+from .scheduler.records import Spec
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
 
@@ -406,7 +406,7 @@ class Client:
         self.cluster.wait_for_workers(n_workers, timeout)
 
     def get_versions(self, check: bool = False) -> dict:
-        from .worker import versions
+        from .worker.process import versions
         mine = versions()
         theirs = self.gateway.worker_versions()
         if check:
@@ -436,17 +436,17 @@ class Client:
         return self.cluster.dump_stacks(worker)
 
     def recreate_error_locally(self, future: Future) -> Any:
-        from .replay import recreate_error_locally
+        from .integrations.replay import recreate_error_locally
         return recreate_error_locally(self, future)
 
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         """Run a dask task graph and return the values of ``keys`` (nested as given):
         ``dask.compute(x, scheduler=client.get)`` or ``dask.config.set(scheduler=client.get)``."""
-        from .daskgraph import get
+        from .integrations.daskgraph import get
         return get(self, dsk, keys, **kwargs)
 
     def get_executor(self, **submit_kwargs: Any) -> Any:
-        from .executor import ClusterExecutor
+        from .integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
 
     def after_fork(self) -> None:

@@ -40,20 +40,20 @@ import weakref
 from typing import Any, Callable, Optional
 
 from . import config as _config
-from . import scheduler as S
-from .callbacks import CallbackThread
+from .scheduler import state as S
+from .engine.callbacks import CallbackThread
 from .config import check_int, check_seconds, format_bytes
 from .death import ClusterClosed, ClusterRestarted, WorkerDeath
-from .dispatch import Dispatcher, Listener
+from .engine.dispatch import Dispatcher, Listener
 from .gateway import Gateway
-from .history import History
-from .lifecycle import Lifecycle, Phase
-from .loop import EventLoop
-from .machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
-from .nanny import logger
-from .stallwatch import StallWatch
-from .supervisor import Supervisor, WorkerInfo, WorkerSettings
-from .watchdog import Watchdog
+from .views.history import History
+from .engine.lifecycle import Lifecycle, Phase
+from .engine.loop import EventLoop
+from .system.machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
+from .supervision.nanny import logger
+from .supervision.stallwatch import StallWatch
+from .supervision.supervisor import Supervisor, WorkerInfo, WorkerSettings
+from .engine.watchdog import Watchdog
 
 __all__ = ["LocalCluster", "WorkerInfo"]
 
@@ -265,7 +265,7 @@ class LocalCluster:
                 f"memory_limit={format_bytes(self.memory_limit) if self.memory_limit else None}>")
 
     def _repr_html_(self) -> str:
-        from .render import cluster_view
+        from .views.render import cluster_view
         cfg = self.config
         fractions = {k: cfg[k] for k in ("memory_target", "memory_pause", "memory_terminate")}
         title = repr(self).strip("<>")

@@ -314,7 +314,7 @@ class WorkerDeath:
                 f"Details in cluster.deaths[-1].message")
 
     def _repr_html_(self) -> str:
-        from .render import death_card
+        from .views.render import death_card
         return death_card(self)
 
     def summary(self) -> str:
@@ -419,7 +419,7 @@ class KilledWorker(Exception):
         return (KilledWorker, (self.task, self.last_worker, self.deaths, self.allowed_failures))
 
     def _repr_html_(self) -> str:
-        from .render import killed_worker
+        from .views.render import killed_worker
         return killed_worker(self.task, self.allowed_failures, self.deaths, str(self))
 
 

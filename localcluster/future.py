@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 
 import weakref
 
-from . import remote, serialize
+from .wire import remote, serialize
 from .config import check_seconds
 
 __all__ = ["Future", "wait", "as_completed"]
@@ -278,7 +278,7 @@ class Future(cf.Future):
         return f"<Future: {self.status}, key: {self.key}>"
 
     def _repr_html_(self) -> str:
-        from .render import future_view
+        from .views.render import future_view
         status = self.status
         detail = ""
         if status in ("error", "lost"):

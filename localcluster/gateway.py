@@ -22,15 +22,15 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from . import scheduler as S
-from .callbacks import CallbackThread
-from .dispatch import Dispatcher, Listener
-from .lifecycle import Lifecycle, Phase
-from .loop import EventLoop
-from .records import Spec
-from .stall import Stall
-from .stallwatch import StallWatch
-from .supervisor import Supervisor
+from .scheduler import state as S
+from .engine.callbacks import CallbackThread
+from .engine.dispatch import Dispatcher, Listener
+from .engine.lifecycle import Lifecycle, Phase
+from .engine.loop import EventLoop
+from .scheduler.records import Spec
+from .views.stall import Stall
+from .supervision.stallwatch import StallWatch
+from .supervision.supervisor import Supervisor
 
 logger = logging.getLogger("localcluster")
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from localcluster.machine import memory_cgroups
+from localcluster.system.machine import memory_cgroups
 
 
 def _nest_root():

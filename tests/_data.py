@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from localcluster.protocol import INLINE_RESULT, MEMFD_THRESHOLD
+from localcluster.wire.protocol import INLINE_RESULT, MEMFD_THRESHOLD
 
 KiB, MiB = 1 << 10, 1 << 20
 # 1 KiB, each side of every threshold of the data path, and a size users have.
@@ -104,7 +104,7 @@ def identity(v):
 
 
 def rss_here():
-    from localcluster.machine import rss
+    from localcluster.system.machine import rss
     return rss()
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import localcluster
-from localcluster.board import Board
+from localcluster.wire.board import Board
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -172,7 +172,7 @@ def test_a_second_process_writes_the_board(board, tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(textwrap.dedent("""
         import os, sys, threading
-        from localcluster.board import Board
+        from localcluster.wire.board import Board
         fd, mode = int(sys.argv[1]), sys.argv[2]
         b = Board(3, fd=fd)
         b.beat()

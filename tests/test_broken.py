@@ -93,7 +93,7 @@ def test_failure_on_a_user_thread_breaks_the_cluster_too(monkeypatch, tmp_path):
 # --- a worker's own failure while serving data ------------------------------------------------
 
 def _poison_exports():
-    from localcluster import store
+    from localcluster.worker import store
     real = store.Store.payload
 
     def payload(self, key):
@@ -121,7 +121,7 @@ def test_an_export_failure_fails_that_request_and_the_worker_lives_on():
 
 
 def _failing_spill_writes():
-    from localcluster import store
+    from localcluster.worker import store
 
     def write(path, payload):
         raise OSError(28, "No space left on device (injected)")
@@ -141,7 +141,7 @@ def test_a_spill_that_fails_keeps_the_data_in_memory():
 
 
 def _failing_spill_reads():
-    from localcluster import store
+    from localcluster.worker import store
 
     def read(path):
         raise OSError("injected: spill file unreadable")

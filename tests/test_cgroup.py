@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from localcluster import Client, KilledWorker, LocalCluster
-from localcluster.cgroup import WorkerGroup
+from localcluster.system.cgroup import WorkerGroup
 
 from _util import wait_for
 
@@ -158,7 +158,7 @@ def test_a_worker_read_in_no_group_while_it_exits_is_still_judged_by_its_own_gro
     the worker must not take that for leaving its group, or the SIGKILL that follows is
     judged by the machine's counter, and an OOM kill elsewhere passes for the worker's
     own (loaded run 1 on e49ff22: a soak SIGKILL reported as 'oom-killer')."""
-    import localcluster.machine as machine
+    import localcluster.system.machine as machine
     real = machine.memory_cgroups
     with LocalCluster(n_workers=1, memory_sample_interval=0.05, forward_logs=False) as c:
         (info,) = c.workers.values()
@@ -171,7 +171,7 @@ def test_a_worker_read_in_no_group_while_it_exits_is_still_judged_by_its_own_gro
             return real(pid)
         monkeypatch.setattr(machine, "memory_cgroups", exiting)
         # and wherever it is imported by name: the nanny read it there before the fix
-        monkeypatch.setattr("localcluster.nanny.memory_cgroups", exiting, raising=False)
+        monkeypatch.setattr("localcluster.supervision.nanny.memory_cgroups", exiting, raising=False)
         wait_for(lambda: len(seen) >= 2)     # the nanny looked at least once since
         _oom_kill_elsewhere()
         os.kill(info.pid, signal.SIGKILL)
@@ -194,7 +194,7 @@ def fake_group(tmp_path):
 
 
 def test_the_allowance_writes_nothing_until_the_nanny_sets_a_ceiling(fake_group):
-    from localcluster.cgroup import SharedAllowance
+    from localcluster.system.cgroup import SharedAllowance
     path, write, limit = fake_group
     a = SharedAllowance(str(path), "v2", ceiling=100 * MiB, slack=8 * MiB)
     a.charge(50 * MiB)
@@ -204,7 +204,7 @@ def test_the_allowance_writes_nothing_until_the_nanny_sets_a_ceiling(fake_group)
 
 
 def test_the_allowance_makes_room_for_what_is_written_and_gives_it_back_once_freed(fake_group):
-    from localcluster.cgroup import SharedAllowance
+    from localcluster.system.cgroup import SharedAllowance
     path, write, limit = fake_group
     write("memory.max", str(100 * MiB))                  # the nanny accepted the worker
     a = SharedAllowance(str(path), "v2", ceiling=100 * MiB, slack=8 * MiB)
@@ -224,7 +224,7 @@ def test_the_allowance_makes_room_for_what_is_written_and_gives_it_back_once_fre
 
 
 def test_the_allowance_stops_when_its_group_is_gone(fake_group):
-    from localcluster.cgroup import SharedAllowance
+    from localcluster.system.cgroup import SharedAllowance
     path, write, limit = fake_group
     a = SharedAllowance(str(path / "gone"), "v2", ceiling=100 * MiB)
     a.charge(10 * MiB)
@@ -242,7 +242,7 @@ with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
 
 
 def test_groups_a_killed_parent_left_are_removed_by_the_next_cluster_and_live_ones_kept(cgroups_allowed, tmp_path):
-    from localcluster.machine import memory_cgroups
+    from localcluster.system.machine import memory_cgroups
     script = tmp_path / "killed.py"
     script.write_text(KILLED_PARENT)
     with open(tmp_path / "killed.err", "w") as err_file:

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import localcluster
-from localcluster import channel, serialize
-from localcluster.channel import BlockingChannel, Channel
-from localcluster.protocol import MEMFD_THRESHOLD, OUT_OF_BAND
+from localcluster.wire import channel, serialize
+from localcluster.wire.channel import BlockingChannel, Channel
+from localcluster.wire.protocol import MEMFD_THRESHOLD, OUT_OF_BAND
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -452,7 +452,7 @@ def test_descriptors_cross_a_process_boundary(tmp_path):
     script = tmp_path / "echo.py"
     script.write_text(textwrap.dedent("""
         import socket, sys
-        from localcluster.channel import BlockingChannel
+        from localcluster.wire.channel import BlockingChannel
         chan = BlockingChannel(socket.socket(fileno=int(sys.argv[1])))
         try:
             while True:
@@ -610,7 +610,7 @@ def test_drain_after_the_peer_died_returns_a_frame_larger_than_one_read(pair):
 
 def test_lone_runs_and_finished_in_the_fixed_layout_interleave_with_pickled_frames(pair):
     """Frames of both kinds, in one stream, split at every byte: each comes out as it went in."""
-    from localcluster import protocol as P
+    from localcluster.wire import protocol as P
     args = serialize.dumps(((1, "a"), {}))
     msgs = [P.Run(1, "k-1", 3, b"fn", args, ()), P.Free(("k-0",)), P.Finished(1, 5, "int", args, 0.5, 1.5, 1),
             P.Batch((P.Run(2, "k-2", 3, None, args, ()),)), P.Run(3, "k-3", 3, None, args, ("k-1",)),

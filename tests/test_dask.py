@@ -13,7 +13,7 @@ import pytest
 
 from _util import wait_for
 from localcluster import Client, KilledWorker, LocalCluster
-from localcluster.daskgraph import name_of
+from localcluster.integrations.daskgraph import name_of
 
 dask = pytest.importorskip("dask")
 np = pytest.importorskip("numpy")

@@ -410,7 +410,7 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
 
 @fragile
 def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(cluster, client):
-    from localcluster.replay import ReplayedDeath
+    from localcluster.integrations.replay import ReplayedDeath
     fut = client.submit(at_call, "segfault")
     with pytest.raises(KilledWorker):
         fut.result(30)

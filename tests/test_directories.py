@@ -13,7 +13,7 @@ import time
 import pytest
 
 from localcluster import LocalCluster
-from localcluster import machine
+from localcluster.system import machine
 
 OTHER_PROCESS = textwrap.dedent("""
     import sys

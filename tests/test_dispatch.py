@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from localcluster import protocol as P
-from localcluster.channel import BlockingChannel, Channel
-from localcluster.dispatch import Dispatcher, Flush
-from localcluster.lifecycle import Lifecycle, Phase
-from localcluster.records import Retire, Send
+from localcluster.wire import protocol as P
+from localcluster.wire.channel import BlockingChannel, Channel
+from localcluster.engine.dispatch import Dispatcher, Flush
+from localcluster.engine.lifecycle import Lifecycle, Phase
+from localcluster.scheduler.records import Retire, Send
 
 pytestmark = pytest.mark.timeout(30)
 

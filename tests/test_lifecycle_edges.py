@@ -43,7 +43,7 @@ def test_scale_down_returns_when_the_worker_is_gone_not_at_its_timeout(monkeypat
     a policy event that asks for nothing; that event must still wake the waiter, or scale()
     slept until its timeout whenever it woke (at the reap) before the slot was freed: 60 s
     on a loaded machine. A pause in the event opens that window every time."""
-    from localcluster.policy import Policy
+    from localcluster.supervision.policy import Policy
     exited = Policy.exited
 
     def late_exited(self, *args, **kwargs):

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from localcluster.lifecycle import Lifecycle
-from localcluster.loop import EventLoop
+from localcluster.engine.lifecycle import Lifecycle
+from localcluster.engine.loop import EventLoop
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -228,7 +228,7 @@ def test_an_open_statm_reads_the_processes_rss_as_it_grows_and_nothing_once_it_i
     (never another process's, whatever reuses the pid)."""
     import subprocess
     import sys
-    from localcluster.machine import open_statm, rss, rss_of
+    from localcluster.system.machine import open_statm, rss, rss_of
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); "
                               "b = bytearray(64 << 20); print('grown', flush=True); sys.stdin.readline()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

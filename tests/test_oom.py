@@ -1,7 +1,7 @@
 """The OOM killer, wherever it strikes (oom.py): in a group a task moved its worker into,
 under a limit on the whole program (a container's), and only ever against the worker it
 killed. Real kills in real memory cgroups, with the kernel log as evidence and without it
-(``localcluster.oom.KMSG`` pointed nowhere: the cgroup counters alone); then the parsers
+(``localcluster.system.oom.KMSG`` pointed nowhere: the cgroup counters alone); then the parsers
 and the judgement on strings."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 import localcluster
 from localcluster import Client, KilledWorker, LocalCluster
 from localcluster.config import format_bytes
-from localcluster.oom import (Kill, KernelLog, Rise, ancestors, cgroup_name, judge, parse_counters, parse_kmsg,
-                              parse_limit)
+from localcluster.system.oom import (Kill, KernelLog, Rise, ancestors, cgroup_name, judge, parse_counters,
+                                     parse_kmsg, parse_limit)
 
 from _cgroups import memory_group
 from _util import block_until, release, wait_for
@@ -50,7 +50,7 @@ def evidence(request, monkeypatch):
     """With the kernel log as evidence (where this machine lets us read it), and without:
     the cgroup counters alone."""
     if request.param == "counters":
-        monkeypatch.setattr("localcluster.oom.KMSG", "/nonexistent/kmsg")
+        monkeypatch.setattr("localcluster.system.oom.KMSG", "/nonexistent/kmsg")
     elif not _kmsg_readable():
         pytest.skip("the kernel log is not readable here")
     return request.param
@@ -95,9 +95,9 @@ CONTAINED = textwrap.dedent("""
     group, worker_cgroup, kmsg = sys.argv[1], sys.argv[2] == "True", sys.argv[3]
     with open(os.path.join(group, "cgroup.procs"), "w") as f:
         f.write(str(os.getpid()))            # the whole program now lives under this limit
-    import localcluster.oom
+    import localcluster.system.oom
     if kmsg == "counters":
-        localcluster.oom.KMSG = "/nonexistent/kmsg"
+        localcluster.system.oom.KMSG = "/nonexistent/kmsg"
     from localcluster import Client, KilledWorker, LocalCluster
 
     def grow():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from localcluster.death import WorkerDeath, WorkerStartupError
-from localcluster.lifecycle import Lifecycle, Phase
-from localcluster.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept, DumpStacks,
-                                 GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused, Spawn)
+from localcluster.engine.lifecycle import Lifecycle, Phase
+from localcluster.supervision.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept,
+                                             DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse,
+                                             SendStop, SetPaused, Spawn)
 
 MiB = 2**20
 LIMIT = 500 * MiB

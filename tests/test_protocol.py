@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from localcluster import protocol as P
+from localcluster.wire import protocol as P
 
 pytestmark = pytest.mark.timeout(10)
 

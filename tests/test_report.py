@@ -188,7 +188,7 @@ def test_killed_worker_view_shows_cause_signal_memory_frames_and_folded_log(run)
 
 
 def test_cluster_view_splits_results_held_from_unmanaged_memory():
-    from localcluster import render
+    from localcluster.views import render
     MiB = 2**20
     worker = SimpleNamespace(name="worker-0", pid=1, status="paused", processing=(), memory=300 * MiB,
                              memory_limit=400 * MiB, managed=20 * MiB, spilled=5 * MiB, unmanaged=280 * MiB)
@@ -200,7 +200,7 @@ def test_cluster_view_splits_results_held_from_unmanaged_memory():
 
 def test_future_view_and_escaping(run):
     assert ">error<" in run.future_html and "ValueError: bad input 0" in run.future_html
-    from localcluster import render   # user text is escaped, never markup
+    from localcluster.views import render  # user text is escaped, never markup
     card = render.death_card(SimpleNamespace(
         worker="<b>w</b>", pid=1, cause="crash", signal=None, exitcode=1, tasks=("<script>",), memory=None,
         peak_memory=None, memory_limit=None, stack=None, message="&", log_tail=()))

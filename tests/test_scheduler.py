@@ -9,12 +9,12 @@ import pytest
 
 from concurrent.futures import CancelledError
 
-from localcluster import protocol as P
+from localcluster.wire import protocol as P
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
-from localcluster.records import FailAll, Spec
+from localcluster.scheduler.records import FailAll, Spec
 from localcluster.death import blamed_runs
-from localcluster.scheduler import Deliver, Resolve, Retire, Scheduler, Send
-from localcluster.serialize import dumps
+from localcluster.scheduler.state import Deliver, Resolve, Retire, Scheduler, Send
+from localcluster.wire.serialize import dumps
 
 ARGS = dumps(((), {}))
 BIG = 1 << 20           # a result that stays on its worker

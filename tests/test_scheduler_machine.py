@@ -11,12 +11,11 @@ from typing import get_args
 
 import pytest
 
-from localcluster import protocol as P
-from localcluster import scheduler as S
+from localcluster.wire import protocol as P
+from localcluster.scheduler import state as S
 from localcluster.death import WorkerDeath
-from localcluster.records import (TRANSITIONS, Retire, Send, Spec, Task, TaskState,
-                                  Transitions)
-from localcluster.serialize import dumps
+from localcluster.scheduler.records import TRANSITIONS, Retire, Send, Spec, Task, TaskState, Transitions
+from localcluster.wire.serialize import dumps
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, settings  # noqa: E402

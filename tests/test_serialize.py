@@ -10,9 +10,9 @@ import traceback
 import numpy as np
 import pytest
 
-from localcluster import serialize
+from localcluster.wire import serialize
 from localcluster.death import TaskError
-from localcluster.protocol import OUT_OF_BAND, SHARED_MAX, Payload, shared
+from localcluster.wire.protocol import OUT_OF_BAND, SHARED_MAX, Payload, shared
 
 pytestmark = pytest.mark.timeout(30)
 

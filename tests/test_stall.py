@@ -15,8 +15,8 @@ import pytest
 from _util import block_until, release, wait_for, wait_running
 
 from localcluster import Client, LocalCluster, as_completed, wait
-from localcluster.stall import (BUSY_FACTOR, ClusterView, QueuedTask, RunningTask, Stall, StallClock, WorkerView,
-                                diagnose, unexplained)
+from localcluster.views.stall import (BUSY_FACTOR, ClusterView, QueuedTask, RunningTask, Stall, StallClock,
+                                      WorkerView, diagnose, unexplained)
 
 MiB = 2 ** 20
 

@@ -11,10 +11,10 @@ import threading
 import numpy as np
 import pytest
 
-from localcluster import serialize
-from localcluster.board import Board
-from localcluster.protocol import OUT_OF_BAND, Payload
-from localcluster.store import Store, StoreError
+from localcluster.wire import serialize
+from localcluster.wire.board import Board
+from localcluster.wire.protocol import OUT_OF_BAND, Payload
+from localcluster.worker.store import Store, StoreError
 
 pytestmark = pytest.mark.timeout(30)
 

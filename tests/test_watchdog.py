@@ -10,7 +10,7 @@ import time
 import pytest
 
 from localcluster import Client, ClusterBroken, LocalCluster
-from localcluster import scheduler as S
+from localcluster.scheduler import state as S
 
 
 def inc(x):

@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from localcluster import Client, LocalCluster
-from localcluster import protocol as P
-from localcluster import serialize
-from localcluster.board import Board
-from localcluster.worker import Worker
+from localcluster.wire import protocol as P
+from localcluster.wire import serialize
+from localcluster.wire.board import Board
+from localcluster.worker.process import Worker
 
 from _util import block_until, release, wait_for
 

@@ -1,1 +1,0 @@
-"""Progress bars, and later HTML reprs and a dashboard."""

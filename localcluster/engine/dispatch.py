@@ -1,0 +1,304 @@
+"""The dispatcher: scheduler events in, the scheduler's actions carried out.
+
+Data flow::
+
+    user threads (submit, scatter, fetch ...) ─┐
+    worker messages (scheduler thread) ────────┼─► event(): Scheduler under the lock ─► actions
+    released keys (any thread, lock-free) ─────┘         │
+        Send    -> queued on the worker's Outlet under the lock, in order; the Flush that
+                   sends them is carried out by the same thread right after it lets go of
+                   the lock (or the messages stay corked behind a backlog, for the
+                   scheduler thread's next tick; or, the socket full, the loop is asked to
+                   wait until it is writable)
+        Retire  -> queued for the supervisor, which takes it on the scheduler thread
+        Resolve, FailAll -> the listeners (the clients' futures), outside the lock
+        Deliver -> the waiting request
+
+Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
+thread hop; ``on_worker_messages``, ``free_released``, ``uncork`` and ``take_retired``
+run on the scheduler thread.
+
+Owns (under the cluster's lock): the outlets (one per worker channel, connected and
+disconnected by the supervisor), the listeners to resolve, the request futures of fetch
+and replicate, the workers retired and not yet taken, and the keys released by
+garbage-collected futures. It calls nothing above it: what the supervisor must do, it
+takes from here (``take_retired``). An exception out of the scheduler is a bug in
+localcluster: it breaks the cluster at once (``Lifecycle`` to BROKEN, ``ClusterBroken``
+to every pending future), never a hang.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+import weakref
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol
+
+from ..wire import protocol as P
+from ..scheduler import state as S
+from ..wire.channel import Channel, let_go
+from ..death import ClusterBroken
+from ..views.history import History
+from .lifecycle import Lifecycle, Phase
+from .loop import EventLoop
+from ..wire.serialize import as_exception
+
+logger = logging.getLogger("localcluster")
+
+_RELEASE_CHUNK = 5000      # keys let go under the lock at once (~20 µs each)
+
+
+class Listener(Protocol):
+    """Hears how tasks end (a Client's futures)."""
+
+    def resolve(self, key: str, status: str, value: Any) -> None: ...
+
+    def fail_pending(self, exc: BaseException) -> None: ...
+
+
+@dataclass(eq=False)
+class Outlet:
+    """The way out to one worker: its channel, and what is held back for it."""
+    worker: str
+    chan: Channel
+    cork: list = field(default_factory=list)    #: messages held back while it has a backlog; under the lock
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Send what is queued on ``outlet``'s channel: an instruction made under the lock and
+    carried out after it (``post``), so no syscall is made while holding it."""
+    outlet: Outlet
+
+
+class Dispatcher:
+    def __init__(self, lock: threading.Lock, changed: threading.Condition, scheduler: S.Scheduler,
+                 loop: EventLoop, history: History, life: Lifecycle):
+        self._lock = lock
+        self._history = history
+        self._changed = changed
+        self._scheduler = scheduler
+        self._loop = loop
+        self._life = life
+        self._outlets: dict[str, Outlet] = {}      #: worker -> Outlet, for every connected worker; under the lock
+        self._listeners: "weakref.WeakSet[Listener]" = weakref.WeakSet()   #: under the lock
+        self._requests: dict[int, Future] = {}     #: fetch / replicate answers, by request id; under the lock
+        self._retired: deque = deque()             #: workers the scheduler let go of, for the supervisor
+        self._released: deque = deque()            #: keys whose last Future is gone; any thread appends, lock-free
+
+    # --- the supervisor's side (scheduler thread) ---------------------------------------------
+
+    def connect(self, worker: str, chan: Channel) -> None:
+        """Caller holds the lock: ``worker``'s messages go to ``chan`` from now on."""
+        self._outlets[worker] = Outlet(worker, chan)
+
+    def disconnect(self, worker: str) -> None:
+        """Caller holds the lock: ``worker`` is gone; what was held back for it goes nowhere."""
+        self._outlets.pop(worker, None)
+
+    def take_retired(self) -> list[str]:
+        """The workers the scheduler let go of since the last call (oldest first)."""
+        out = []
+        while self._retired:
+            out.append(self._retired.popleft())
+        return out
+
+    # --- events -------------------------------------------------------------------------
+
+    def attach(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+
+    def release(self, key: str) -> None:
+        """No lock and no wake-up (it runs inside the garbage collector): the scheduler
+        thread frees released keys on its next tick or wake-up."""
+        self._released.append(key)
+
+    def event(self, fn: Callable, *args: Any, before: Optional[Callable[[], Any]] = None) -> Any:
+        """Run a scheduler event from any thread and carry out its actions. ``before()`` runs
+        first under the same lock (futures must exist before any answer can arrive); its
+        return value is returned."""
+        if self._life.error is not None:
+            raise self._life.error
+        try:
+            with self._lock:
+                ret = before() if before is not None else None
+                post = self.apply(fn(*args))
+            self.post(post)
+        except Exception:
+            raise self.break_("scheduler", traceback.format_exc()) from None
+        return ret
+
+    def request(self, ask: Callable[[], tuple]) -> Future:
+        """``ask()`` (run as an event) returns (request id, actions); the answer arrives as a
+        Deliver that resolves the returned Future."""
+        fut: Future = Future()
+
+        def run() -> list:
+            req, actions = ask()
+            self._requests[req] = fut
+            return actions
+        self.event(run)
+        return fut
+
+    def on_worker_messages(self, worker: str, msgs: list) -> None:
+        """Task messages of one worker as one batch (placement runs once); what was corked
+        for it goes with the answers. Scheduler thread."""
+        outlet = self._outlets.get(worker)
+        if not msgs and (outlet is None or not outlet.cork):
+            return
+        key_of, record = self._scheduler.key_of, self._history.task
+        with self._lock:
+            for m in msgs:       # into the task stream first: the scheduler forgets the run's key
+                t = type(m)
+                if t is P.Finished or t is P.Failed:
+                    key = key_of(m.seq)
+                    if key is not None:
+                        record(key, worker, m.thread, m.start, m.start + m.duration,
+                               "finished" if t is P.Finished else "error")
+            post = self.apply(self._scheduler.handle_messages(worker, msgs) if msgs else [])
+            if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
+                post += self._queue(outlet, [])
+        self.post(post)
+
+    def free_released(self) -> None:
+        """In chunks, so that neither a submit waiting for the lock nor close() waits behind
+        200,000 keys let go at once (a big map's futures dropped together)."""
+        released = self._released
+        while released and self._life.open:
+            keys = []
+            while released and len(keys) < _RELEASE_CHUNK:
+                keys.append(released.popleft())
+            with self._lock:
+                post = self.apply(self._scheduler.release_many(keys))
+            self.post(post)
+
+    def stop_releasing(self) -> None:
+        """The cluster is closing: what is still to release goes with everything else."""
+        self._released.clear()
+
+    # --- actions ------------------------------------------------------------------------
+
+    def apply(self, actions: list) -> list:
+        """Caller holds the lock: queue Sends on the outlets and Retires for the supervisor;
+        return the instructions for after the lock (Flush first, then Resolve, FailAll and
+        Deliver), to hand to :meth:`post`."""
+        if not actions:
+            return actions
+        post: list = []
+        sends: dict[str, list] = {}
+        for a in actions:
+            t = type(a)
+            if t is S.Send:
+                sends.setdefault(a.worker, []).append(a.msg)
+            elif t is S.Resolve or t is S.Deliver or t is S.FailAll:
+                post.append(a)
+            elif t is S.Retire:
+                self._retired.append(a.worker)
+                if not self._loop.on_loop():      # the supervisor takes it on the scheduler thread
+                    self._loop.wake()
+        on_loop = self._loop.on_loop()
+        flushes: list = []
+        for worker, msgs in sends.items():
+            outlet = self._outlets.get(worker)
+            if outlet is None:
+                continue
+            ws = self._scheduler.workers.get(worker)
+            if not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads:
+                # The worker has a backlog: it will not miss these for a while. Leave them
+                # for the scheduler thread to send in one frame when the worker next reports
+                # (or on the next tick), instead of one syscall per submit.
+                outlet.cork.extend(msgs)
+                continue
+            flushes += self._queue(outlet, msgs)
+        return flushes + post       # sent first: the worker gets its work before futures resolve
+
+    def post(self, post: list) -> None:
+        """Carry out, outside the lock, what :meth:`apply` returned: send what was queued,
+        resolve futures, answer requests (a listener's callbacks may call back in)."""
+        if not post:
+            return
+        listeners = None
+        for a in post:
+            t = type(a)
+            if t is Flush:
+                if not a.outlet.chan.flush():
+                    self._watch(a.outlet)
+                continue
+            if listeners is None:
+                listeners = list(self._listeners)    # once per batch: iterating a WeakSet is not cheap
+            if t is S.Resolve:
+                for listener in listeners:
+                    listener.resolve(a.key, a.status, a.value)
+            elif t is S.FailAll:
+                for listener in listeners:
+                    listener.fail_pending(a.error)
+            else:
+                fut = self._requests.pop(a.request, None)
+                if fut is not None and not fut.done():
+                    if a.error is not None:
+                        fut.set_exception(as_exception(a.error, a.key))
+                    else:
+                        if a.data is not None:      # going to user code, which may write into it
+                            let_go(a.data.buffers)
+                        fut.set_result(a.data)
+
+    def _queue(self, outlet: Outlet, msgs: list) -> list:
+        """Caller holds the lock: queue ``msgs`` (after what the outlet has corked) on its
+        channel, in order. Returns ``[Flush]`` when the caller is to send them once it has
+        let go of the lock: the syscall (and the worker's wake-up) is not made under the lock,
+        which the other thread, submitting or handling results, may be waiting for."""
+        if outlet.cork:   # order matters: corked messages go first
+            msgs, outlet.cork = outlet.cork + msgs, []
+        if outlet.chan.queue(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+            return [Flush(outlet)]
+        self._watch(outlet)
+        return []
+
+    def _watch(self, outlet: Outlet) -> None:
+        """What is queued goes when the socket is writable, sent by the scheduler thread
+        (the channel's reader, the supervisor, flushes on a write event)."""
+        chan = outlet.chan
+        self._loop.run_soon(lambda: chan.closed or self._loop.want_write(chan, chan.wants_write()))
+
+    def uncork(self) -> None:
+        """Scheduler thread, every tick: send what was held back behind a backlog."""
+        flush: list = []
+        with self._lock:
+            for outlet in self._outlets.values():
+                if outlet.cork:
+                    flush += self._queue(outlet, [])
+        self.post(flush)
+
+    # --- failing everyone ---------------------------------------------------------------
+
+    def break_(self, where: str, tb_text: str) -> BaseException:
+        """An internal failure: every pending future and every later call fails with
+        ClusterBroken; the scheduler thread stops the workers and exits. Returns what the
+        caller is to raise (the first break's error, when the cluster was already broken)."""
+        err = ClusterBroken(where, tb_text)
+        if not self._life.to(Phase.BROKEN, err):
+            return self._life.error or err
+        logger.error("localcluster's %s failed; the cluster is broken:\n%s", where, tb_text)
+        # The scheduler's state is suspect: fail the futures directly, not through it. No
+        # lock: from the watchdog, the stuck scheduler thread may hold it.
+        for listener in list(self._listeners):
+            listener.fail_pending(err)
+        self.fail_requests(err)
+        if self._changed.acquire(timeout=1.0):
+            try:
+                self._changed.notify_all()
+            finally:
+                self._changed.release()
+        self._loop.wake()
+        return err
+
+    def fail_requests(self, exc: BaseException) -> None:
+        requests = list(self._requests.values())
+        self._requests.clear()
+        for fut in requests:
+            if not fut.done():
+                fut.set_exception(exc)

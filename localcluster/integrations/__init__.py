@@ -1,0 +1,8 @@
+"""Other libraries' front doors.
+
+- ``executor.py``: ``client.get_executor()``, a ``concurrent.futures.Executor``.
+- ``daskgraph.py``: ``client.get``, dask graphs run on the cluster.
+- ``joblib.py``: the ``localcluster`` joblib backend (public path ``localcluster.joblib``).
+- ``pytest_plugin.py``: the ``localcluster_client`` fixture (public path ``localcluster.pytest_plugin``).
+- ``replay.py``: ``client.recreate_error_locally``, a failed task run again here.
+"""

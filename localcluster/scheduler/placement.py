@@ -1,0 +1,234 @@
+"""Placement: which ready task runs on which worker, and when.
+
+A part of the Scheduler (composition: same thread, same lock, no I/O). It looks tasks up
+by key and walks the workers through the scheduler's narrow accessors, moves a task
+ready -> processing through the scheduler's one writer of states, and owns:
+
+- the ready queues: one shared heap, and one per worker for tasks that ``workers=``
+  restricts (entries are deleted lazily: a popped key is checked against its task);
+- the run numbers (``seq``) and ``runs`` (seq -> (key, worker)) of what it sent;
+- ``avg_duration``, which sizes each worker's prefetch;
+- ``stealing`` (seq -> worker): runs asked back from a worker whose queue outlasts its
+  threads while another worker has threads idle (a long task, or a cancelled one that
+  runs on, would otherwise hold the runs prefetched behind it). The worker gives back
+  those not started (``Unqueued``), and they are placed again.
+
+A run goes to the open worker already holding most of its inputs' bytes, then the least
+loaded one; inputs it lacks are relayed to it first (``Transfers.relay``).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable, Iterable, Optional
+
+from ..wire import protocol as P
+from .records import Send, Task, WorkerState
+
+
+STEAL_MAX_BYTES = 64 << 20
+
+
+class Placement:
+    # Used by whichever thread brings the scheduler an event, under the cluster's lock.
+    def __init__(self, task: Callable[[str], Optional[Task]], workers: Callable[[], Iterable[WorkerState]],
+                 relay: Callable[[Task, WorkerState], list], transition: Callable[[Task, str, str], None]):
+        self._task = task              # the scheduler's tasks.get
+        self._workers = workers        # the scheduler's live workers; ``processing`` and ``fns`` are written here
+        self._relay = relay            # Transfers.relay: an input onto the worker about to run its dependent
+        self._to = transition          # the scheduler's one writer of Task.state
+        #: heap of (-priority, order, key); entries whose task is no longer ready are dropped when popped
+        self._shared: list = []
+        #: worker -> heap of the tasks ``workers=`` restricts to it (lazy deletion, as ``_shared``)
+        self._on: dict[str, list] = {}
+        self._seq = itertools.count(1)
+        #: seq -> (key, worker) of each run sent whose task is processing with that seq; a run
+        #: leaves on its end (``ended``) or when taken back (``unassigned``)
+        self.runs: dict[int, tuple[str, str]] = {}
+        #: moving average of run durations (None before the first), sizes the prefetch
+        self.avg_duration: Optional[float] = None
+        #: seq -> worker asked to give the run back, until it answers; the worker holds the seq
+        self.stealing: dict[int, str] = {}
+        #: seq -> worker that had started it when asked, until it ends; never asked again
+        self.started: dict[int, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._shared or self._on)
+
+    def keys(self) -> set:
+        """Keys queued (some may no longer be ready: deletion is lazy)."""
+        return {key for heap in (self._shared, *self._on.values()) for _p, _o, key in heap}
+
+    def run_of(self, seq: int) -> Optional[tuple]:
+        """(key, worker) of run ``seq`` while its task is processing it, else None."""
+        return self.runs.get(seq)
+
+    def push(self, ts: Task, live: list) -> None:
+        """Queue a ready task: on the queues of ``live`` (its restricted workers still
+        running), or on the shared queue when it is not restricted or only preferred."""
+        entry = (-ts.spec.priority, ts.order, ts.key)
+        for w in live:
+            heapq.heappush(self._on.setdefault(w, []), entry)
+        if not live:
+            heapq.heappush(self._shared, entry)
+
+    def drop_worker(self, name: str) -> list:
+        """The queue of a worker that is gone: the keys that were on it."""
+        return [key for _p, _o, key in self._on.pop(name, ())]
+
+    def finished(self, duration: float) -> None:
+        self.avg_duration = duration if self.avg_duration is None else 0.8 * self.avg_duration + 0.2 * duration
+
+    def assign(self) -> list:
+        """Send ready tasks to open workers, up to each one's capacity."""
+        out: list = []
+        if not (self._shared or self._on):      # the common case, after most events: nothing queued
+            return self._steal()
+        open_workers = [w for w in self._workers() if not w.paused and not w.closing]
+        if not open_workers:
+            return out
+        caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
+        for ws in open_workers:
+            heap = self._on.get(ws.name)
+            while heap and caps[ws.name] > 0:
+                _prio, _order, key = heapq.heappop(heap)
+                ts = self._task(key)
+                if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
+                    caps[ws.name] -= 1
+                    out += self._run(ts, ws)
+        while self._shared:
+            _prio, _order, key = self._shared[0]
+            ts = self._task(key)
+            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
+                heapq.heappop(self._shared)
+                continue
+            ws = self._pick(ts, open_workers, caps)
+            if ws is None:
+                break
+            heapq.heappop(self._shared)
+            caps[ws.name] -= 1
+            out += self._run(ts, ws)
+        return out + (self._steal() if not self._shared else [])
+
+    def _steal(self) -> list:
+        """Ask workers whose queued runs outlast their threads to give some back, as many as
+        threads stand idle elsewhere, newest first (the likeliest not to have started), each
+        run at most once. Not a run whose inputs an idle worker lacks by more than
+        ``STEAL_MAX_BYTES``: moving them could cost more than the wait."""
+        workers = self._workers()
+        if not any(len(w.processing) > w.nthreads for w in workers):
+            return []
+        thieves = [w for w in workers if not w.paused and not w.closing and len(w.processing) < w.nthreads]
+        if not thieves:         # after most events while a queue streams: every thread is busy
+            return []
+        idle = sum(w.nthreads - len(w.processing) for w in thieves) - len(self.stealing)
+        out: list = []
+        for victim in sorted(workers, key=lambda w: w.nthreads - len(w.processing)):
+            if idle <= 0:
+                break
+            asked = sum(1 for name in self.stealing.values() if name == victim.name)
+            excess = len(victim.processing) - victim.nthreads - asked
+            if excess <= 0:
+                continue
+            seqs: list = []
+            for seq in reversed(victim.processing):
+                if len(seqs) >= min(excess, idle):
+                    break
+                ts = self._task(victim.processing[seq])
+                if seq not in self.stealing and seq not in self.started and ts is not None and ts.seq == seq \
+                        and self._may_move(ts, thieves):
+                    seqs.append(seq)
+                    self.stealing[seq] = victim.name
+            if seqs:
+                idle -= len(seqs)
+                out.append(Send(victim.name, P.Steal(tuple(seqs))))
+        return out
+
+    def take_back(self, ws: WorkerState) -> list:
+        """A paused worker starts nothing new: ask back every run it has not started (what it
+        had started it keeps, and finishes). Without this, a worker paused for memory would run
+        on through its prefetch, up to 256 runs per thread of short tasks, and meet its limit."""
+        seqs = []
+        for seq, key in ws.processing.items():
+            ts = self._task(key) if key is not None else None
+            if ts is not None and ts.seq == seq and seq not in self.stealing and seq not in self.started:
+                seqs.append(seq)
+                self.stealing[seq] = ws.name
+        return [Send(ws.name, P.Steal(tuple(seqs)))] if seqs else []
+
+    def _may_move(self, ts: Task, thieves: list) -> bool:
+        spec = ts.spec
+        for w in thieves:
+            if spec.workers and not spec.loose and w.name not in spec.workers:
+                continue
+            if not ts.deps or sum(self._task(d).nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
+                return True
+        return False
+
+    def ended(self, seq: int) -> None:
+        """Run ``seq`` ended, or was given back."""
+        self.runs.pop(seq, None)
+        if self.stealing or self.started:       # on every run's end: most often both are empty
+            self.stealing.pop(seq, None)
+            self.started.pop(seq, None)
+
+    def unassigned(self, seq: int) -> None:
+        """Run ``seq`` no longer runs its task (taken back, or its worker died); what the
+        worker answers about it, if anything, is for Forgetting."""
+        self.runs.pop(seq, None)
+
+    def kept(self, seq: int) -> None:
+        """The worker had started run ``seq`` when asked for it: never ask again."""
+        worker = self.stealing.pop(seq, None)
+        if worker is not None:
+            self.started[seq] = worker
+
+    def worker_gone(self, name: str) -> None:
+        for runs in (self.stealing, self.started):
+            for seq in [seq for seq, w in runs.items() if w == name]:
+                del runs[seq]
+
+    def clear(self) -> None:
+        self._shared.clear()
+        self._on.clear()
+        self.runs.clear()
+        self.stealing.clear()
+        self.started.clear()
+
+    def _capacity(self, ws: WorkerState) -> int:
+        """Runs a worker may hold: its threads plus a prefetch sized by how short tasks are,
+        so a map of tiny tasks travels in large batches while long tasks are not hoarded."""
+        if self.avg_duration is None:
+            prefetch = 2
+        else:
+            prefetch = max(1, min(256, int(0.01 / max(self.avg_duration, 1e-6))))
+        return ws.nthreads + prefetch * ws.nthreads
+
+    def _pick(self, ts: Task, workers: list, caps: dict) -> Optional[WorkerState]:
+        best, best_score = None, None
+        for ws in workers:
+            if caps[ws.name] <= 0:
+                continue
+            local = sum(self._task(d).nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
+            score = (-local, len(ws.processing) / ws.nthreads, ws.name)
+            if best_score is None or score < best_score:
+                best, best_score = ws, score
+        return best
+
+    def _run(self, ts: Task, ws: WorkerState) -> list:
+        out: list = []
+        for d in ts.deps:
+            if d not in ws.has:
+                out += self._relay(self._task(d), ws)
+        seq = next(self._seq)
+        ts.seq, ts.worker = seq, ws.name
+        self._to(ts, "processing", "assign")
+        ws.processing[seq] = ts.key
+        self.runs[seq] = (ts.key, ws.name)
+        spec = ts.spec
+        fn = None
+        if spec.fn_id not in ws.fns:
+            ws.fns.add(spec.fn_id)
+            fn = spec.fn
+        out.append(Send(ws.name, P.Run(seq, ts.key, spec.fn_id, fn, spec.args, spec.deps)))
+        return out

@@ -1,0 +1,303 @@
+"""The scheduler's records (Task, WorkerState), what the client submits (Spec) and
+the actions the state machine emits (Send, Resolve, FailAll, Deliver, Retire)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
+
+from ..wire import protocol as P
+
+
+# --- actions ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    worker: str
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """The futures of ``key`` end: status finished (value = Payload, or None when the data
+    stays on a worker), error (value = pickled exception bytes or an exception), cancelled."""
+    key: str
+    status: str
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailAll:
+    """Every pending future fails with ``error`` (restart, close): one action for a whole
+    queue, so closing with 200,000 tasks queued makes no object and no lookup per task."""
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Answer to :meth:`Scheduler.fetch`: the data of ``key`` or the exception that stops it."""
+    request: int
+    key: str
+    data: Optional[P.Payload] = None
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """The worker has nothing left that anyone needs: stop it (cause ``requested``)."""
+    worker: str
+
+
+@dataclass(slots=True)
+class Spec:
+    """A task as the client submits it. Never changed once made; not ``frozen`` only because
+    a frozen dataclass sets each field through object.__setattr__: 1.5 µs a Spec instead of
+    0.25, and a big ``map`` makes one per task."""
+    key: str
+    fn_id: int
+    fn: bytes
+    args: P.Payload
+    deps: tuple
+    priority: int = 0
+    retries: int = 0
+    timeout: Optional[float] = None
+    workers: Optional[frozenset] = None     # names it may run on (None: any)
+    loose: bool = False                     # workers are a preference (allow_other_workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """Data asked of a holder: relayed to ``target``, or delivered to a client fetch."""
+    key: str
+    holder: str
+    target: Optional[str]               # None: a client fetch
+    client_request: Optional[int]       # the fetch to deliver to (None for a relay)
+
+
+@dataclass(frozen=True, slots=True)
+class Whereabouts:
+    """Where a task stands, for a message that says why its future is not done yet."""
+    state: str                          # a Task state, or "unknown"
+    worker: Optional[str] = None        # processing: where it was sent
+    seq: int = 0                        # processing: the run, to find its start on the worker's board
+    waiting_for: tuple = ()             # waiting: the dependencies not in memory yet
+    workers: int = 0                    # workers the scheduler knows (able to run tasks)
+    paused: int = 0                     # of which paused for memory
+    restricted_to: Optional[frozenset] = None
+
+
+TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
+
+# Every change of a Task's state that the scheduler may make: (old, new). Anything else is a
+# bug in localcluster, raised at once as an AssertionError (``Transitions.apply``) instead of
+# surfacing later as a broken invariant or a hang. scheduler.py's docstring lists the same
+# pairs, with why each happens (a test checks the two agree). A task is made "released" and
+# moved on in the same event.
+TRANSITIONS: frozenset = frozenset({
+    ("released", "waiting"), ("released", "ready"), ("released", "memory"), ("released", "erred"),
+    ("waiting", "ready"), ("waiting", "erred"), ("waiting", "released"),
+    ("ready", "processing"), ("ready", "waiting"), ("ready", "erred"), ("ready", "released"),
+    ("processing", "memory"), ("processing", "ready"), ("processing", "waiting"), ("processing", "erred"),
+    ("processing", "released"),
+    ("memory", "waiting"), ("memory", "lost"), ("memory", "released"),
+    ("erred", "released"),
+    ("lost", "released"),
+})
+
+# old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record
+_STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _new in TRANSITIONS}
+
+STORY_LENGTH = 1 << 14      # transitions kept, of all keys together: 3 lists of 16,384 slots, ~400 KB
+
+
+class Transitions:
+    """The only writer of ``Task.state`` (dask's ``_transition``), and the story: the last
+    ``STORY_LENGTH`` transitions of all keys, read for one key when something breaks.
+
+    One bounded record for every key, not one per key: a deque per task would cost more than
+    the ~1 KB a pending task may cost the parent in all. The hot path (submit, run, finish,
+    release: four transitions a task) pays two dict lookups and three list stores each, and
+    allocates nothing: ``apply`` is a closure over the table and a ring of three lists."""
+    __slots__ = ("apply", "_read", "length")
+
+    def __init__(self, length: int = STORY_LENGTH):
+        length = 1 << max(0, length - 1).bit_length()      # a power of two: the ring wraps with a mask
+        self.length = length
+        #: apply(ts, new, event): move ``ts`` to state ``new``; ``event`` (a constant string)
+        #: says why, for the story. A pair TRANSITIONS does not list raises AssertionError with
+        #: the story (a bug in localcluster: the cluster breaks with ClusterBroken). Called under
+        #: the cluster's lock by whichever thread brings the event; the ring is written only here.
+        self.apply, self._read = _ring(length, self.story)
+
+    def events(self) -> list:
+        """The transitions kept, oldest first: [(key, old, new, event)]."""
+        return self._read()
+
+    def of(self, key: str) -> list:
+        """The transitions of ``key`` still kept, oldest first: [(old, new, event)]."""
+        return [(old, new, event) for k, old, new, event in self._read() if k == key]
+
+    def story(self, key: str) -> str:
+        """The story of ``key``, to print with an error about it."""
+        lines = [f"  {old} -> {new}  ({event})" for old, new, event in self.of(key)]
+        return (f"story of {key!r} (its transitions among the last {self.length:,} of all keys):\n"
+                + ("\n".join(lines) if lines else "  (none kept)"))
+
+
+def _ring(length: int, story: Callable[[str], str]) -> tuple:
+    """(apply, read) over a ring of ``length`` transitions: three preallocated lists, so that
+    recording one makes no object (a tuple each would be ~0.3 µs a task on the hot path)."""
+    keys: list = [None] * length
+    steps: list = [None] * length        # the table's own (old, new) tuples: shared, not made
+    events: list = [None] * length
+    at = 0
+    mask = length - 1
+    table = _STEPS
+
+    def apply(ts: Task, new: str, event: str) -> None:
+        nonlocal at
+        try:
+            step = table[ts.state][new]
+        except KeyError:
+            raise AssertionError(f"internal error in localcluster's scheduler: task {ts.key!r} may not go "
+                                    f"from {ts.state!r} to {new!r} (event {event!r}).\n{story(ts.key)}") from None
+        ts.state = new
+        keys[at] = ts.key
+        steps[at] = step
+        events[at] = event
+        at = (at + 1) & mask
+
+    def read() -> list:
+        order = range(at) if keys[at] is None else [*range(at, length), *range(at)]   # not yet full: no wrap
+        return [(keys[i], *steps[i], events[i]) for i in order]
+
+    return apply, read
+
+
+# The shared empty value of a Task's sets until the first element: three empty sets cost
+# 650 bytes, a third of what a pending task held. Read it like a set; change it only
+# through the Task's methods below, which make a set of its own on the first add.
+EMPTY: frozenset = frozenset()
+
+
+class Task:
+    __slots__ = ("key", "state", "spec", "deps", "dependents", "waiting_on", "who_has", "worker",
+                 "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",
+                 "type_name", "order", "fetchers")
+
+    # Every field: used under the cluster's lock by whichever thread brings the scheduler an
+    # event; written by the scheduler and its parts (placement, transfers, forgetting) only.
+    def __init__(self, key: str, spec: Optional[Spec], order: int):
+        #: the key it is filed under in ``Scheduler.tasks``
+        self.key = key
+        #: one of TaskState; made "released", then written only by Transitions.apply
+        self.state: TaskState = "released"
+        #: what the client submitted; None for scattered data (which cannot be recomputed)
+        self.spec = spec
+        #: input keys; each one still in ``tasks`` lists this task among its ``dependents``
+        self.deps: tuple = spec.deps if spec else ()
+        #: keys of tasks that depend on this one (and list it in their ``deps``)
+        self.dependents: "set | frozenset" = EMPTY
+        #: waiting: the inputs not in memory yet, never empty; empty in any other state
+        self.waiting_on: "set | frozenset" = EMPTY
+        #: live workers holding the data (each lists the key in its ``has``); empty unless memory
+        self.who_has: "set | frozenset" = EMPTY
+        #: processing: the worker its run ``seq`` was sent to; None in any other state
+        self.worker: Optional[str] = None
+        #: its latest run (Placement's number); the current one while processing
+        self.seq = 0
+        #: deaths blamed on it; past ``allowed_failures`` it fails with KilledWorker
+        self.suspicious = 0
+        #: those deaths (tuples: most tasks never have one, and () costs nothing)
+        self.deaths: tuple = ()
+        #: erred, lost: the exception (or its pickled bytes) its futures raise; None otherwise
+        self.error: Any = None
+        #: user errors it may still retry after
+        self.retries = spec.retries if spec else 0
+        #: memory: the size of its result
+        self.nbytes = 0
+        #: memory: the result itself when small (kept in the parent), else None
+        self.data: Optional[P.Payload] = None
+        #: futures of it the client holds; 0 and no pending dependent: it is released
+        self.wanted = 0
+        #: memory: the type of its result, for reprs
+        self.type_name = ""
+        #: submission order: ties in priority run oldest first
+        self.order = order
+        #: waiting, ready, processing: fetch requests answered once it is in memory (else ())
+        self.fetchers: tuple = ()
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"
+
+    # The sets below start as EMPTY: _grown makes a set of the task's own on the first add.
+    def add_dependent(self, key: str) -> None:
+        self.dependents = _grown(self.dependents, key)
+
+    def drop_dependent(self, key: str) -> None:
+        _dropped(self.dependents, key)
+
+    def wait_for(self, key: str) -> None:
+        self.waiting_on = _grown(self.waiting_on, key)
+
+    def arrived(self, key: str) -> None:
+        _dropped(self.waiting_on, key)
+
+    # who_has: with one holder (most tasks), a frozenset shared by every task that worker
+    # alone holds (a set of one is 216 bytes a task); a set of the task's own from two on.
+    def add_holder(self, worker: str) -> None:
+        held = self.who_has
+        if not held:
+            self.who_has = _SOLE.get(worker) or _SOLE.setdefault(worker, frozenset((worker,)))
+        elif type(held) is frozenset:
+            if worker not in held:
+                self.who_has = {*held, worker}
+        else:
+            held.add(worker)
+
+    def drop_holder(self, worker: str) -> None:
+        held = self.who_has
+        if worker in held:
+            if type(held) is frozenset:      # shared: never changed in place
+                self.who_has = EMPTY
+            else:
+                held.discard(worker)
+
+    def drop_holders(self) -> None:
+        self.who_has = EMPTY
+
+
+_SOLE: dict[str, frozenset] = {}     # worker name -> frozenset({name}); names are few
+
+
+def _grown(items: "set | frozenset", item: str) -> set:
+    if items is EMPTY:
+        return {item}
+    items.add(item)
+    return items
+
+
+def _dropped(items: "set | frozenset", item: str) -> None:
+    if items:               # EMPTY is falsy, so only a set of the task's own is changed
+        items.discard(item)
+
+
+class WorkerState:
+    __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing")
+
+    # Used under the cluster's lock, like Task's fields.
+    def __init__(self, name: str, nthreads: int):
+        #: the key it is filed under in ``Scheduler.workers``; never reused once it died
+        self.name = name
+        #: task slots (``threads_per_worker``)
+        self.nthreads = nthreads
+        #: seq -> key of each run sent and not answered (Placement's ``runs``), or None for a run
+        #: taken back that the worker has not answered yet (Forgetting's ``cancelled_runs``)
+        self.processing: dict[int, Optional[str]] = {}
+        #: keys it holds data of: exactly the tasks that list it in ``who_has``
+        self.has: set = set()
+        #: function ids already sent with a Run: later runs send the id alone
+        self.fns: set = set()
+        #: paused for memory: given no new runs, its queued ones asked back
+        self.paused = False
+        #: being retired: given nothing new; Retire once it runs nothing and holds nothing needed alone
+        self.closing = False

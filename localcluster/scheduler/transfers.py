@@ -1,0 +1,178 @@
+"""Data in flight: relays between workers, fetches for the client, and replicas.
+
+A part of the Scheduler (composition: same thread, same lock, no I/O). It looks up the
+scheduler's tasks and workers (narrow accessors; it changes no task's state) and owns the
+bookkeeping of data on the move:
+
+- ``exports``: request id -> Export, data asked of a holder for a worker or a client;
+- ``relaying``: (key, target) -> the request id of the relay under way;
+- ``replicas``: replicate request -> the (key, target) copies not yet stored;
+- ``unacked``: ack id of a Put -> (key, target), until the worker answers Stored.
+
+A dependency on another worker is relayed through the parent: the holder gets
+``Export``; its ``Data`` reply becomes a ``Put`` to the worker that needs it. Small
+values are kept in the parent (``Task.data``) and put directly, with no round trip.
+"""
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import CancelledError
+from typing import Any, Callable, Iterable, Optional
+
+from ..wire import protocol as P
+from .records import Deliver, Export, Send, Task, WorkerState
+
+
+class Transfers:
+    # Used by whichever thread brings the scheduler an event, under the cluster's lock.
+    def __init__(self, task: Callable[[str], Optional[Task]], worker: Callable[[str], Optional[WorkerState]],
+                 workers: Callable[[], Iterable[WorkerState]], ids: "itertools.count"):
+        self._task = task              # the scheduler's tasks.get
+        self._worker = worker          # the scheduler's workers.get (a relay target's ``has`` is written here)
+        self._workers = workers        # the scheduler's workers.values
+        self._ids = ids                # request and ack ids, shared with the scheduler's fetches
+        #: request id -> Export asked of a live holder, until it answers or dies
+        self.exports: dict[int, Export] = {}
+        #: (key, target) -> request id of the relay under way; exactly the exports with a target
+        self.relaying: dict[tuple, int] = {}
+        #: replicate request -> the (key, target) copies not yet stored; answered when empty
+        self.replicas: dict[int, set] = {}
+        #: ack id of a Put to a live worker -> (key, target), until the worker answers Stored
+        self.unacked: dict[int, tuple] = {}
+
+    def holding(self, worker: str) -> bool:
+        """Whether a relay or fetch still waits for data from ``worker``."""
+        return any(e.holder == worker for e in self.exports.values())
+
+    def relay(self, ts: Task, target: WorkerState) -> list:
+        """Get ``ts``'s data onto ``target``."""
+        if ts.data is not None:
+            ts.add_holder(target.name)
+            target.has.add(ts.key)
+            return [self.put(ts.key, target.name, ts.data)]
+        if (ts.key, target.name) in self.relaying or not ts.who_has:
+            return []
+        holder = min(ts.who_has, key=lambda w: len(ws.processing) if (ws := self._worker(w)) is not None else 0)
+        req = next(self._ids)
+        self.exports[req] = Export(ts.key, holder, target.name, None)
+        self.relaying[(ts.key, target.name)] = req
+        return [Send(holder, P.Export(ts.key, req))]
+
+    def fetch(self, ts: Task, req: int) -> list:
+        """The client's request ``req`` for the data of ``ts`` (in memory somewhere)."""
+        if ts.data is not None:
+            return [Deliver(req, ts.key, ts.data)]
+        holder = min(ts.who_has, key=lambda w: len(self._worker(w).processing))
+        self.exports[req] = Export(ts.key, holder, None, req)
+        return [Send(holder, P.Export(ts.key, req))]
+
+    def answered(self, request: int) -> Optional[Export]:
+        """The holder answered ``request`` (data or an error): what it was for."""
+        export = self.exports.pop(request, None)
+        if export is not None and export.target is not None:
+            self.relaying.pop((export.key, export.target), None)
+        return export
+
+    def put(self, key: str, target: str, data: P.Payload) -> Send:
+        """Put data on a worker, asking for an acknowledgement when a replicate waits for it."""
+        ack = 0
+        if any((key, target) in pending for pending in self.replicas.values()):
+            ack = next(self._ids)
+            self.unacked[ack] = (key, target)
+        return Send(target, P.Put(key, data, ack))
+
+    def stored(self, ack: int) -> list:
+        """A worker acknowledged a Put: a copy that ``replicate`` waits for exists."""
+        entry = self.unacked.pop(ack, None)
+        return self.done(*entry) if entry else []
+
+    def done(self, key: str, target: str, error: Any = None) -> list:
+        """A copy of ``key`` on ``target`` arrived (or failed): answer the replicates waiting for it."""
+        out: list = []
+        for req, pending in list(self.replicas.items()):
+            if (key, target) in pending:
+                pending.discard((key, target))
+                if error is not None:
+                    del self.replicas[req]
+                    out.append(Deliver(req, key, error=error))
+                elif not pending:
+                    del self.replicas[req]
+                    out.append(Deliver(req, key))
+        return out
+
+    def replicate(self, keys: list, n: Optional[int]) -> tuple[int, list]:
+        """Copies of each key's data on ``n`` open workers (all when None): (request id,
+        actions). The request is answered by a Deliver once every copy is stored."""
+        req = next(self._ids)
+        workers = sorted((w for w in self._workers() if not w.closing), key=lambda w: (len(w.has), w.name))
+        want = len(workers) if n is None else min(n, len(workers))
+        out: list = []
+        pending = self.replicas[req] = set()    # registered first: put() asks for acks for these
+        for key in keys:
+            ts = self._task(key)
+            if ts is None or ts.state != "memory":
+                continue
+            copies = len(ts.who_has) + sum(1 for (k, _t) in self.relaying if k == key)
+            for ws in workers:
+                if copies >= want:
+                    break
+                if ws.name in ts.who_has or (key, ws.name) in self.relaying:
+                    continue
+                pending.add((key, ws.name))
+                out += self.relay(ts, ws)
+                copies += 1
+        if not pending:
+            del self.replicas[req]
+            out.append(Deliver(req, ""))
+        return req, out
+
+    def worker_died(self, dead: str) -> list:
+        """Copies on their way to ``dead`` will not arrive; data asked of it is asked again
+        of another holder, or the fetch waits for the recompute, or fails."""
+        out: list = []
+        for ack, (key, target) in list(self.unacked.items()):
+            if target == dead:
+                del self.unacked[ack]
+                out += self.done(key, target)
+        for req, export in list(self.exports.items()):
+            if export.target == dead:
+                self.answered(req)
+                out += self.done(export.key, dead)
+            elif export.holder == dead:
+                self.answered(req)
+                out += self._ask_again(export)
+        return out
+
+    def _ask_again(self, export: Export) -> list:
+        key, target, client = export.key, export.target, export.client_request
+        ts = self._task(key)
+        if target is not None:
+            out: list = []
+            tws = self._worker(target)
+            if ts is not None and ts.state == "memory" and tws is not None:
+                out += self.relay(ts, tws)
+            if (key, target) not in self.relaying:
+                out += self.done(key, target)
+            return out
+        if ts is not None and ts.state == "memory":
+            return self.fetch(ts, client)
+        if ts is not None and ts.state in ("waiting", "ready", "processing"):   # still to come
+            ts.fetchers += (client,)
+            return []
+        if ts is not None and ts.state in ("lost", "erred"):   # erred: its recompute cannot run
+            return [Deliver(client, key, error=ts.error)]
+        return [Deliver(client, key, error=gone(key))]
+
+    def clear(self, error: BaseException) -> list:
+        """Everything is forgotten: every waiting fetch and replicate gets ``error``."""
+        out = [Deliver(req, e.key, error=error) for req, e in self.exports.items() if e.client_request is not None]
+        out += [Deliver(req, "", error=error) for req in self.replicas]
+        self.exports.clear()
+        self.relaying.clear()
+        self.replicas.clear()
+        self.unacked.clear()
+        return out
+
+
+def gone(key: str) -> Exception:
+    return CancelledError(f"{key!r} was released, cancelled or forgotten by a restart; submit it again")

@@ -1,0 +1,8 @@
+"""Supervision: the worker processes, from spawn to reap.
+
+- ``policy.py``: ``Policy``, what to do about each worker (pure: events in, instructions out).
+- ``supervisor.py``: ``Supervisor``, the I/O shell that observes, asks the policy, and acts.
+- ``nanny.py``: ``Nanny``, one worker process seen from the parent (an I/O handle).
+- ``output.py``: the worker's stdout and stderr pipes, and the bounded log.
+- ``stallwatch.py``: one WARNING, saying why, when nothing has ended for a while.
+"""

@@ -1,0 +1,296 @@
+"""One Nanny per worker process, living in the parent: spawn, supervise, reap.
+
+The nanny owns everything about one process that the scheduler thread waits on:
+its channel, its exit sentinel (a pidfd: readable the instant the process
+dies), its captured stdout/stderr pipe and its status board. It samples the
+process's memory, kills it when asked and remembers *why* it killed it, and
+after the death gathers the observations that ``death.classify`` turns into a cause.
+
+Workers are started with ``python -c`` rather than multiprocessing's spawn, so a
+user script needs no ``if __name__ == "__main__"`` guard and its top level runs
+once; they are session leaders, so Ctrl-C in a terminal reaches only the user's
+process and their own children can be killed as a group.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+from ..worker import logs
+from ..wire.board import Board
+from ..wire.channel import Channel
+from ..system.cgroup import WorkerGroup
+from ..system.machine import open_statm, rss_of
+from ..system.machine import rss as read_rss
+from ..system.oom import OomWatch
+from .output import OutputStream
+from ..worker.process import BOOT
+
+logger = logging.getLogger("localcluster")
+
+_groups = itertools.count()      # cgroup names stay unique across clusters of one process
+
+_WORKER_ENV = {
+    # dask's pre-spawn environment: return freed memory to the OS promptly, and do
+    # not let every worker start one BLAS thread per core.
+    "MALLOC_TRIM_THRESHOLD_": "65536",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+}
+
+
+class Nanny:
+    """One worker process, seen from the parent: an I/O handle with no policy (what to do
+    about the worker is the supervision policy's, policy.py).
+
+    Thread: the scheduler thread creates, changes and closes it. User threads read the
+    figures (memory, history, log, status) under the cluster's lock. The dispatcher's
+    Outlet holds ``chan`` too: it queues task messages on it under that lock and flushes
+    them from the thread of the event (the channel has its own lock for that).
+    """
+
+    def __init__(self, name: str, nthreads: int, memory_limit: Optional[int], settings: dict,
+                 spill_dir: Optional[str], initializer: Optional[str], forward_logs: Any, log_lines: int):
+        # fixed at creation
+        self.name = name
+        self.nthreads = nthreads
+        self.memory_limit = memory_limit
+        self.settings = settings
+        self.spill_dir = spill_dir
+        self.initializer = initializer
+        self.forward_logs = forward_logs
+        # the process and what connects to it: set by spawn(), released by close()
+        self.proc: Optional[subprocess.Popen] = None
+        self.pid = 0
+        self.started = 0.0
+        self.chan: Optional[Channel] = None
+        self.sentinel: Optional[int] = None       # pidfd: readable the instant it dies
+        self.statm: Optional[int] = None          # its /proc statm, open: each RSS sample is one pread
+        self.outputs: list[OutputStream] = []     # the worker's stdout and stderr pipes
+        self.board: Optional[Board] = None
+        # what it said and wrote
+        self.versions: dict = {}
+        self.fatal: Optional[str] = None          # traceback the worker sent before dying
+        self.log: deque[str] = deque(maxlen=log_lines)
+        self.lines_seen = 0                       # lines ever kept (the log itself is bounded)
+        self.stacks_mark: Optional[int] = None    # lines_seen when the policy asked for the stacks
+        self.exitcode: Optional[int] = None
+        self._children: list[int] = []
+        self._children_at = 0.0
+        self.oom: Optional[OomWatch] = None       # the OOM killer's evidence, from spawn to death
+        self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
+        self.ceiling: Optional[int] = None        # its kernel limit, bytes, once the worker is accepted
+        self.in_group = False                     # a member of it at the last look (something may move it out)
+        # Moving a process into a cgroup waits for the kernel (an RCU grace period, 10-15 ms
+        # here on cgroup v1), so a thread does it: the loop thread, which respawns a dead
+        # worker while the dead one's tasks run again elsewhere, does not wait. Joined
+        # (``_joined``) before anything reads the membership, and before the worker is
+        # accepted, so every task runs in the group.
+        self._joining: Optional[threading.Thread] = None
+
+    # --- start -----------------------------------------------------------------------
+
+    def spawn(self) -> None:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.board = Board(self.nthreads)
+        cfg = {
+            "name": self.name, "nthreads": self.nthreads, "parent_pid": os.getpid(),
+            "sock_fd": child_sock.fileno(), "board_fd": self.board.fd,
+            "sys_path": [p if p else os.getcwd() for p in sys.path],
+            "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
+            "memory_pause": self.settings.get("memory_pause"),
+            "spill_dir": self.spill_dir, "initializer": self.initializer,
+            "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
+            "log_level": logs.worker_level(),
+        }
+        env = dict(os.environ)
+        for k, v in _WORKER_ENV.items():
+            env.setdefault(k, v)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PYTHONSTARTUP", None)
+        if self.spill_dir:
+            os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
+        self._make_group(cfg)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT, json.dumps(cfg)],
+                pass_fds=(child_sock.fileno(), self.board.fd),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, env=env,
+            )
+        except BaseException:
+            if self.group is not None:
+                self.group.remove()
+                self.group = None
+            raise
+        finally:
+            child_sock.close()
+        self.pid = self.proc.pid
+        if self.group is not None:
+            self._joining = threading.Thread(target=self._join_group, name=f"localcluster-cgroup-{self.name}",
+                                             daemon=True)
+            self._joining.start()
+        self.started = time.monotonic()
+        self.chan = Channel(parent_sock)
+        forward = {True: "output", "all": "all"}.get(self.forward_logs)
+        self.outputs = [OutputStream(pipe.fileno(), name, self.add_log, forward, f"[{self.name}] ")
+                        for pipe, name in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr"))]
+        try:
+            self.sentinel = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # pragma: no cover - not Linux >= 5.3
+            self.sentinel = None
+        self.statm = open_statm(self.pid)
+        self.oom = OomWatch(self.pid, (self.group.path, self.group.version) if self.group is not None else None)
+
+    def _make_group(self, cfg: dict) -> None:
+        """Its memory cgroup, made before the process so the worker is told which group's
+        limit is its own to keep (cgroup.SharedAllowance); joined right after the start,
+        so every process a task starts is a member."""
+        if not self.settings.get("worker_cgroup"):
+            return
+        factor = self.settings.get("memory_ceiling")
+        self.ceiling = int(self.memory_limit * factor) if factor and self.memory_limit else None
+        self.group = WorkerGroup.create(f"{self.name}-{next(_groups)}", None)
+        if self.group is not None and self.ceiling:
+            cfg["cgroup"] = [self.group.path, self.group.version, self.ceiling]
+
+    def _join_group(self) -> None:
+        self.in_group = self.group.add(self.pid)
+
+    def _joined(self, wait: bool = True) -> bool:
+        """Whether the move into its group is over (``wait``: wait for it). A worker that
+        could not join has no group: its allowance then finds none and stops."""
+        joining = self._joining
+        if joining is None:
+            return True
+        if not wait and joining.is_alive():
+            return False
+        joining.join()
+        self._joining = None
+        if not self.in_group and self.group is not None:
+            self.group.remove()
+            self.group = None
+        return True
+
+    def enforce_ceiling(self) -> None:
+        """Once the worker is accepted (its idle footprint fits the limit, see the
+        supervisor), before its first task: from now on what it and its children allocate
+        meets the kernel's limit. Not before, so that a limit below an idle worker is told
+        as such instead of as the OOM killer."""
+        self._joined()
+        if self.group is not None and self.ceiling:
+            self.group.set_limit(self.ceiling)
+
+    # --- while it runs ---------------------------------------------------------------
+
+    def add_log(self, line: str) -> None:
+        """A line of the worker's output, or of the nanny's own (pause, resume, kill)."""
+        self.log.append(line)
+        self.lines_seen += 1
+
+    def dump_complete(self, mark: int) -> bool:
+        """Whether a stack dump asked for when ``lines_seen`` was ``mark`` has fully arrived:
+        faulthandler writes the main thread last, and its outermost frame is the ``python -c`` line."""
+        new = min(self.lines_seen - mark, len(self.log))
+        return any(self.log[-i].strip().startswith('File "<string>"') for i in range(1, new + 1))
+
+    def stacks_arrived(self) -> bool:
+        return self.stacks_mark is not None and self.dump_complete(self.stacks_mark)
+
+    def sample(self, now: float) -> Optional[int]:
+        """RSS of the worker and its children, bytes; None while it is gone or being torn
+        down (the kernel already freed its pages): the last real figure stands."""
+        rss = rss_of(self.statm) if self.statm is not None else read_rss(self.pid)
+        if not rss:
+            return None
+        if now - self._children_at > 1.0:
+            self._children_at = now
+            self._refresh_children()
+            if self._joined(wait=False):     # not while it moves into its group: it is still in ours
+                self.oom.look(self._children)
+        for child in self._children:
+            r = read_rss(child)
+            if r is not None:
+                rss += r
+        return rss
+
+    def _refresh_children(self) -> None:
+        try:
+            import psutil
+            self._children = [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except Exception:
+            self._children = []
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.exitcode is not None:
+            return
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        """Ask the worker to exit; the policy escalates to kill() later."""
+        if self.chan is not None and not self.chan.closed:
+            from ..wire.protocol import Stop
+            self.chan.send(Stop())
+
+    def request_stacks(self, mark: bool = False) -> None:
+        """faulthandler in the worker dumps every thread's stack into its log (works while
+        C code holds the GIL: the dump runs in the signal handler). ``mark``: for
+        ``stacks_arrived`` (the policy waits for them before a kill)."""
+        if mark:
+            self.stacks_mark = self.lines_seen
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    # --- after death -----------------------------------------------------------------
+
+    def reap(self) -> int:
+        """Collect the exit status, kill whatever the worker left behind, drain its output."""
+        self._joined()      # first: the pid is not reused while the process is not reaped
+        code = self.proc.wait()
+        self.exitcode = code
+        if self.group is not None:
+            self.group.kill_all()                # every descendant, even one that called setsid
+        try:
+            os.killpg(self.pid, signal.SIGKILL)   # its own children, started by tasks
+        except (ProcessLookupError, PermissionError):
+            pass
+        for stream in self.outputs:
+            stream.read()
+        return code
+
+    def close(self) -> None:
+        self._joined()
+        if self.oom is not None:
+            self.oom.close()
+        for fd_attr in ("sentinel", "statm"):
+            fd = getattr(self, fd_attr)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, fd_attr, None)
+        if self.chan is not None:
+            self.chan.close()
+        if self.proc is not None:
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        if self.board is not None:
+            self.board.close()
+        if self.group is not None:
+            self.group.remove()
+            self.group = None

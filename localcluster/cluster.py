@@ -1,31 +1,20 @@
-"""LocalCluster: the public facade, built from parts that each own one thing.
+"""LocalCluster: what a user calls. It resolves the configuration and builds the parts,
+bottom up, each handed its collaborators by name; the round trip of a task through them
+is ARCHITECTURE.md.
 
-Data flow::
+- ``Lifecycle`` (engine/lifecycle.py): the one shutdown state, shared by every part.
+- ``EventLoop`` (engine/loop.py): the scheduler thread's selector, wake-up pipe and commands.
+- ``Dispatcher`` (engine/dispatch.py): scheduler events in under the lock; Send queued on
+  the worker's Outlet and flushed after the lock is let go (or corked behind a backlog).
+- ``Supervisor`` (supervision/supervisor.py): the worker processes, their ticks, deaths
+  and respawns, through the pure ``Policy``.
+- ``Scheduler`` (scheduler/state.py): the pure state machine, guarded by the cluster's lock.
+- ``StallWatch``, ``CallbackThread``, ``Watchdog``: the stall warning, users' callbacks
+  off the scheduler thread, the stuck-thread alarm.
+- ``Gateway`` (gateway.py): what each Client holds (``connect``): the internal protocol.
 
-    user threads ──submit/scatter/fetch──► Dispatcher.event ─► Scheduler (pure, under the lock)
-         ▲                                        │                       │ actions
-         │ Client.resolve, outside the lock       │          Send: the worker's channel, at once
-         │                                        ▼                       ▼
-    scheduler thread: EventLoop.run ── select([channels, pidfds, output pipes, wake-up pipe])
-         │   channel readable  -> Supervisor: Ready/Fatal; task messages -> Dispatcher
-         │   pidfd readable    -> Supervisor: reap -> classify -> WorkerDeath -> Scheduler.worker_died
-         │   output readable   -> OutputStream.read (the bounded log; forwarded to the same stream)
-         │   wake-up pipe      -> commands (spawn, scale, restart, close), released keys
-         └── Supervisor.tick: memory -> pause / terminate; timeouts; heartbeats; stop escalation
-
-The parts, each handed its dependencies by name:
-
-- ``EventLoop`` (loop.py): the scheduler thread's selector, wake-up pipe and commands.
-- ``Dispatcher`` (dispatch.py): scheduler events in, actions carried out; owns the
-  clients, the request futures and the broken state.
-- ``Supervisor`` (supervisor.py): the worker processes, their ticks, deaths and respawns.
-- ``Scheduler`` (scheduler.py): the pure state machine, guarded by the cluster's lock.
-- ``CallbackThread`` (callbacks.py): done-callbacks kept off the scheduler thread.
-
-``LocalCluster`` itself only resolves the configuration, builds the parts and offers the
-public methods. User threads run the state machine themselves under the lock and write
-to the worker's socket directly, so a submit costs no thread hop. Every process is
-spawned from the scheduler thread, because Linux's parent-death signal follows the
+The scheduler thread is ``_run``: ``EventLoop.run`` with the chores of each wake-up and
+tick. Every process is spawned from it, because Linux's parent-death signal follows the
 thread that forked, and that thread lives exactly as long as the cluster.
 """
 from __future__ import annotations

@@ -1,0 +1,103 @@
+"""The one shutdown state: its table of moves without processes, then the phases a real
+cluster goes through (running, refused at start, broken, stopped, closed, forked)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from _util import wait_for
+
+from localcluster import ClusterBroken, Client, LocalCluster
+from localcluster.engine.lifecycle import MOVES, Lifecycle, Phase
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_every_phase_has_a_row_and_the_table_is_obeyed():
+    assert set(MOVES) == set(Phase)
+    for start in Phase:
+        for end in Phase:
+            life = Lifecycle()
+            life.phase = start          # a fresh object placed at ``start`` for the check
+            error = RuntimeError("x") if end in (Phase.REFUSED, Phase.BROKEN) else None
+            moved = life.to(end, error)
+            assert moved == (end in MOVES[start]), (start, end)
+            assert life.phase is (end if moved else start)
+
+
+def test_refused_and_broken_stay_apart_and_the_first_error_is_kept():
+    life = Lifecycle()
+    refusal = ValueError("memory_limit=30.00 MiB is too small")
+    assert life.to(Phase.REFUSED, refusal) and life.error is refusal and not life.broken and not life.open
+    assert life.to(Phase.CLOSING) and life.error is refusal      # close() of a refused cluster
+    assert not life.to(Phase.RUNNING)                             # never open again
+    broken = Lifecycle()
+    bug = ClusterBroken("scheduler", "Traceback ...")
+    assert broken.to(Phase.BROKEN, bug) and broken.broken
+    assert not broken.to(Phase.BROKEN, ClusterBroken("again", "..."))   # a second break changes nothing
+    assert broken.error is bug
+    assert broken.to(Phase.CLOSING) and broken.broken            # closed after a break: still was broken
+    assert broken.to(Phase.STOPPED) and broken.thread_ended and broken.to(Phase.CLOSED)
+    assert not broken.to(Phase.FORKED)                            # closed is final
+
+
+def test_a_fork_marks_it_even_while_another_thread_holds_its_lock():
+    life = Lifecycle()
+    held = threading.Lock()
+    life._lock = held          # stands for a lock a thread of the parent held at the fork
+    held.acquire()
+    life.forked()              # must not wait for it
+    assert life.phase is Phase.FORKED and not life.open
+    held.release()
+
+
+def test_a_real_cluster_goes_running_then_closed():
+    cluster = LocalCluster(n_workers=1, forward_logs=False)
+    client = Client(cluster)
+    assert client.gateway.phase is Phase.RUNNING and "running" in repr(cluster)
+    assert client.submit(sum, [1, 2]).result(30) == 3
+    cluster.close()
+    assert client.gateway.phase is Phase.CLOSED and "closed" in repr(cluster)
+    with pytest.raises(RuntimeError, match="is closed; create a new one"):
+        client.submit(sum, [1])
+    client.close()
+
+
+def test_a_limit_too_small_is_refused_not_broken():
+    with pytest.raises(ValueError, match="too small") as info:
+        LocalCluster(n_workers=1, memory_limit="1KiB", forward_logs=False)
+    assert not isinstance(info.value, ClusterBroken)
+
+
+def test_a_break_stops_the_scheduler_thread_and_commands_fail_at_once(monkeypatch):
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        def boom(specs):
+            raise KeyError("injected failure in Scheduler.submit")
+        monkeypatch.setattr(cluster.scheduler, "submit", boom)
+        with pytest.raises(ClusterBroken):
+            client.submit(sum, [1])
+        wait_for(lambda: client.gateway.phase is Phase.STOPPED)   # the thread moves it as it ends
+        wait_for(lambda: not any(t.name == "localcluster-scheduler" for t in threading.enumerate()))
+        with pytest.raises(ClusterBroken):
+            cluster.scale(2)                               # refused before any command is handed over
+    assert client.gateway.phase is Phase.CLOSED
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_in_a_forked_child_the_phase_is_forked():
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:        # pragma: no cover - the child reports through the pipe
+            try:
+                ok = client.gateway.phase is Phase.FORKED and client.status == "forked"
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(w)
+        answer = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert client.gateway.phase is Phase.RUNNING and client.status == "running"

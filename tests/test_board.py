@@ -1,4 +1,4 @@
-"""localcluster/board.py on its own: the worker's row (heartbeat, store figures behind a
+"""localcluster/wire/board.py on its own: the worker's row (heartbeat, store figures behind a
 seqlock), the executor rows (start/stop/running), a second Board on the same memory, a
 real second process writing it, and a reader that never waits on a dead writer."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""localcluster/channel.py on its own: framing over a socket pair, partial sends and the
+"""localcluster/wire/channel.py on its own: framing over a socket pair, partial sends and the
 outbox, buffers passed as memfd descriptors (and none leaked), the per-frame descriptor
 limit, and the end of a channel (clean, or in the middle of a frame)."""
 from __future__ import annotations

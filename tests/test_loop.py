@@ -1,4 +1,4 @@
-"""localcluster/loop.py on its own: the scheduler thread's event loop, run on the test's thread."""
+"""localcluster/engine/loop.py on its own: the scheduler thread's event loop, run on the test's thread."""
 from __future__ import annotations
 
 import os

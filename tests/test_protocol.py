@@ -1,4 +1,4 @@
-"""localcluster/protocol.py on its own: every message is a small frozen value that pickles
+"""localcluster/wire/protocol.py on its own: every message is a small frozen value that pickles
 as ``(class, fields)`` and comes back equal."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""localcluster/serialize.py on its own: user data to Payload and back (types, formats,
+"""localcluster/wire/serialize.py on its own: user data to Payload and back (types, formats,
 shapes, memory order and writability kept), which buffers leave the pickle stream,
 exceptions to bytes and back, and restate()."""
 from __future__ import annotations

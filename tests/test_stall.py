@@ -1,4 +1,4 @@
-"""localcluster/stall.py on its own (plain data in, plain asserts): the diagnosis of a cluster
+"""localcluster/views/stall.py on its own (plain data in, plain asserts): the diagnosis of a cluster
 that finishes nothing, and the clock that says a stall once. Then through real workers
 (stallwatch.py): every worker paused for real, no worker, a long task: the one WARNING, and
 the TimeoutErrors of wait, gather, as_completed and result saying why."""

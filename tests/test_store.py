@@ -1,4 +1,4 @@
-"""localcluster/store.py on its own: results and payloads in, values and payloads out,
+"""localcluster/worker/store.py on its own: results and payloads in, values and payloads out,
 spilling least-recently-used first past ``target``, reloading as writable as before,
 StoreError naming the key, and the figures handed to ``on_change``."""
 from __future__ import annotations

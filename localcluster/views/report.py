@@ -15,7 +15,7 @@ import html
 import os
 import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Callable, Optional
 
 from . import render
 from ..cluster import LocalCluster, live_clusters, watch
@@ -44,7 +44,7 @@ class report:
         self.clusters: list[LocalCluster] = []
         self.start: Optional[float] = None
         self.stop: Optional[float] = None
-        self._unwatch: Any = None
+        self._unwatch: Optional[Callable[[], None]] = None
 
     def __enter__(self) -> "report":
         if self.start is not None:

@@ -80,7 +80,7 @@ def _install_parent_hooks() -> None:
     _wrap(channel, "_send_chunks", before="send")
     _wrap(supervisor.Supervisor, "_on_channel", before="woke")
     _wrap(supervisor.Supervisor, "_on_messages", before="decoded")
-    _wrap(future, "finish", before="resolving")
+    _wrap(future.Future, "settle", before="resolving")
 
 
 def noop(x):

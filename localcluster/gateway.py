@@ -77,6 +77,14 @@ class Gateway:
                              f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
         return names
 
+    def check_resources(self, key: str, need: tuple) -> None:
+        """A ValueError now for a task asking resources (Spec.resources) no worker can ever
+        give (dask would leave it pending forever without a word)."""
+        with self._lock:
+            error = self._scheduler.unsatisfiable(key, need)
+        if error is not None:
+            raise error
+
     def check_open(self) -> None:
         """Raise if the cluster is closed or broken, or this process is a fork of its owner."""
         life = self._life

@@ -208,3 +208,132 @@ def test_tasks_asking_nothing_leave_no_trace():
     s = sched("w1", "w2", resources={"MEM": 1})
     s.submit([spec(f"t{i}") for i in range(20)])
     assert all(not ws.claims and ws.available == {"MEM": 1} for ws in s.workers.values())
+
+
+# --- through real worker processes ---------------------------------------------------------
+
+def counted(path: str, i: int, seconds: float = 0.4) -> int:
+    """Count this task in and out of the file at ``path`` under flock: the file keeps the
+    tasks running now and the most ever seen at once, measured by the tasks themselves."""
+    def step(delta: int) -> None:
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            now, most = map(int, (f.read() or "0 0").split())
+            now += delta
+            f.seek(0)
+            f.truncate()
+            f.write(f"{now} {max(most, now)}")
+    step(+1)
+    time.sleep(seconds)
+    step(-1)
+    return i
+
+
+def text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def held(marker: str, go: str) -> int:
+    """Write this worker's pid to ``marker``, then wait for ``go`` (forever if it never comes)."""
+    from _util import block_until
+    with open(marker + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(marker + ".tmp", marker)
+    block_until(go, timeout=120)
+    with open(marker + ".ended", "w"):
+        pass
+    return os.getpid()
+
+
+def after(marker: str) -> tuple:
+    """Whether the process that ran ``held`` is still alive, and whether its task ended."""
+    pid = int(text(marker))
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    return alive, os.path.exists(marker + ".ended"), os.getpid()
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=4, resources={"MEM": 2})
+def test_six_tasks_needing_mem_1_on_a_worker_with_mem_2_and_4_threads_never_run_more_than_2_at_once(
+        client, tmp_path):
+    path = str(tmp_path / "count")
+    assert client.gather(client.map(counted, [path] * 6, range(6), resources={"MEM": 1}, pure=False)) == \
+        list(range(6))
+    assert text(path) == "0 2"                # none running now; 2 at most, and 2 were
+
+
+def started(client, fut, marker, timeout=30.0):
+    wait_for(lambda: os.path.exists(marker), timeout)
+    return int(text(marker))
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1})
+def test_a_cancelled_task_holds_its_resources_while_it_runs_on_and_releases_them_when_it_ends(
+        client, tmp_path):
+    marker, go = str(tmp_path / "a"), str(tmp_path / "go")
+    a = client.submit(held, marker, go, resources={"MEM": 1}, pure=False)
+    started(client, a, marker)
+    b = client.submit(after, marker, resources={"MEM": 1})
+    client.cancel([a])
+    assert a.cancelled()
+    # a runs on (Python cannot stop it) and still holds MEM: b waits, a free thread or not
+    assert client.gateway.task_state(b.key) == "ready"
+    open(go, "w").close()
+    alive, a_ended, _pid = b.result(30)
+    assert a_ended                                   # b started only once a's run was over
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1}, allowed_failures=0)
+def test_a_death_releases_the_resources_of_its_runs(cluster, client, tmp_path):
+    marker = str(tmp_path / "a")
+    a = client.submit(held, marker, str(tmp_path / "never"), resources={"MEM": 1}, pure=False)
+    pid = started(client, a, marker)
+    b = client.submit(after, marker, resources={"MEM": 1})
+    assert client.gateway.task_state(b.key) == "ready"       # MEM is a's, though a thread is free
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(KilledWorker):
+        a.result(30)
+    alive, _ended, b_pid = b.result(60)
+    assert not alive and b_pid != pid                # on the replacement, after a's worker was gone
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1})
+def test_a_timeout_releases_the_resources_of_its_run(client, tmp_path):
+    marker = str(tmp_path / "a")
+    a = client.submit(held, marker, str(tmp_path / "never"), resources={"MEM": 1}, timeout=1.0, pure=False)
+    pid = started(client, a, marker)
+    b = client.submit(after, marker, resources={"MEM": 1})
+    assert client.gateway.task_state(b.key) == "ready"
+    with pytest.raises(TaskTimeoutError):
+        a.result(30)
+    alive, _ended, b_pid = b.result(60)
+    assert not alive and b_pid != pid
+
+
+def test_a_task_no_worker_can_ever_run_fails_at_submit_naming_it_what_it_asks_and_what_each_worker_has():
+    with LocalCluster(n_workers=2, resources={"MEM": 2}, forward_logs=False) as cluster, Client(cluster) as client:
+        with pytest.raises(ValueError) as info:
+            client.submit(counted, "x", 1, key="big-one", resources={"MEM": 3})
+        msg = str(info.value)
+        assert "task 'big-one' asks for resources={'MEM': 3}" in msg
+        assert "the workers have: worker-0 {'MEM': 2}, worker-1 {'MEM': 2}" in msg
+        with pytest.raises(ValueError, match=r"asks for resources=\{'GPU': 1\}"):
+            client.map(counted, ["x"], [1], resources={"GPU": 1})
+        with pytest.raises(ValueError, match=r"submit\(resources=\{'MEM': -1\}\): expected a dict of resource names"):
+            client.submit(counted, "x", 1, resources={"MEM": -1})
+        with pytest.raises(ValueError, match=r"map\(resources='MEM'\): expected a dict"):
+            client.map(counted, ["x"], [1], resources="MEM")
+        assert not cluster.scheduler.tasks                   # nothing was submitted
+        assert client.submit(len, "ab", resources={"MEM": 2}).result(30) == 2
+        assert client.submit(len, "abc", resources=None).result(30) == 3
+    with LocalCluster(n_workers=0, resources={"MEM": 1}) as cluster, Client(cluster) as client:
+        with pytest.raises(ValueError, match=r"no worker runs now, and each worker this cluster starts has "
+                                             r"\{'MEM': 1\}"):
+            client.submit(len, "ab", resources={"MEM": 2})
+    with pytest.raises(ValueError, match=r"resources=\{'MEM': 0\} is not valid: expected a dict"):
+        LocalCluster(n_workers=0, resources={"MEM": 0})

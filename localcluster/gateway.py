@@ -217,6 +217,10 @@ def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
         return f"{task} is queued: no worker is running (call cluster.scale(n) to start some)"
     if where.state == "ready" and where.paused == where.workers:
         return f"{task} is queued: every worker is paused because its memory is above memory_pause"
+    if where.state == "ready" and where.resources is not None:
+        asked = ", ".join(f"{name!r}: {amount:g}" for name, amount in where.resources)
+        return (f"{task} is queued for resources={{{asked}}}: what the workers declare is claimed by the "
+                f"tasks they run or hold queued")
     if where.state == "ready" and where.restricted_to is not None:
         return f"{task} is queued for workers {sorted(where.restricted_to)}, which are busy"
     if where.state == "ready":

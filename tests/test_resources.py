@@ -337,3 +337,17 @@ def test_a_task_no_worker_can_ever_run_fails_at_submit_naming_it_what_it_asks_an
             client.submit(len, "ab", resources={"MEM": 2})
     with pytest.raises(ValueError, match=r"resources=\{'MEM': 0\} is not valid: expected a dict"):
         LocalCluster(n_workers=0, resources={"MEM": 0})
+
+
+def test_scale_starts_workers_with_the_resources_and_a_waiting_task_says_what_it_waits_for(tmp_path):
+    with LocalCluster(n_workers=0, resources={"MEM": 1}, forward_logs=False) as cluster, Client(cluster) as client:
+        marker, go = str(tmp_path / "a"), str(tmp_path / "go")
+        a = client.submit(held, marker, go, resources={"MEM": 1}, pure=False)   # allowed: workers will have MEM
+        b = client.submit(after, marker, resources={"MEM": 1})
+        cluster.scale(1)
+        started(client, a, marker)
+        assert client.gateway.task_state(b.key) == "ready"
+        assert "queued for resources={'MEM': 1}: what the workers declare is claimed" in \
+            client.gateway.why_pending(b.key)
+        open(go, "w").close()
+        assert b.result(30)[1]                                   # after a's end

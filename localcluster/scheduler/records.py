@@ -84,6 +84,7 @@ class Whereabouts:
     workers: int = 0                    # workers the scheduler knows (able to run tasks)
     paused: int = 0                     # of which paused for memory
     restricted_to: Optional[frozenset] = None
+    resources: Optional[tuple] = None   # what it asks (Spec.resources)
 
 
 TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]

@@ -165,7 +165,8 @@ class Scheduler:
         return Whereabouts(ts.state, ts.worker if ts.state == "processing" else None,
                            ts.seq if ts.state == "processing" else 0, tuple(sorted(ts.waiting_on)),
                            len(live), sum(ws.paused for ws in live),
-                           ts.spec.workers if ts.spec is not None and not ts.spec.loose else None)
+                           ts.spec.workers if ts.spec is not None and not ts.spec.loose else None,
+                           ts.spec.resources if ts.spec is not None else None)
 
     # --- workers ------------------------------------------------------------------------
 

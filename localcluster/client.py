@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 from . import future as _future
 from .wire import serialize
 from .cluster import LocalCluster
-from .config import check_int, check_seconds
+from .config import check_int, check_resources, check_seconds
 from .engine.lifecycle import Phase
 from .future import Future, as_completed, wait  # noqa: F401 - re-exported
 from .future import walk as _walk
@@ -201,7 +201,7 @@ class Client:
             else:
                 key = f"{how.name}-{_PREFIX}{next(_unique):x}"
         return Spec(key, how.fn_id, how.fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
-                    opts.workers, opts.loose)
+                    opts.workers, opts.loose, opts.resources)
 
     def _how(self, fn: Callable, pure: bool) -> "_Function":
         fn_id, fn_bytes = self._function(fn)
@@ -219,40 +219,45 @@ class Client:
 
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
-               allow_other_workers: bool = False, **kwargs: Any) -> Future:
+               allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments are replaced by their values.
 
         ``workers``: a worker name or names the task must run on (dask's meaning); with
-        ``allow_other_workers=True`` they are only preferred. dask's ``fifo_timeout``,
-        ``resources`` and ``actor`` are never passed to ``fn`` (see ``_dask_keywords``)."""
+        ``allow_other_workers=True`` they are only preferred. ``resources``: what one run
+        holds on its worker, ``{"MEM": 1}``, out of what each worker declares
+        (``LocalCluster(resources=)``); a ValueError if no worker ever could. dask's
+        ``fifo_timeout`` and ``actor`` are never passed to ``fn`` (see ``_dask_keywords``)."""
         _dask_keywords("submit", kwargs, ("fifo_timeout",))
         return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
-                                priority=priority, workers=workers, allow_other_workers=allow_other_workers)
+                                priority=priority, workers=workers, allow_other_workers=allow_other_workers,
+                                resources=resources)
 
     def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
                     key: Optional[str] = None, pure: bool = True, retries: int = 0,
                     timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
-                    allow_other_workers: bool = False) -> Future:
+                    allow_other_workers: bool = False, resources: Optional[dict] = None) -> Future:
         """``submit`` with the function's arguments passed explicitly, for wrappers (the
         Executor) whose callers may use keywords such as ``key`` or ``timeout`` for ``fn``."""
         if not callable(fn):
             raise TypeError(f"submit() needs a callable first, got {serialize.describe(fn)}")
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a string, got {type(key).__name__}")
-        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers)
+        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
+                             check_resources(resources, "submit"))
         spec = self._spec(fn, tuple(args), dict(kwargs or {}), key, opts)
-        return self._submit([spec])[0]
+        return self._submit([spec], opts.resources)[0]
 
     def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
             timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
-            allow_other_workers: bool = False, **kwargs: Any) -> list[Future]:
+            allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> list[Future]:
         """``[submit(fn, *args, **kwargs) for args in zip(*iterables)]``, sent in batches."""
         if not callable(fn):
             raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
         if not iterables:
             raise TypeError("map() needs at least one iterable")
         _dask_keywords("map", kwargs, ("fifo_timeout", "batch_size"))   # batches are sized here
-        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers)
+        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
+                             check_resources(resources, "map"))
         with _no_collection():
             items = list(zip(*iterables))
             if isinstance(key, (list, tuple)):
@@ -270,18 +275,20 @@ class Client:
                 if isinstance(key, str):
                     spec = dataclasses.replace(spec, key=f"{key}-{spec.key.rsplit('-', 1)[-1]}")
                 specs.append(spec)
-            return self._submit(specs)
+            return self._submit(specs, opts.resources)
 
     def _options(self, pure: Any, retries: Any, timeout: Any, priority: Any, workers: Any,
-                 allow_other_workers: Any) -> "_Options":
+                 allow_other_workers: Any, resources: Optional[tuple] = None) -> "_Options":
         _check_submit_options(retries, timeout, priority)
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
         self._check()
         names = self.gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
-        return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers)
+        return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
 
-    def _submit(self, specs: list) -> list[Future]:
+    def _submit(self, specs: list, resources: Optional[tuple] = None) -> list[Future]:
+        if resources is not None and specs:      # the same for each: one check
+            self.gateway.check_resources(specs[0].key, resources)
         def track() -> list:
             futures = [Future(s.key, self, track=False) for s in specs]
             self.track_many(futures)
@@ -504,6 +511,7 @@ class _Options:
     priority: int
     workers: Optional[frozenset]
     loose: bool
+    resources: Optional[tuple] = None      # config.check_resources: ((name, amount), ...)
 
 
 def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
@@ -514,8 +522,7 @@ def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
 
 # dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
 # Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
-_DASK_REFUSED = {"resources": "worker resources (place tasks with workers=[...] instead)",
-                 "actor": "actors", "actors": "actors"}
+_DASK_REFUSED = {"actor": "actors", "actors": "actors"}
 
 
 def _dask_keywords(call: str, kwargs: dict, hints: tuple) -> None:

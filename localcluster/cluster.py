@@ -90,7 +90,7 @@ class LocalCluster:
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         # Built bottom up, each part handed what it calls by name; nothing is bound later.
         self._life = life = Lifecycle()
-        self.scheduler = S.Scheduler(cfg["allowed_failures"])
+        self.scheduler = S.Scheduler(cfg["allowed_failures"], cfg["resources"])
         self._lock = threading.Lock()                  # guards the scheduler, the nannies and the outlets
         self._changed = threading.Condition(self._lock)
         self._loop = EventLoop(life, on_wake=self._chores)

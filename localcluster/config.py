@@ -91,6 +91,58 @@ def check_seconds(value: Any, call: str, name: str = "timeout", zero: bool = Fal
     return float(value)
 
 
+_RESOURCES_HELP = ("a dict of resource names (str) to positive numbers, such as {'MEM': 2, 'GPU': 1}, "
+                   "or None for none")
+
+
+def _amounts(value: Any) -> Optional[dict]:
+    """dask's abstract resources: {name: amount > 0}, or None when not that (an empty dict is None).
+    From the environment: "MEM=2,GPU=1"."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "none"):
+            return None
+        try:
+            value = {name.strip(): float(amount) for name, amount in (item.split("=") for item in text.split(","))}
+        except ValueError:
+            return None
+        value = {k: int(v) if v.is_integer() else v for k, v in value.items()}
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for name, amount in value.items():
+        if not isinstance(name, str) or not name or isinstance(amount, bool) or not isinstance(amount, numbers.Real):
+            return None
+        if not 0 < amount < math.inf:       # NaN fails too
+            return None
+        out[name] = int(amount) if isinstance(amount, numbers.Integral) else float(amount)
+    return out
+
+
+def _resources(value: Any) -> Any:
+    """What every worker declares: LocalCluster(resources={"MEM": 2})."""
+    if value is None or (isinstance(value, (dict, str)) and not value):
+        return None
+    amounts = _amounts(value)
+    if not amounts:
+        raise _bad("resources", value, _RESOURCES_HELP)
+    return amounts
+
+
+def check_resources(value: Any, call: str) -> Optional[tuple]:
+    """``resources=`` of submit or map: what one run of the task holds on its worker, as
+    ((name, amount), ...) sorted by name (hashable: the scheduler queues tasks by it), or
+    None for none; a short ValueError naming the call otherwise."""
+    if value is None or (isinstance(value, dict) and not value):
+        return None
+    amounts = _amounts(value) if isinstance(value, dict) else None
+    if not amounts:
+        raise ValueError(f"{_argument(call, 'resources', value)}: expected {_RESOURCES_HELP}")
+    return tuple(sorted(amounts.items()))
+
+
 def _int(key: str, lo: int, allow_none: bool = False) -> Callable[[Any], Any]:
     accepted = f"an integer >= {lo}" + (" or None" if allow_none else "")
 
@@ -259,6 +311,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "memory_sample_interval": _seconds("memory_sample_interval", allow_none=False),
     "memory_leak_restart": _seconds("memory_leak_restart", allow_none=True),
     "log_lines": _int("log_lines", 1),
+    "resources": _resources,
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -279,6 +332,7 @@ DEFAULTS: dict[str, Any] = {
     "memory_sample_interval": 0.02,
     "memory_leak_restart": 10.0,  # paused that long with nothing to spill: restarted as a leak (policy.py)
     "log_lines": 1000,
+    "resources": None,            # every worker's abstract resources, {"MEM": 2, "GPU": 1}: submit(resources=)
 }
 
 _lock = threading.Lock()

@@ -77,6 +77,14 @@ class Gateway:
                              f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
         return names
 
+    def check_resources(self, key: str, need: tuple) -> None:
+        """A ValueError now for a task asking resources (Spec.resources) no worker can ever
+        give (dask would leave it pending forever without a word)."""
+        with self._lock:
+            error = self._scheduler.unsatisfiable(key, need)
+        if error is not None:
+            raise error
+
     def check_open(self) -> None:
         """Raise if the cluster is closed or broken, or this process is a fork of its owner."""
         life = self._life
@@ -209,6 +217,10 @@ def _why(key: str, where: S.Whereabouts, started: Optional[float]) -> str:
         return f"{task} is queued: no worker is running (call cluster.scale(n) to start some)"
     if where.state == "ready" and where.paused == where.workers:
         return f"{task} is queued: every worker is paused because its memory is above memory_pause"
+    if where.state == "ready" and where.resources is not None:
+        asked = ", ".join(f"{name!r}: {amount:g}" for name, amount in where.resources)
+        return (f"{task} is queued for resources={{{asked}}}: what the workers declare is claimed by the "
+                f"tasks they run or hold queued")
     if where.state == "ready" and where.restricted_to is not None:
         return f"{task} is queued for workers {sorted(where.restricted_to)}, which are busy"
     if where.state == "ready":

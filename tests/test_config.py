@@ -52,6 +52,8 @@ LEVELS = {
     "memory_sample_interval": (("0.5", 0.5), (0.25, 0.25), (2, 2.0)),
     "memory_leak_restart": (("30", 30.0), (None, None), (5, 5.0)),
     "log_lines": (("10", 10), (20, 20), ("30", 30)),
+    "resources": (("MEM=2, GPU=0.5", {"MEM": 2, "GPU": 0.5}), ({"MEM": 4}, {"MEM": 4}),
+                  ({"GPU": np.int64(1)}, {"GPU": 1})),
 }
 
 
@@ -185,6 +187,9 @@ BAD = {
     "memory_sample_interval": ("a number of seconds > 0", [None, "none", 0, -0.5, "fast", False]),
     "memory_leak_restart": ("a number of seconds > 0 or None", [0, -1, "soon", True]),
     "log_lines": ("an integer >= 1", [0, "many", 10.0, None]),
+    "resources": ("a dict of resource names (str) to positive numbers", [{"MEM": 0}, {"MEM": -1}, {1: 2},
+                  {"GPU": True}, {"GPU": math.nan}, {"GPU": math.inf}, {"": 1}, {"MEM": "2"}, ["MEM"], 3,
+                  "MEM", "MEM=x", "=2"]),
 }
 CASES = [(key, value) for key, (_accepted, values) in BAD.items() for value in values]
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+import localcluster
 from localcluster import Client
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
+RESOURCES = SCRIPT.parent / "resources.py"
 
 # dask keywords of the portable methods that localcluster does not take, each with why
 # (README, "When one machine is not enough"). The test fails when this list goes stale.
@@ -29,8 +31,8 @@ NOT_TAKEN = {
 # Keywords that dask passes on to the function but localcluster takes for itself.
 TAKEN_FROM_FN = {"submit": {"timeout"}, "map": {"timeout"}}
 # dask's scheduling keywords that localcluster takes out of **kwargs (hints dropped, the rest refused).
-FROM_KWARGS = {"submit": {"resources", "fifo_timeout", "actor", "actors"},
-               "map": {"resources", "fifo_timeout", "actor", "actors", "batch_size"}}
+FROM_KWARGS = {"submit": {"fifo_timeout", "actor", "actors"},
+               "map": {"fifo_timeout", "actor", "actors", "batch_size"}}
 METHODS = ["submit", "map", "scatter", "gather", "cancel", "replicate", "restart", "wait_for_workers",
            "get_worker_logs"]
 
@@ -40,9 +42,11 @@ def named(fn) -> set:
             if n not in ("self", "func", "fn") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def run(backend: str) -> list:
-    env = {**os.environ, "CLUSTER_BACKEND": backend}
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=55, env=env)
+def run(backend: str, script: Path = SCRIPT) -> list:
+    # the localcluster under test, not whichever one the interpreter would import from examples/
+    path = os.pathsep.join(filter(None, [str(Path(localcluster.__file__).parent.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "CLUSTER_BACKEND": backend, "PYTHONPATH": path}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=55, env=env)
     assert proc.returncode == 0, f"{backend}: {proc.stderr[-3000:]}"
     return proc.stdout.splitlines()
 
@@ -54,6 +58,18 @@ def test_one_script_prints_the_same_under_both():
     ours, theirs = run("localcluster"), run("distributed")
     assert ours[0] == "submit 2" and ours[-1] == "after restart 42" and len(ours) == 14
     assert "KilledWorker True 0" in ours and "workers= 1 True" in ours and "cancel True cancelled True" in ours
+    assert ours == theirs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_resources_mean_the_same_under_both():
+    """examples/resources.py: 6 tasks asking MEM=1 of a worker with MEM=2 and 4 threads
+    run at most 2 at once (measured by the tasks), under either backend."""
+    pytest.importorskip("distributed")
+    ours, theirs = run("localcluster", RESOURCES), run("distributed", RESOURCES)
+    assert ours == ["results [0, 1, 4, 9, 16, 25]", "MEM=1 tasks at once on a MEM=2 worker: 2",
+                    "a task asking all of MEM: 49"]
     assert ours == theirs
 
 
@@ -78,8 +94,8 @@ def test_dask_keywords_mean_what_they_mean_in_dask(client):
     """Never passed to the function; hints accepted, what has no meaning here refused."""
     assert client.submit(keywords, fifo_timeout="100 ms", resources=None, actor=False, x=1).result(30) == ["x"]
     assert client.gather(client.map(lambda i: i, [1, 2], batch_size=1, fifo_timeout="1s")) == [1, 2]
-    with pytest.raises(NotImplementedError, match="resources"):
-        client.submit(keywords, resources={"GPU": 1})
+    with pytest.raises(ValueError, match=r"asks for resources=\{'GPU': 1\}, which no worker can ever give"):
+        client.submit(keywords, resources={"GPU": 1})         # where dask would wait forever
     with pytest.raises(NotImplementedError, match="actors"):
         client.map(keywords, [1], actor=True)
     big = client.scatter(list(range(3)), hash=False, direct=True)

@@ -26,6 +26,9 @@ ARGS = dumps(((), {}))
 SMALL = dumps(2)
 BIG = P.Payload(b"x" * 16, (), P.INLINE_RESULT + 1)      # a result that stays on its worker
 ERR = dumps(ValueError("boom"))
+# What modelled workers declare, and what tasks ask for (some of it more than some workers have).
+WORKER_RESOURCES = [{"MEM": 2}, {"MEM": 1, "GPU": 1}, {}]
+TASK_RESOURCES = [None, None, (("MEM", 1),), (("MEM", 2),), (("GPU", 1),), (("GPU", 0.5), ("MEM", 0.5))]
 
 
 # --- the table and its diagram ------------------------------------------------------------
@@ -101,8 +104,10 @@ class Worker:
     """What the scheduler can know of a worker process: the runs it was sent, what it
     stores, and the answers it has not sent yet (sent as one frame, like the real one)."""
 
-    def __init__(self, nthreads: int):
+    def __init__(self, nthreads: int, resources: dict):
         self.nthreads = nthreads
+        self.resources = resources               # what it declares
+        self.asks: dict[int, tuple] = {}         # seq -> the resources its run asked for (of runs in queue)
         self.queue: dict[int, str] = {}          # seq -> key of runs received, not answered
         self.deps: dict[int, tuple] = {}
         self.started: set = set()
@@ -134,10 +139,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             w, m = self.workers[a.worker], a.msg
             if type(m) is P.Run:
                 w.queue[m.seq], w.deps[m.seq] = m.key, m.deps
+                ts = self.s.tasks.get(m.key)
+                w.asks[m.seq] = (ts.spec.resources if ts is not None else None) or ()
             elif type(m) is P.Cancel:
                 for seq in m.seqs:
                     if seq in w.queue and seq not in w.started:     # as worker.py: dropped before it starts
                         del w.queue[seq]
+                        w.asks.pop(seq, None)
                         w.replies.append(P.Skipped(seq))
             elif type(m) is P.Steal:
                 w.steals.append(m.seqs)
@@ -152,10 +160,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         for name in retired:                       # the supervisor stops it: a requested death
             self._die(name, "requested")
 
-    def _add(self, nthreads: int) -> None:
+    def _add(self, nthreads: int, resources: dict = WORKER_RESOURCES[0]) -> None:
         name = next(self.names)
-        self.workers[name] = Worker(nthreads)
-        self._do(self.s.add_worker(name, nthreads))
+        self.workers[name] = Worker(nthreads, resources)
+        self._do(self.s.add_worker(name, nthreads, resources))
 
     def _die(self, name: str, cause: str, crashed: bool = False, timed_out: bool = False) -> None:
         w = self.workers.pop(name, None)
@@ -173,8 +181,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # --- client events ---
     @rule(base=st.sampled_from("abc"), data=st.data(), retries=st.integers(0, 1), timeout=st.booleans(),
-          restricted=st.sampled_from([None, "strict", "loose"]), priority=st.integers(0, 1))
-    def submit(self, base, data, retries, timeout, restricted, priority):
+          restricted=st.sampled_from([None, "strict", "loose"]), priority=st.integers(0, 1),
+          resources=st.sampled_from(TASK_RESOURCES))
+    def submit(self, base, data, retries, timeout, restricted, priority, resources):
         held = self._held_keys()
         deps = tuple(data.draw(st.lists(st.sampled_from(held), max_size=2, unique=True))) if held else ()
         key = f"{base}({','.join(sorted(deps))})"         # as tokenize: the key says its inputs, no cycle
@@ -183,7 +192,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             workers = frozenset(data.draw(st.lists(st.sampled_from(sorted(self.workers)), min_size=1,
                                                    max_size=2, unique=True)))
         spec = Spec(key, 1, b"fn", ARGS, deps, priority, retries, 1.0 if timeout else None, workers,
-                    restricted == "loose")
+                    restricted == "loose", resources)
         self.held[key] += 1
         self._do(self.s.submit([spec]))
 
@@ -236,9 +245,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # --- cluster events ---
     @precondition(lambda self: len(self.workers) < 4)
-    @rule(nthreads=st.integers(1, 2))
-    def add_worker(self, nthreads):
-        self._add(nthreads)
+    @rule(nthreads=st.integers(1, 2), resources=st.sampled_from(WORKER_RESOURCES))
+    def add_worker(self, nthreads, resources):
+        self._add(nthreads, resources)
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), cause=st.sampled_from(["signal", "crash", "timeout", "memory-limit", "requested"]))
@@ -268,6 +277,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         seq = data.draw(st.sampled_from(startable))
         key = w.queue.pop(seq)
+        w.asks.pop(seq, None)
         w.started.discard(seq)
         if outcome == "error":
             w.replies.append(P.Failed(seq, ERR))
@@ -301,6 +311,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             taken = tuple(seq for seq in asked if seq in w.queue and seq not in w.started)
             for seq in taken:
                 del w.queue[seq]
+                w.asks.pop(seq, None)
             w.replies.append(P.Unqueued(asked, taken))
         w.exports, w.steals = [], []
 
@@ -316,6 +327,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def valid(self):
         self.s.validate()
+
+    @invariant()
+    def no_worker_holds_more_than_it_declares(self):
+        """As a worker sees it: the runs it was sent and has not answered (started, queued, or
+        cancelled and running on) never ask for more than it has."""
+        for name, w in self.workers.items():
+            for resource in {r for ask in w.asks.values() for r, _ in ask}:
+                asked = sum(amount for ask in w.asks.values() for r, amount in ask if r == resource)
+                assert asked <= w.resources.get(resource, 0) + 1e-9, f"{name} was sent runs asking {asked} " \
+                                                                       f"{resource} of its {w.resources}"
 
     @invariant()
     def every_state_was_written_by_the_one_writer(self):

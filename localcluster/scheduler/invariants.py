@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Protocol, get_args
 
-from .records import Task, TaskState, WorkerState
+from .records import SLACK, Task, TaskState, WorkerState
 
 if TYPE_CHECKING:
     from .forgetting import Forgetting
@@ -133,6 +133,32 @@ def _check_workers(s: "Scheduler") -> None:
                 assert key in s.tasks and name in s.tasks[key].who_has, f"{name} lists {key!r}, not in its who_has"
             except AssertionError as e:
                 raise _with_story(s, e, key) from None
+        _check_claims(s, ws)
+
+
+def _check_claims(s: "Scheduler", ws: WorkerState) -> None:
+    """What a worker's runs claim is its resources minus what is available, and never more
+    than it has; every run that asks for resources holds its claim."""
+    name = ws.name
+    for seq, key in ws.processing.items():
+        ts = s.tasks.get(key) if key is not None else None
+        need = ts.spec.resources if ts is not None and ts.seq == seq and ts.spec is not None else None
+        try:
+            assert need is None or ws.claims.get(seq) == need, \
+                f"{name}: run {seq} of {key!r} asks for {need} but claims {ws.claims.get(seq)}"
+        except AssertionError as e:
+            raise _with_story(s, e, key) from None
+    stray = set(ws.claims) - set(ws.processing)
+    assert not stray, f"{name}: runs {sorted(stray)} claim resources but are not processing there"
+    assert set(ws.available) == set(ws.resources), f"{name}: available {ws.available} names other resources " \
+                                                   f"than it declares {ws.resources}"
+    for resource, total in ws.resources.items():
+        claimed = sum(amount for need in ws.claims.values() for r, amount in need if r == resource)
+        assert abs(total - ws.available[resource] - claimed) <= SLACK * (1 + len(ws.claims)), \
+            f"{name}: {resource} {total:g} - available {ws.available[resource]:g} != claimed {claimed:g}"
+        assert ws.available[resource] >= -SLACK, f"{name}: {resource} overdrawn: available {ws.available[resource]:g}"
+    for need in ws.claims.values():
+        assert all(r in ws.resources for r, _amount in need), f"{name}: a claim {need} of what it does not have"
 
 
 def _check_transfers(s: "Scheduler") -> None:

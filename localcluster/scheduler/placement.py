@@ -4,8 +4,9 @@ A part of the Scheduler (composition: same thread, same lock, no I/O). It looks 
 by key and walks the workers through the scheduler's narrow accessors, moves a task
 ready -> processing through the scheduler's one writer of states, and owns:
 
-- the ready queues: one shared heap, and one per worker for tasks that ``workers=``
-  restricts (entries are deleted lazily: a popped key is checked against its task);
+- the ready queues: one shared heap, one per worker for tasks that ``workers=``
+  restricts, and one per shape of ``resources=`` asked (``needy``; entries are deleted
+  lazily: a popped key is checked against its task);
 - the run numbers (``seq``) and ``runs`` (seq -> (key, worker)) of what it sent;
 - ``avg_duration``, which sizes each worker's prefetch;
 - ``stealing`` (seq -> worker): runs asked back from a worker whose queue outlasts its
@@ -15,6 +16,13 @@ ready -> processing through the scheduler's one writer of states, and owns:
 
 A run goes to the open worker already holding most of its inputs' bytes, then the least
 loaded one; inputs it lacks are relayed to it first (``Transfers.relay``).
+
+Resources (dask's abstract ones: ``resources={"MEM": 1}``): a run that asks for some goes
+only to a worker where they are ``available``, and claims them there from its assignment
+(prefetched runs count) until its seq leaves the worker's ``processing``
+(``WorkerState.claim``). Such tasks wait on a heap of their own per shape of request, so a
+task that no worker can take now holds up neither the shared queue nor other shapes; the
+queues are merged by priority. A task that asks for nothing pays nothing of this.
 """
 from __future__ import annotations
 
@@ -41,6 +49,8 @@ class Placement:
         self._shared: list = []
         #: worker -> heap of the tasks ``workers=`` restricts to it (lazy deletion, as ``_shared``)
         self._on: dict[str, list] = {}
+        #: Spec.resources -> heap of the unrestricted tasks asking that (lazy deletion, as ``_shared``)
+        self._needy: dict[tuple, list] = {}
         self._seq = itertools.count(1)
         #: seq -> (key, worker) of each run sent whose task is processing with that seq; a run
         #: leaves on its end (``ended``) or when taken back (``unassigned``)
@@ -53,11 +63,11 @@ class Placement:
         self.started: dict[int, str] = {}
 
     def __bool__(self) -> bool:
-        return bool(self._shared or self._on)
+        return bool(self._shared or self._on or self._needy)
 
     def keys(self) -> set:
         """Keys queued (some may no longer be ready: deletion is lazy)."""
-        return {key for heap in (self._shared, *self._on.values()) for _p, _o, key in heap}
+        return {key for heap in (self._shared, *self._on.values(), *self._needy.values()) for _p, _o, key in heap}
 
     def run_of(self, seq: int) -> Optional[tuple]:
         """(key, worker) of run ``seq`` while its task is processing it, else None."""
@@ -70,7 +80,8 @@ class Placement:
         for w in live:
             heapq.heappush(self._on.setdefault(w, []), entry)
         if not live:
-            heapq.heappush(self._shared, entry)
+            need = ts.spec.resources
+            heapq.heappush(self._shared if need is None else self._needy.setdefault(need, []), entry)
 
     def drop_worker(self, name: str) -> list:
         """The queue of a worker that is gone: the keys that were on it."""
@@ -82,7 +93,7 @@ class Placement:
     def assign(self) -> list:
         """Send ready tasks to open workers, up to each one's capacity."""
         out: list = []
-        if not (self._shared or self._on):      # the common case, after most events: nothing queued
+        if not (self._shared or self._on or self._needy):   # the common case, after most events: nothing queued
             return self._steal()
         open_workers = [w for w in self._workers() if not w.paused and not w.closing]
         if not open_workers:
@@ -90,12 +101,11 @@ class Placement:
         caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
         for ws in open_workers:
             heap = self._on.get(ws.name)
-            while heap and caps[ws.name] > 0:
-                _prio, _order, key = heapq.heappop(heap)
-                ts = self._task(key)
-                if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
-                    caps[ws.name] -= 1
-                    out += self._run(ts, ws)
+            if heap:
+                out += self._assign_restricted(ws, heap, caps)
+        if self._needy:
+            out += self._assign_merged(open_workers, caps)
+            return out + (self._steal() if not self._shared else [])
         while self._shared:
             _prio, _order, key = self._shared[0]
             ts = self._task(key)
@@ -109,6 +119,56 @@ class Placement:
             caps[ws.name] -= 1
             out += self._run(ts, ws)
         return out + (self._steal() if not self._shared else [])
+
+    def _assign_restricted(self, ws: WorkerState, heap: list, caps: dict) -> list:
+        """The tasks ``workers=`` restricts to ``ws``, while it has room; one whose resources
+        do not fit now is set aside, not in the way of those behind it."""
+        out: list = []
+        aside: list = []
+        while heap and caps[ws.name] > 0:
+            entry = heapq.heappop(heap)
+            ts = self._task(entry[2])
+            if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
+                need = ts.spec.resources
+                if need is not None and not ws.fits(need):
+                    aside.append(entry)
+                    continue
+                caps[ws.name] -= 1
+                out += self._run(ts, ws)
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return out
+
+    def _assign_merged(self, open_workers: list, caps: dict) -> list:
+        """The shared queue and the resource queues by priority, the best head first. A
+        shape of request that fits no worker now is passed over until the next event
+        (availability only shrinks within one): a step costs one look per shape."""
+        out: list = []
+        needy = self._needy
+        blocked: set = set()
+        while True:
+            best, heap, need = (self._shared[0], self._shared, None) if self._shared else (None, None, None)
+            for shape, queue in needy.items():
+                if queue and shape not in blocked and (best is None or queue[0] < best):
+                    best, heap, need = queue[0], queue, shape
+            if heap is None:
+                break
+            ts = self._task(best[2])
+            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
+                heapq.heappop(heap)
+                continue
+            ws = self._pick(ts, open_workers if need is None else [w for w in open_workers if w.fits(need)], caps)
+            if ws is None:
+                if need is None:        # no worker has room: nothing else goes either
+                    break
+                blocked.add(need)
+                continue
+            heapq.heappop(heap)
+            caps[ws.name] -= 1
+            out += self._run(ts, ws)
+        for shape in [shape for shape, queue in needy.items() if not queue]:
+            del needy[shape]
+        return out
 
     def _steal(self) -> list:
         """Ask workers whose queued runs outlast their threads to give some back, as many as
@@ -161,6 +221,8 @@ class Placement:
         for w in thieves:
             if spec.workers and not spec.loose and w.name not in spec.workers:
                 continue
+            if spec.resources is not None and not w.fits(spec.resources):
+                continue
             if not ts.deps or sum(self._task(d).nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
                 return True
         return False
@@ -191,6 +253,7 @@ class Placement:
     def clear(self) -> None:
         self._shared.clear()
         self._on.clear()
+        self._needy.clear()
         self.runs.clear()
         self.stealing.clear()
         self.started.clear()
@@ -226,6 +289,8 @@ class Placement:
         ws.processing[seq] = ts.key
         self.runs[seq] = (ts.key, ws.name)
         spec = ts.spec
+        if spec.resources is not None:
+            ws.claim(seq, spec.resources)
         fn = None
         if spec.fn_id not in ws.fns:
             ws.fns.add(spec.fn_id)

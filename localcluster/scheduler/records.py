@@ -62,6 +62,7 @@ class Spec:
     timeout: Optional[float] = None
     workers: Optional[frozenset] = None     # names it may run on (None: any)
     loose: bool = False                     # workers are a preference (allow_other_workers)
+    resources: Optional[tuple] = None       # ((name, amount), ...) sorted: what one run holds on its worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,7 @@ class Whereabouts:
     workers: int = 0                    # workers the scheduler knows (able to run tasks)
     paused: int = 0                     # of which paused for memory
     restricted_to: Optional[frozenset] = None
+    resources: Optional[tuple] = None   # what it asks (Spec.resources)
 
 
 TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
@@ -281,11 +283,16 @@ def _dropped(items: "set | frozenset", item: str) -> None:
         items.discard(item)
 
 
+# Amounts are floats (a task may ask for 0.5 GPU): a sum may be off by this much.
+SLACK = 1e-9
+
+
 class WorkerState:
-    __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing")
+    __slots__ = ("name", "nthreads", "processing", "has", "fns", "paused", "closing", "resources", "available",
+                 "claims")
 
     # Used under the cluster's lock, like Task's fields.
-    def __init__(self, name: str, nthreads: int):
+    def __init__(self, name: str, nthreads: int, resources: Optional[dict] = None):
         #: the key it is filed under in ``Scheduler.workers``; never reused once it died
         self.name = name
         #: task slots (``threads_per_worker``)
@@ -301,3 +308,45 @@ class WorkerState:
         self.paused = False
         #: being retired: given nothing new; Retire once it runs nothing and holds nothing needed alone
         self.closing = False
+        #: the abstract resources it declares (LocalCluster(resources=)), name -> amount; never changed
+        self.resources: dict = dict(resources or {})
+        #: name -> amount not claimed: ``resources`` minus the claims of its runs, never below 0
+        #: (within SLACK); a run is given a worker only where its ``Spec.resources`` fit here
+        self.available: dict = dict(self.resources)
+        #: seq -> the Spec.resources a run holds here, from its assignment until its seq leaves
+        #: ``processing`` (answered, given back, or with the worker's death): a run taken back
+        #: (cancelled) that still runs keeps its claim until the worker answers; every key is in
+        #: ``processing``. Empty for a worker whose runs ask for nothing (most): no cost then
+        self.claims: dict[int, tuple] = {}
+
+    def fits(self, need: tuple) -> bool:
+        """Whether a run asking ``need`` (Spec.resources) may be given to this worker now."""
+        available = self.available
+        return all(available.get(name, 0) + SLACK >= amount for name, amount in need)
+
+    def could_fit(self, need: tuple) -> bool:
+        """Whether it could ever: all it declares, nothing claimed."""
+        resources = self.resources
+        return all(resources.get(name, 0) + SLACK >= amount for name, amount in need)
+
+    def claim(self, seq: int, need: tuple) -> None:
+        available = self.available
+        for name, amount in need:
+            available[name] -= amount
+        self.claims[seq] = need
+
+    def release(self, seq: int) -> None:
+        """Run ``seq`` no longer holds what it claimed (if anything)."""
+        need = self.claims.pop(seq, None)
+        if need is None:
+            return
+        if not self.claims:      # nothing claimed: exactly what it declares, with no rounding left over
+            self.available = dict(self.resources)
+            return
+        available = self.available
+        for name, amount in need:
+            available[name] += amount
+
+    def release_all(self) -> None:
+        self.claims.clear()
+        self.available = dict(self.resources)

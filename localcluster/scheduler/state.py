@@ -81,9 +81,12 @@ def _placing(event: Callable) -> Callable:
 class Scheduler:
     # Every field is used by whichever thread brings an event, always under the cluster's lock
     # (dispatch.py); the parts below are the scheduler's own, used under the same lock.
-    def __init__(self, allowed_failures: int = 3):
+    def __init__(self, allowed_failures: int = 3, resources: Optional[dict] = None):
         #: deaths a task may be blamed for before it fails with KilledWorker
         self.allowed_failures = allowed_failures
+        #: the abstract resources a worker declares unless ``add_worker`` says otherwise
+        #: (LocalCluster(resources=)); what ``unsatisfiable`` measures against with no worker
+        self.resources: dict = dict(resources or {})
         #: key -> Task: every key a future, a dependent or a run still needs; only this class adds
         #: tasks, and Forgetting drops them (``drop``) once released with no dependent linked
         self.tasks: dict[str, Task] = {}
@@ -162,13 +165,33 @@ class Scheduler:
         return Whereabouts(ts.state, ts.worker if ts.state == "processing" else None,
                            ts.seq if ts.state == "processing" else 0, tuple(sorted(ts.waiting_on)),
                            len(live), sum(ws.paused for ws in live),
-                           ts.spec.workers if ts.spec is not None and not ts.spec.loose else None)
+                           ts.spec.workers if ts.spec is not None and not ts.spec.loose else None,
+                           ts.spec.resources if ts.spec is not None else None)
 
     # --- workers ------------------------------------------------------------------------
 
+    def unsatisfiable(self, key: str, need: tuple) -> Optional[ValueError]:
+        """The error for a task ``key`` asking ``need`` (Spec.resources) that no worker can
+        ever run, or None when one can: measured against the running workers, or with none
+        running, against what each worker the cluster starts declares. For a ValueError at
+        submit, where dask's task would pend forever without a word."""
+        live = [ws for ws in self.workers.values() if not ws.closing]
+        if any(ws.could_fit(need) for ws in live) or (not live and WorkerState("", 1, self.resources).could_fit(need)):
+            return None
+        if live:
+            has = "the workers have: " + ", ".join(f"{ws.name} {_amounts(ws.resources)}"
+                                                   for ws in sorted(live, key=lambda w: w.name))
+        else:
+            has = f"no worker runs now, and each worker this cluster starts has {_amounts(self.resources)}"
+        return ValueError(f"task {key!r} asks for resources={_amounts(dict(need))}, which no worker can ever "
+                          f"give: {has}. A worker runs a task only while the resources it declares "
+                          f"(LocalCluster(resources=...)) cover those of its runs. Ask for at most what one "
+                          f"worker has, or start the cluster with more.")
+
     @_placing
-    def add_worker(self, name: str, nthreads: int) -> list:
-        self.workers[name] = WorkerState(name, nthreads)
+    def add_worker(self, name: str, nthreads: int, resources: Optional[dict] = None) -> list:
+        """``resources``: what it declares (None: the scheduler's ``resources``)."""
+        self.workers[name] = WorkerState(name, nthreads, self.resources if resources is None else resources)
         return []
 
     @_placing
@@ -524,6 +547,8 @@ class Scheduler:
         if ws is None:
             return None
         key = ws.processing.pop(seq, None)
+        if ws.claims:                   # most workers: no run holds resources, no call
+            ws.release(seq)
         self.placement.ended(seq)
         ts = self.tasks.get(key) if key is not None else None
         if ts is None or ts.seq != seq or ts.state != "processing":
@@ -663,8 +688,14 @@ class Scheduler:
         self.forgetting.clear()
         for ws in self.workers.values():
             ws.processing.clear()
+            ws.release_all()
             ws.has.clear()
         return out
+
+
+def _amounts(resources: dict) -> str:
+    """{'GPU': 1, 'MEM': 2} as the user wrote it (no resources: '{}')."""
+    return "{" + ", ".join(f"{name!r}: {amount:g}" for name, amount in sorted(resources.items())) + "}"
 
 
 def _unplaceable(key: str, workers: frozenset) -> Exception:

@@ -462,6 +462,14 @@ class Client:
         if self._owns_cluster:
             self.cluster.close()
 
+    def __copy__(self) -> "Client":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Client":
+        """A Client is a handle on a live cluster: a copy is itself. ``copy.deepcopy(dask.config)``
+        then works with ``scheduler=client.get`` set (a bound method deep-copies its object)."""
+        return self
+
     def __enter__(self) -> "Client":
         return self
 

@@ -423,6 +423,28 @@ class Client:
                                  "interpreter; a package upgraded while the cluster runs needs client.restart()).")
         return {"client": mine, "workers": theirs}
 
+    def who_has(self, futures: Any = None, **kwargs: Any) -> dict[str, tuple]:
+        """The workers holding each future's data: key -> tuple of worker names (every key
+        the cluster knows when ``futures`` is None), as dask's ``who_has``."""
+        self._check()
+        keys = None if futures is None else list(dict.fromkeys(f.key for f in _future.futures_of(futures)))
+        return self.gateway.who_has(keys)
+
+    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
+        """dask's ``scheduler_info()``: the cluster and each worker, keyed by worker name.
+        ``n_workers``: at most that many workers (-1: all)."""
+        self._check()
+        check_int(n_workers, "scheduler_info", "n_workers", lo=-1)
+        workers = self.cluster.workers
+        shown = list(workers.values()) if n_workers == -1 else list(workers.values())[:n_workers]
+        return {
+            "type": "Scheduler", "id": os.path.basename(self.cluster.local_directory),
+            "address": f"localcluster://{os.getpid()}", "services": {}, "started": self.gateway.started,
+            "n_workers": len(workers), "total_threads": sum(w.nthreads for w in workers.values()),
+            "total_memory": sum(w.memory_limit or 0 for w in workers.values()),
+            "workers": {w.name: _worker_identity(w, self.cluster.local_directory) for w in shown},
+        }
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         logs = self.cluster.get_logs(n)
@@ -512,6 +534,15 @@ class _Options:
     priority: int
     workers: Optional[frozenset]
     loose: bool
+
+
+def _worker_identity(w: Any, directory: str) -> dict:
+    """One worker as dask's ``scheduler_info()["workers"][...]`` shows it (a WorkerInfo in)."""
+    return {"type": "Worker", "id": w.name, "name": w.name, "host": "localhost", "pid": w.pid,
+            "nthreads": w.nthreads, "memory_limit": w.memory_limit or 0, "status": w.status, "resources": {},
+            "local_directory": directory, "last_seen": time.time(), "services": {}, "nanny": None,
+            "metrics": {"executing": len(w.processing), "memory": w.memory, "managed_bytes": w.managed,
+                        "spilled_bytes": {"memory": w.managed, "disk": w.spilled}}}
 
 
 def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:

@@ -26,7 +26,7 @@ import weakref
 from .wire import remote, serialize
 from .config import check_seconds
 
-__all__ = ["Future", "wait", "as_completed"]
+__all__ = ["Future", "wait", "as_completed", "fire_and_forget"]
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -381,6 +381,34 @@ def walk(obj: Any) -> Any:
     elif isinstance(obj, (list, tuple, set, frozenset)):
         for v in obj:
             yield from walk(v)
+
+
+def futures_of(obj: Any) -> list:
+    """The Futures in ``obj``: a Future, nested lists, tuples, sets and dicts of them, or a
+    dask collection persisted on the cluster (its graph's Futures), without repeats."""
+    found = list(walk(obj))
+    graph = getattr(obj, "__dask_graph__", None)
+    if callable(graph) and not isinstance(obj, type):
+        for value in (graph() or {}).values():
+            found += walk(getattr(value, "value", value))     # a dask DataNode holds it as .value
+    return list(dict.fromkeys(found))
+
+
+# Futures handed to fire_and_forget and not done yet: held here, so that dropping every
+# other reference does not release (and so cancel) their tasks. Each lets go when it ends.
+_forgotten: set = set()
+
+
+def fire_and_forget(obj: Any) -> None:
+    """Run these futures' tasks to completion even when the caller drops every reference to
+    them (dask's ``fire_and_forget``): for tasks run for their side effects. ``obj``: a
+    Future, a collection of them, or a persisted dask collection. Their results are not
+    kept once they end, unless another Future still holds them."""
+    for fut in futures_of(obj):
+        if fut.done():
+            continue
+        _forgotten.add(fut)
+        cf.Future.add_done_callback(fut, _forgotten.discard)    # set.discard: cheap on the scheduler thread
 
 
 def _from_pickle(key: str, client_id: Optional[str]) -> Future:

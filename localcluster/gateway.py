@@ -48,6 +48,7 @@ class Gateway:
         self._loop = loop
         self._owner_pid = os.getpid()          # a forked child sees another pid
         self._said_no_worker = False           #: the no-worker warning is given (submit); any thread
+        self.started = time.time()             #: when the cluster was made (scheduler_info)
 
     @property
     def phase(self) -> Phase:
@@ -151,6 +152,11 @@ class Gateway:
         """The Spec ``key`` was submitted with, while the cluster still knows it."""
         with self._lock:
             return self._scheduler.spec_of(key)
+
+    def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
+        """Key -> the names of the workers holding its data (``keys``, or every key known)."""
+        with self._lock:
+            return self._scheduler.who_has(keys)
 
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""

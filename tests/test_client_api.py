@@ -99,3 +99,73 @@ def test_dask_config_deep_copies_with_client_get_as_scheduler(client):
         copied = copy.deepcopy(dask.config.config)
         assert copied["scheduler"] == client.get and copied["scheduler"].__self__ is client
         assert dask.delayed(inc)(1).compute() == 2
+
+
+# --- fire_and_forget ----------------------------------------------------------------------
+
+def write_file(path, text):
+    with open(path + ".part", "w") as f:
+        f.write(text)
+    os.replace(path + ".part", path)        # whole, or not there
+    return text
+
+
+def eventually(check, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.cluster(n_workers=1)
+def test_fire_and_forget_runs_a_queued_task_whose_every_reference_is_dropped(client, tmp_path):
+    import gc
+
+    from localcluster import fire_and_forget
+    gate, out = str(tmp_path / "go"), str(tmp_path / "out")
+    blocker = client.submit(wait_for_file, gate, "blocker", pure=False)    # the one thread is busy
+    fut = client.submit(write_file, out, "written", pure=False)            # so this one is queued
+    key = fut.key
+    fire_and_forget(fut)
+    del fut
+    gc.collect()
+    open(gate, "w").close()
+    assert blocker.result(30) == "blocker"
+    eventually(lambda: os.path.exists(out))
+    with open(out) as f:
+        assert f.read() == "written"
+    eventually(lambda: key not in client.who_has())       # once ended, nothing holds it: released
+
+
+# --- who_has and scheduler_info -----------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_who_has_names_the_workers_holding_each_key(client):
+    client.wait_for_workers(2)
+    first, second = sorted(client.cluster.workers)
+    [x] = client.scatter([list(range(1000))], workers=[first], hash=False)
+    y = client.submit(len, "abc", workers=[second], pure=False)
+    y.result(30)
+    assert client.who_has([x]) == {x.key: (first,)}
+    assert client.who_has([y, x]) == {y.key: (second,), x.key: (first,)}
+    assert {x.key: (first,), y.key: (second,)}.items() <= client.who_has().items()
+    client.replicate([x], n=2)
+    assert client.who_has(x) == {x.key: (first, second)}
+    pid = client.cluster.workers[first].pid
+    os.kill(pid, 9)
+    eventually(lambda: first not in client.cluster.workers)
+    assert client.who_has([x]) == {x.key: (second,)}
+
+
+@pytest.mark.timeout(60)
+def test_scheduler_info_lists_the_workers_by_name(client):
+    import psutil
+    client.wait_for_workers(2)
+    info = client.scheduler_info()
+    assert info["type"] == "Scheduler" and info["n_workers"] == 2 and info["total_threads"] == 2
+    assert sorted(info["workers"]) == sorted(client.cluster.workers)
+    for name, w in info["workers"].items():
+        assert w["name"] == w["id"] == name and w["nthreads"] == 1 and w["status"] == "running"
+        assert psutil.Process(w["pid"]).ppid() == os.getpid()
+    assert len(client.scheduler_info(n_workers=1)["workers"]) == 1

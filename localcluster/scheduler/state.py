@@ -147,6 +147,12 @@ class Scheduler:
         ts.wanted += 1
         return [self._resolution(ts)] if ts.state in ENDED else []
 
+    def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
+        """Key -> the names of the workers holding its data (sorted; empty while it has none),
+        for ``keys`` or every task known (dask's ``who_has``)."""
+        tasks = self.tasks
+        return {k: tuple(sorted(tasks[k].who_has)) if k in tasks else () for k in (tasks if keys is None else keys)}
+
     def timeout_of(self, seq: int) -> Optional[float]:
         run = self.placement.run_of(seq)
         if run is None:

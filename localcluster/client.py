@@ -423,6 +423,42 @@ class Client:
                                  "interpreter; a package upgraded while the cluster runs needs client.restart()).")
         return {"client": mine, "workers": theirs}
 
+    def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
+            on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
+        """Call ``function(*args, **kwargs)`` on every worker (or those named by ``workers``)
+        now, outside the task slots: a worker whose threads are all busy answers at once.
+        Returns ``{worker name: result}``. A worker's error is raised as itself (``on_error=
+        "raise"``), put in the dict (``"return"``), or left out (``"ignore"``); a worker that
+        dies meanwhile gives KilledWorker, naming the death. An async function is run to its
+        end there. ``wait=False``: return None at once, the calls go on (dask's meaning)."""
+        if on_error not in ("raise", "return", "ignore"):
+            raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
+        if not callable(function):
+            raise TypeError(f"run() needs a callable first, got {serialize.describe(function)}")
+        if nanny:
+            raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of this process, "
+                                      "not a process of its own; call the function here instead")
+        self._check()
+        names = self.gateway.check_worker_names(workers) if workers is not None else None
+        _, fn_bytes = self._function(function)
+        payload, found = self._pickle_args(function, args, kwargs)
+        if found:
+            raise TypeError(f"run({_name(function)}, ...): its arguments hold futures ({next(iter(found))!r}), "
+                            f"which client.run does not resolve; pass their result() instead")
+        answers = self.gateway.run(fn_bytes, payload, names, f"client.run({_name(function)})")
+        if not wait:
+            return None
+        out: dict = {}
+        for name, answer in answers.items():
+            try:
+                out[name] = serialize.loads(answer.result())
+            except Exception as e:
+                if on_error == "raise":
+                    raise
+                if on_error == "return":
+                    out[name] = e
+        return out
+
     def who_has(self, futures: Any = None, **kwargs: Any) -> dict[str, tuple]:
         """The workers holding each future's data: key -> tuple of worker names (every key
         the cluster knows when ``futures`` is None), as dask's ``who_has``."""

@@ -169,3 +169,75 @@ def test_scheduler_info_lists_the_workers_by_name(client):
         assert w["name"] == w["id"] == name and w["nthreads"] == 1 and w["status"] == "running"
         assert psutil.Process(w["pid"]).ppid() == os.getpid()
     assert len(client.scheduler_info(n_workers=1)["workers"]) == 1
+
+
+# --- Client.run ---------------------------------------------------------------------------
+
+def add(x, y=0):
+    return x + y
+
+
+def kill_myself():
+    import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_run_answers_from_every_worker_while_their_task_slots_are_busy(client, tmp_path):
+    client.wait_for_workers(2)
+    gate = str(tmp_path / "go")
+    busy = client.map(wait_for_file, [gate] * 2, [1, 2], pure=False)     # one per worker: every slot taken
+    eventually(lambda: len(client.gateway.running_tasks()) == 2)
+    pids = client.run(os.getpid)
+    assert pids == {name: w.pid for name, w in client.cluster.workers.items()}
+    first = sorted(pids)[0]
+    assert client.run(add, 1, y=5, workers=[first]) == {first: 6}
+    assert client.run(add, 2, workers=first) == {first: 2}
+    open(gate, "w").close()
+    assert client.gather(busy) == [1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_a_long_run_does_not_stop_the_worker_reading_its_channel(client, tmp_path):
+    import threading
+    client.wait_for_workers(2)
+    gate = str(tmp_path / "go")
+    answers: list = []
+    caller = threading.Thread(target=lambda: answers.append(client.run(wait_for_file, gate, "ran")))
+    caller.start()
+    # every worker is inside the long function: its reader and task slots still work
+    # (well within the 30 s the long function waits for its gate)
+    assert client.gather(client.map(add, range(20), pure=False), timeout=15) == list(range(20))
+    assert not answers
+    open(gate, "w").close()
+    caller.join(30)
+    assert answers == [{name: "ran" for name in client.cluster.workers}]
+
+
+@pytest.mark.timeout(60)
+def test_run_raises_a_workers_error_as_itself_or_returns_it(client):
+    client.wait_for_workers(2)
+    with pytest.raises(ValueError, match="invalid literal"):
+        client.run(int, "x")
+    got = client.run(int, "x", on_error="return")
+    assert sorted(got) == sorted(client.cluster.workers)
+    assert all(isinstance(e, ValueError) for e in got.values())
+    assert client.run(int, "x", on_error="ignore") == {}
+    with pytest.raises(ValueError, match="on_error"):
+        client.run(int, "1", on_error="warn")
+    with pytest.raises(ValueError, match="no running worker is called 'nobody'"):
+        client.run(os.getpid, workers=["nobody"])
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_dies_during_run_answers_killed_worker_naming_the_death(client):
+    from localcluster import KilledWorker
+    client.wait_for_workers(2)
+    victim, other = sorted(client.cluster.workers)
+    with pytest.raises(KilledWorker) as info:
+        client.run(kill_myself, workers=[victim])
+    assert info.value.last_worker == victim and info.value.deaths[0].signal == "SIGKILL"
+    assert "kill_myself" in str(info.value) and victim in str(info.value)
+    client.wait_for_workers(2)
+    got = client.run(os.getpid, on_error="return")
+    assert other in got and all(isinstance(p, int) for p in got.values())

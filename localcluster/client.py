@@ -503,6 +503,50 @@ class Client:
         from .integrations.daskgraph import get
         return get(self, dsk, keys, **kwargs)
 
+    def compute(self, collections: Any, sync: bool = False, optimize_graph: bool = True, workers: Any = None,
+                allow_other_workers: bool = False, retries: int = 0, priority: int = 0, traverse: bool = True,
+                **kwargs: Any) -> Any:
+        """dask collections (delayed, array, bag, dataframe) computed on the cluster: a Future
+        for each (a list for a list), or their values with ``sync=True``. ``traverse``: lists,
+        tuples, sets and dicts are wrapped in ``dask.delayed`` (dask's meaning); ``kwargs`` go
+        to dask's graph optimizations, as in dask."""
+        import dask
+        from .integrations.daskgraph import compute
+        options = self._graph_options("compute", kwargs, workers, allow_other_workers, retries, priority)
+        single = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if single else list(collections)
+        if traverse:
+            items = [dask.delayed(c) if isinstance(c, (list, tuple, set, dict, Iterator)) else c for c in items]
+        futures = compute(self, items, optimize_graph, options, **kwargs)
+        result = self.gather(futures) if sync else futures
+        return result[0] if single else result
+
+    def persist(self, collections: Any, optimize_graph: bool = True, workers: Any = None,
+                allow_other_workers: bool = False, retries: int = 0, priority: int = 0, **kwargs: Any) -> Any:
+        """dask collections computing on the cluster in the background: each the same collection,
+        now backed by Futures of its keys (a list for a list); its data stays on the workers
+        for as long as it lives. ``kwargs`` go to dask's graph optimizations, as in dask."""
+        import dask
+        from .integrations.daskgraph import persist
+        options = self._graph_options("persist", kwargs, workers, allow_other_workers, retries, priority)
+        single = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if single else list(collections)
+        for c in items:
+            if not dask.is_dask_collection(c):
+                raise TypeError(f"persist() takes dask collections, got {serialize.describe(c)}")
+        result = persist(self, items, optimize_graph, options, **kwargs)
+        return result[0] if single else result
+
+    def _graph_options(self, call: str, kwargs: dict, workers: Any, allow_other_workers: Any, retries: Any,
+                       priority: Any) -> dict:
+        """submit's options for every task of a graph; dask's scheduling keywords out of ``kwargs``."""
+        _dask_keywords(call, kwargs, ("fifo_timeout",))
+        self._options(True, retries or 0, None, priority, workers, allow_other_workers)    # checked as submit's
+        options: dict = {"retries": retries or 0, "priority": priority}
+        if workers is not None:
+            options.update(workers=workers, allow_other_workers=allow_other_workers)
+        return options
+
     def get_executor(self, **submit_kwargs: Any) -> Any:
         from .integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)

@@ -241,3 +241,66 @@ def test_a_worker_that_dies_during_run_answers_killed_worker_naming_the_death(cl
     client.wait_for_workers(2)
     got = client.run(os.getpid, on_error="return")
     assert other in got and all(isinstance(p, int) for p in got.values())
+
+
+# --- compute and persist of dask collections -----------------------------------------------
+
+def double(x):
+    return 2 * x
+
+
+@pytest.mark.timeout(60)
+def test_compute_turns_dask_collections_into_futures(client):
+    dask = pytest.importorskip("dask")
+    da = pytest.importorskip("dask.array")
+    db = pytest.importorskip("dask.bag")
+    dd = pytest.importorskip("dask.dataframe")
+    import pandas as pd
+    from localcluster import Future
+    x = da.ones((40, 40), chunks=10)
+    total = client.compute(x.sum())
+    assert isinstance(total, Future) and total.result(30) == 1600
+    bag = db.from_sequence(range(10), npartitions=3).map(double)
+    frame = dd.from_pandas(pd.DataFrame({"a": range(10)}), npartitions=2)
+    d = dask.delayed(double)(dask.delayed(sum)([1, 2]))
+    # (expression-backed and graph-backed collections apart: together dask warns, as with distributed)
+    futures = client.compute([x.mean(), bag, d, 7]) + [client.compute(frame.a.sum())]
+    assert [type(f) for f in futures] == [Future] * 3 + [int, Future] and futures[3] == 7
+    assert client.gather(futures) == [1.0, [2 * i for i in range(10)], 6, 7, 45]
+    assert client.compute([d, [d, 1]], sync=True) == [6, [6, 1]]        # traverse: lists become delayed
+
+
+@pytest.mark.timeout(60)
+def test_compute_optimizes_the_graph_as_dask_does_unless_told_not_to(client):
+    da = pytest.importorskip("dask.array")
+    submitted = []
+    original = client.submit_call
+    client.submit_call = lambda *a, **k: submitted.append(k["key"]) or original(*a, **k)
+    x = ((da.ones((8, 8), chunks=2) + 1) * 2).sum()
+    assert client.compute(x).result(30) == 256
+    fused = len(submitted)
+    submitted.clear()
+    assert client.compute(x, optimize_graph=False).result(30) == 256
+    assert fused < len(submitted)          # blockwise fusion: fewer, bigger tasks
+
+
+@pytest.mark.timeout(60)
+def test_persist_gives_the_collection_back_backed_by_futures_on_the_cluster(client):
+    dask = pytest.importorskip("dask")
+    da = pytest.importorskip("dask.array")
+    db = pytest.importorskip("dask.bag")
+    from localcluster import Future
+    x = da.arange(100, chunks=10) * 2
+    [y] = client.persist([x])
+    b = client.persist(db.from_sequence(range(6), npartitions=2).map(double))
+    assert type(y) is type(x) and y.shape == x.shape and y.chunks == x.chunks
+    futures = [v for v in y.__dask_graph__().values() if isinstance(v, Future)]
+    assert len(futures) == 10
+    client.gather(futures)
+    assert set(client.who_has(y)) == {f.key for f in futures}
+    assert all(holders for holders in client.who_has(y).values())
+    assert y.sum().compute(scheduler=client.get) == 9900
+    assert client.compute(y.sum()).result(30) == 9900
+    with dask.config.set(scheduler=client.get):
+        assert b.compute() == [0, 2, 4, 6, 8, 10]
+    assert client.persist(dask.delayed(double)(4)).compute(scheduler=client.get) == 8

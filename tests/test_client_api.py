@@ -304,3 +304,37 @@ def test_persist_gives_the_collection_back_backed_by_futures_on_the_cluster(clie
     with dask.config.set(scheduler=client.get):
         assert b.compute() == [0, 2, 4, 6, 8, 10]
     assert client.persist(dask.delayed(double)(4)).compute(scheduler=client.get) == 8
+
+
+def die():
+    os._exit(3)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.cluster(allowed_failures=0)
+def test_wait_for_workers_after_a_killed_worker_waits_for_the_replacement(client):
+    """The KilledWorker reaches the caller before the policy forgets the dead worker: a
+    wait_for_workers(2) right then must not count it (client.run would then miss one)."""
+    import logging
+
+    from localcluster import KilledWorker
+
+    class SlowHandler(logging.Handler):
+        """A user's handler that takes its time over the death's log line, which the
+        scheduler thread writes between failing the futures and telling the policy."""
+        def emit(self, record):
+            if "died" in record.getMessage():
+                time.sleep(0.5)
+    handler, logger = SlowHandler(logging.INFO), logging.getLogger("localcluster")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        client.wait_for_workers(2)
+        with pytest.raises(KilledWorker):
+            client.submit(die, pure=False).result(30)
+        client.wait_for_workers(2)
+        assert len(client.run(os.getpid)) == 2
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -13,19 +13,22 @@ kept here), restart's return value (the Client here, None in dask), the message 
 KilledWorker (each death's cause here), and what becomes of futures across a restart.
 """
 import os
+import tempfile
 import time
 from concurrent.futures import CancelledError
 
+import dask
+import dask.array as da
 import numpy as np
 
 # --- the only backend-specific block ------------------------------------------------------
 if os.environ.get("CLUSTER_BACKEND") == "distributed":
     import dask
-    from distributed import Client, KilledWorker, LocalCluster, as_completed, wait
+    from distributed import Client, KilledWorker, LocalCluster, as_completed, fire_and_forget, wait
     dask.config.set({"distributed.scheduler.allowed-failures": 0})
     CLUSTER_OPTIONS = {"dashboard_address": None}
 else:
-    from localcluster import Client, KilledWorker, LocalCluster, as_completed, wait
+    from localcluster import Client, KilledWorker, LocalCluster, as_completed, fire_and_forget, wait
     CLUSTER_OPTIONS = {"allowed_failures": 0}
 # ------------------------------------------------------------------------------------------
 
@@ -95,12 +98,53 @@ def cancel_and_death(client):
         print("KilledWorker", e.task == doomed.key, e.allowed_failures)
 
 
+def touch(path):
+    open(path, "w").close()
+
+
+def batches_and_run(client):
+    client.wait_for_workers(2)                       # the one that died is replaced
+    ac = as_completed(client.map(inc, range(40, 46)))
+    print("as_completed batches", sorted(r for batch in ac.batches() for r in client.gather(batch)), ac.is_empty())
+    ac = as_completed(client.map(inc, range(3)))
+    ac.clear()
+    print("as_completed clear", ac.is_empty(), ac.count(), ac.next_batch(block=False))
+    pids = client.run(os.getpid)                     # keyed by worker name here, address in dask
+    first = sorted(pids)[0]
+    print("run", len(pids), len(set(pids.values())), client.run(inc, 1, workers=[first]) == {first: 2})
+    try:
+        client.run(fail, 2)
+    except ValueError as e:
+        print("run raises the worker's own", type(e).__name__, e)
+    print("run on_error=return", sorted(type(v).__name__ for v in client.run(fail, 3, on_error="return").values()))
+    info = client.scheduler_info()
+    print("scheduler_info", len(info["workers"]), set(info["workers"]) == set(pids))
+    [x] = client.scatter([list(range(10))], workers=[first], hash=False)
+    print("who_has", list(client.who_has([x])[x.key]) == [first])
+
+
+def fire_forget_and_collections(client):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "fired")
+        fire_and_forget(client.submit(touch, path, pure=False))   # no reference kept
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("fire_and_forget", os.path.exists(path))
+    print("compute", client.compute(dask.delayed(inc)(1)).result(), client.compute([da.ones(10, chunks=5).sum()],
+                                                                                  sync=True))
+    kept = client.persist(da.arange(10, chunks=5))
+    print("persist", type(kept).__name__, client.compute(kept.sum()).result(), len(client.who_has(kept)))
+
+
 def main():
     with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         basics(client)
         data_and_placement(client)
         cancel_and_death(client)
+        batches_and_run(client)
+        fire_forget_and_collections(client)
         client.restart()
         print("after restart", client.submit(inc, 41).result())
 

@@ -15,6 +15,7 @@ from .version import __version__
 _WHERE = {
     "LocalCluster": "cluster", "WorkerInfo": "cluster",
     "Client": "client", "Future": "client", "wait": "client", "as_completed": "client",
+    "fire_and_forget": "future",
     "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
     "ClusterBroken": "death", "RemoteTraceback": "death",
@@ -26,7 +27,7 @@ __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
     "LostDataError", "TaskError", "WorkerStartupError", "ReplayedDeath", "ClusterRestarted", "ClusterClosed",
     "ClusterBroken", "RemoteTraceback", "StoreError", "WorkerInfo",
-    "wait", "as_completed", "progress", "report", "config", "__version__",
+    "wait", "as_completed", "fire_and_forget", "progress", "report", "config", "__version__",
 ]
 
 
@@ -48,6 +49,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
     from .client import Client, Future, as_completed, wait
+    from .future import fire_and_forget
     from .cluster import LocalCluster, WorkerInfo
     from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,
                         TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)

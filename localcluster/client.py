@@ -430,6 +430,65 @@ class Client:
                                  "interpreter; a package upgraded while the cluster runs needs client.restart()).")
         return {"client": mine, "workers": theirs}
 
+    def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
+            on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
+        """Call ``function(*args, **kwargs)`` on every worker (or those named by ``workers``)
+        now, outside the task slots: a worker whose threads are all busy answers at once.
+        Returns ``{worker name: result}``. A worker's error is raised as itself (``on_error=
+        "raise"``), put in the dict (``"return"``), or left out (``"ignore"``); a worker that
+        dies meanwhile gives KilledWorker, naming the death. An async function is run to its
+        end there. ``wait=False``: return None at once, the calls go on (dask's meaning)."""
+        if on_error not in ("raise", "return", "ignore"):
+            raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
+        if not callable(function):
+            raise TypeError(f"run() needs a callable first, got {serialize.describe(function)}")
+        if nanny:
+            raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of this process, "
+                                      "not a process of its own; call the function here instead")
+        self._check()
+        names = self.gateway.check_worker_names(workers) if workers is not None else None
+        _, fn_bytes = self._function(function)
+        payload, found = self._pickle_args(function, args, kwargs)
+        if found:
+            raise TypeError(f"run({_name(function)}, ...): its arguments hold futures ({next(iter(found))!r}), "
+                            f"which client.run does not resolve; pass their result() instead")
+        answers = self.gateway.run(fn_bytes, payload, names, f"client.run({_name(function)})")
+        if not wait:
+            return None
+        out: dict = {}
+        for name, answer in answers.items():
+            try:
+                out[name] = serialize.loads(answer.result())
+            except Exception as e:
+                if on_error == "raise":
+                    raise
+                if on_error == "return":
+                    out[name] = e
+        return out
+
+    def who_has(self, futures: Any = None, **kwargs: Any) -> dict[str, tuple]:
+        """The workers holding each future's data: key -> tuple of worker names (every key
+        the cluster knows when ``futures`` is None), as dask's ``who_has``."""
+        self._check()
+        keys = None if futures is None else list(dict.fromkeys(f.key for f in _future.futures_of(futures)))
+        return self.gateway.who_has(keys)
+
+    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
+        """dask's ``scheduler_info()``: the cluster and each worker, keyed by worker name.
+        ``n_workers``: at most that many workers (-1: all)."""
+        self._check()
+        check_int(n_workers, "scheduler_info", "n_workers", lo=-1)
+        workers = self.cluster.workers
+        shown = list(workers.values()) if n_workers == -1 else list(workers.values())[:n_workers]
+        return {
+            "type": "Scheduler", "id": os.path.basename(self.cluster.local_directory),
+            "address": f"localcluster://{os.getpid()}", "services": {}, "started": self.gateway.started,
+            "n_workers": len(workers), "total_threads": sum(w.nthreads for w in workers.values()),
+            "total_memory": sum(w.memory_limit or 0 for w in workers.values()),
+            "workers": {w.name: _worker_identity(w, self.cluster.local_directory, self.cluster.config["resources"])
+                        for w in shown},
+        }
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         logs = self.cluster.get_logs(n)
@@ -452,6 +511,54 @@ class Client:
         from .integrations.daskgraph import get
         return get(self, dsk, keys, **kwargs)
 
+    def compute(self, collections: Any, sync: bool = False, optimize_graph: bool = True, workers: Any = None,
+                allow_other_workers: bool = False, retries: int = 0, priority: int = 0, traverse: bool = True,
+                **kwargs: Any) -> Any:
+        """dask collections (delayed, array, bag, dataframe) computed on the cluster: a Future
+        for each (a list for a list), or their values with ``sync=True``. ``traverse``: lists,
+        tuples, sets and dicts are wrapped in ``dask.delayed`` (dask's meaning); ``kwargs`` go
+        to dask's graph optimizations, as in dask."""
+        import dask
+        from .integrations.daskgraph import compute
+        options = self._graph_options("compute", kwargs, workers, allow_other_workers, retries, priority)
+        single = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if single else list(collections)
+        if traverse:
+            items = [dask.delayed(c) if isinstance(c, (list, tuple, set, dict, Iterator)) else c for c in items]
+        futures = compute(self, items, optimize_graph, options, **kwargs)
+        result = self.gather(futures) if sync else futures
+        return result[0] if single else result
+
+    def persist(self, collections: Any, optimize_graph: bool = True, workers: Any = None,
+                allow_other_workers: bool = False, retries: int = 0, priority: int = 0, **kwargs: Any) -> Any:
+        """dask collections computing on the cluster in the background: each the same collection,
+        now backed by Futures of its keys (a list for a list); its data stays on the workers
+        for as long as it lives. ``kwargs`` go to dask's graph optimizations, as in dask."""
+        import dask
+        from .integrations.daskgraph import persist
+        options = self._graph_options("persist", kwargs, workers, allow_other_workers, retries, priority)
+        single = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if single else list(collections)
+        for c in items:
+            if not dask.is_dask_collection(c):
+                raise TypeError(f"persist() takes dask collections, got {serialize.describe(c)}")
+        result = persist(self, items, optimize_graph, options, **kwargs)
+        return result[0] if single else result
+
+    def _graph_options(self, call: str, kwargs: dict, workers: Any, allow_other_workers: Any, retries: Any,
+                       priority: Any) -> dict:
+        """submit's options for every task of a graph; dask's scheduling keywords out of ``kwargs``."""
+        _dask_keywords(call, kwargs, ("fifo_timeout",))
+        resources = kwargs.pop("resources", None)
+        self._options(True, retries or 0, None, priority, workers, allow_other_workers,
+                      check_resources(resources, call))           # checked as submit's
+        options: dict = {"retries": retries or 0, "priority": priority}
+        if workers is not None:
+            options.update(workers=workers, allow_other_workers=allow_other_workers)
+        if resources:
+            options["resources"] = resources
+        return options
+
     def get_executor(self, **submit_kwargs: Any) -> Any:
         from .integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
@@ -468,6 +575,14 @@ class Client:
         _future.unregister_client(self)
         if self._owns_cluster:
             self.cluster.close()
+
+    def __copy__(self) -> "Client":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Client":
+        """A Client is a handle on a live cluster: a copy is itself. ``copy.deepcopy(dask.config)``
+        then works with ``scheduler=client.get`` set (a bound method deep-copies its object)."""
+        return self
 
     def __enter__(self) -> "Client":
         return self
@@ -512,6 +627,15 @@ class _Options:
     workers: Optional[frozenset]
     loose: bool
     resources: Optional[tuple] = None      # config.check_resources: ((name, amount), ...)
+
+
+def _worker_identity(w: Any, directory: str, resources: Optional[dict]) -> dict:
+    """One worker as dask's ``scheduler_info()["workers"][...]`` shows it (a WorkerInfo in)."""
+    return {"type": "Worker", "id": w.name, "name": w.name, "host": "localhost", "pid": w.pid,
+            "nthreads": w.nthreads, "memory_limit": w.memory_limit or 0, "status": w.status, "resources": dict(resources or {}),
+            "local_directory": directory, "last_seen": time.time(), "services": {}, "nanny": None,
+            "metrics": {"executing": len(w.processing), "memory": w.memory, "managed_bytes": w.managed,
+                        "spilled_bytes": {"memory": w.managed, "disk": w.spilled}}}
 
 
 def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:

@@ -17,17 +17,16 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import os
-import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import weakref
 
 from .wire import remote, serialize
 from .config import check_seconds
 
-__all__ = ["Future", "wait", "as_completed"]
+__all__ = ["Future", "wait", "as_completed", "fire_and_forget"]
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -384,6 +383,34 @@ def walk(obj: Any) -> Any:
             yield from walk(v)
 
 
+def futures_of(obj: Any) -> list:
+    """The Futures in ``obj``: a Future, nested lists, tuples, sets and dicts of them, or a
+    dask collection persisted on the cluster (its graph's Futures), without repeats."""
+    found = list(walk(obj))
+    graph = getattr(obj, "__dask_graph__", None)
+    if callable(graph) and not isinstance(obj, type):
+        for value in (graph() or {}).values():
+            found += walk(getattr(value, "value", value))     # a dask DataNode holds it as .value
+    return list(dict.fromkeys(found))
+
+
+# Futures handed to fire_and_forget and not done yet: held here, so that dropping every
+# other reference does not release (and so cancel) their tasks. Each lets go when it ends.
+_forgotten: set = set()
+
+
+def fire_and_forget(obj: Any) -> None:
+    """Run these futures' tasks to completion even when the caller drops every reference to
+    them (dask's ``fire_and_forget``): for tasks run for their side effects. ``obj``: a
+    Future, a collection of them, or a persisted dask collection. Their results are not
+    kept once they end, unless another Future still holds them."""
+    for fut in futures_of(obj):
+        if fut.done():
+            continue
+        _forgotten.add(fut)
+        cf.Future.add_done_callback(fut, _forgotten.discard)    # set.discard: cheap on the scheduler thread
+
+
 def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     """A Future unpickled in this process (pickled by the user): back to its client, which
     holds the key once more for it."""
@@ -490,7 +517,8 @@ def _wait_all(fs: list, timeout: Optional[float]) -> Any:
 
 class as_completed:
     """Iterate over futures as they finish; ``add()`` more while iterating;
-    ``with_results=True`` yields ``(future, result)``."""
+    ``with_results=True`` yields ``(future, result)``. As dask's: ``count()``, ``is_empty()``,
+    ``has_ready()``, ``next_batch(block=True)``, ``batches()`` and ``clear()``."""
 
     def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True,
                  timeout: Optional[float] = None):
@@ -499,10 +527,13 @@ class as_completed:
         check_timeout("as_completed", timeout)
         self.timeout = timeout
         self._deadline = None if timeout is None else time.monotonic() + timeout
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._held: set = set()      # keep futures alive until yielded, or GC would release them
-        self._pending = 0
-        self._lock = threading.Lock()
+        # Under _cond: the futures added and not done yet (how many times each was added), and
+        # those done and not yet yielded. Both hold the futures: garbage collection would
+        # release a key whose only Future is in here.
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting: dict = {}
+        self._n_waiting = 0
+        self._ready: collections.deque = collections.deque()
         self.with_results = with_results
         self.raise_errors = raise_errors
         for f in futures:
@@ -511,35 +542,73 @@ class as_completed:
     def add(self, future: Future) -> None:
         if not isinstance(future, cf.Future):
             raise TypeError(f"as_completed: {type(future).__name__} {future!r:.60} is not a Future")
-        with self._lock:
-            self._pending += 1
-            self._held.add(future)
-        cf.Future.add_done_callback(future, self._queue.put)   # no result() in it: no hop needed
+        with self._cond:
+            self._waiting[future] = self._waiting.get(future, 0) + 1
+            self._n_waiting += 1
+        cf.Future.add_done_callback(future, self._done)   # no result() in it: no hop needed
+
+    def _done(self, future: cf.Future) -> None:
+        """A future ended (on the scheduler thread, or here if it had): ready, unless cleared."""
+        with self._cond:
+            n = self._waiting.get(future)
+            if n is None:           # clear() let go of it
+                return
+            if n == 1:
+                del self._waiting[future]
+            else:
+                self._waiting[future] = n - 1
+            self._n_waiting -= 1
+            self._ready.append(future)
+            self._cond.notify_all()
 
     def update(self, futures: Iterable) -> None:
         for f in futures:
             self.add(f)
 
     def count(self) -> int:
-        return self._pending
+        """The futures not yet yielded: those still running and those done but not returned."""
+        with self._cond:
+            return self._n_waiting + len(self._ready)
+
+    def is_empty(self) -> bool:
+        """True when there is nothing left to yield, running or done."""
+        return not self.count()
+
+    def has_ready(self) -> bool:
+        """True when a done future waits to be yielded (``next()`` would not block)."""
+        return bool(self._ready)
+
+    def clear(self) -> None:
+        """Forget every future added, done or not: iteration ends."""
+        with self._cond:
+            self._waiting.clear()
+            self._n_waiting = 0
+            self._ready.clear()
 
     def __iter__(self) -> "as_completed":
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            if self._pending == 0:
-                raise StopIteration
-            self._pending -= 1
-        try:
-            f = self._queue.get(timeout=None if self._deadline is None else max(0.0, self._deadline - time.monotonic()))
-        except queue.Empty:
-            with self._lock:
-                self._pending += 1
-                held = list(self._held)
-            raise timed_out("as_completed", held, self.timeout) from None
-        with self._lock:
-            self._held.discard(f)
+        return self._yielded(self._next_done())
+
+    next = __next__
+
+    def _next_done(self) -> Any:
+        """The next done future, waiting for one; StopIteration when none is left."""
+        with self._cond:
+            while not self._ready:
+                if not self._n_waiting:
+                    raise StopIteration
+                left = None if self._deadline is None else self._deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    held = list(self._waiting)
+                    break
+                self._cond.wait(left)
+            else:
+                return self._ready.popleft()
+        raise timed_out("as_completed", held, self.timeout)     # outside the lock: it asks the cluster why
+
+    def _yielded(self, f: Any) -> Any:
         if not self.with_results:
             return f
         try:
@@ -548,3 +617,34 @@ class as_completed:
             if self.raise_errors:
                 raise
             return f, e
+
+    def next_batch(self, block: bool = True) -> list:
+        """Every future done and not yet yielded, at once; with ``block=True`` (dask's default)
+        at least one, waiting for it (StopIteration when none is left). With ``with_results``
+        and ``raise_errors``, a batch stops before a failed future: the next call raises it."""
+        batch = [self.__next__()] if block else []
+        while True:
+            with self._cond:
+                if not self._ready:
+                    return batch
+                f = self._ready.popleft()
+            if self.with_results and self.raise_errors and _failed(f):
+                with self._cond:
+                    self._ready.appendleft(f)
+                return batch
+            batch.append(self._yielded(f))
+
+    def batches(self) -> Iterator[list]:
+        """``next_batch()`` until every future is yielded: lists of what finished meanwhile."""
+        while True:
+            try:
+                yield self.next_batch(block=True)
+            except StopIteration:
+                return
+
+    def __repr__(self) -> str:
+        return f"<as_completed: waiting={self._n_waiting} done={len(self._ready)}>"
+
+
+def _failed(f: cf.Future) -> bool:
+    return f.cancelled() or f.exception() is not None

@@ -48,6 +48,7 @@ class Gateway:
         self._loop = loop
         self._owner_pid = os.getpid()          # a forked child sees another pid
         self._said_no_worker = False           #: the no-worker warning is given (submit); any thread
+        self.started = time.time()             #: when the cluster was made (scheduler_info)
 
     @property
     def phase(self) -> Phase:
@@ -155,10 +156,25 @@ class Gateway:
         """Futures for the data (Payloads) of ``keys``, however far away it is."""
         return [self._dispatch.request(lambda key=key: self._scheduler.fetch(key)) for key in keys]
 
+    def run(self, fn: bytes, args: Any, workers: Optional[frozenset], what: str) -> dict[str, cf.Future]:
+        """``Client.run``: a Future per worker (each running one, or those named) for the
+        Payload of ``fn``'s result there, or its error (KilledWorker if the worker dies first)."""
+        with self._lock:
+            names = sorted(workers if workers is not None else
+                           (w for w, ws in self._scheduler.workers.items() if not ws.closing))
+        return {name: self._dispatch.request(lambda name=name: self._scheduler.call(name, fn, args,
+                                                                                     f"{what} on {name!r}"))
+                for name in names}
+
     def task_spec(self, key: str) -> Optional[Spec]:
         """The Spec ``key`` was submitted with, while the cluster still knows it."""
         with self._lock:
             return self._scheduler.spec_of(key)
+
+    def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
+        """Key -> the names of the workers holding its data (``keys``, or every key known)."""
+        with self._lock:
+            return self._scheduler.who_has(keys)
 
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""

@@ -32,9 +32,12 @@ NOT_TAKEN = {
 TAKEN_FROM_FN = {"submit": {"timeout"}, "map": {"timeout"}}
 # dask's scheduling keywords that localcluster takes out of **kwargs (hints dropped, the rest refused).
 FROM_KWARGS = {"submit": {"fifo_timeout", "actor", "actors"},
-               "map": {"fifo_timeout", "actor", "actors", "batch_size"}}
+               "map": {"fifo_timeout", "actor", "actors", "batch_size"},
+               "compute": {"resources", "fifo_timeout", "actors"},
+               "persist": {"resources", "fifo_timeout", "actors"}}
 METHODS = ["submit", "map", "scatter", "gather", "cancel", "replicate", "restart", "wait_for_workers",
-           "get_worker_logs"]
+           "get_worker_logs", "run", "compute", "persist", "who_has", "scheduler_info"]
+AS_COMPLETED = ["add", "update", "count", "is_empty", "has_ready", "next_batch", "batches", "clear"]
 
 
 def named(fn) -> set:
@@ -56,8 +59,13 @@ def run(backend: str, script: Path = SCRIPT) -> list:
 def test_one_script_prints_the_same_under_both():
     pytest.importorskip("distributed")
     ours, theirs = run("localcluster"), run("distributed")
-    assert ours[0] == "submit 2" and ours[-1] == "after restart 42" and len(ours) == 14
+    assert ours[0] == "submit 2" and ours[-1] == "after restart 42" and len(ours) == 24
     assert "KilledWorker True 0" in ours and "workers= 1 True" in ours and "cancel True cancelled True" in ours
+    for line in ("as_completed batches [41, 42, 43, 44, 45, 46] True", "as_completed clear True 0 []",
+                 "run 2 2 True", "run raises the worker's own ValueError no 2",
+                 "run on_error=return ['ValueError', 'ValueError']", "scheduler_info 2 True", "who_has True",
+                 "fire_and_forget True", "compute 2 [np.float64(10.0)]", "persist Array 45 2"):
+        assert line in ours, line
     assert ours == theirs
 
 
@@ -80,6 +88,10 @@ def test_the_portable_methods_take_dask_keywords():
         missing = theirs - ours - FROM_KWARGS.get(method, set())
         assert missing == set(NOT_TAKEN.get(method, {})), f"Client.{method}: dask's {sorted(missing)}"
         assert FROM_KWARGS.get(method, set()) <= theirs
+    for method in AS_COMPLETED:
+        theirs, ours = getattr(distributed.as_completed, method), getattr(localcluster.as_completed, method)
+        assert named(theirs) == named(ours), f"as_completed.{method}"
+    assert callable(localcluster.fire_and_forget) and named(localcluster.fire_and_forget) == {"obj"}
     for method, taken in TAKEN_FROM_FN.items():     # where dask hands **kwargs to the function
         assert named(getattr(Client, method)) - named(getattr(distributed.Client, method)) - {
             "allow_other_workers"} == taken, method

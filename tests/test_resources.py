@@ -351,3 +351,19 @@ def test_scale_starts_workers_with_the_resources_and_a_waiting_task_says_what_it
             client.gateway.why_pending(b.key)
         open(go, "w").close()
         assert b.result(30)[1]                                   # after a's end
+
+
+@pytest.mark.timeout(60)
+def test_compute_and_persist_pass_resources_to_every_task_of_the_graph():
+    """dask's compute(resources=) and persist(resources=): each task of the graph claims them."""
+    dask = pytest.importorskip("dask")
+    with LocalCluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1}, forward_logs=False) as c, \
+            Client(c) as client:
+        total = dask.delayed(sum)([dask.delayed(abs)(-i) for i in range(4)])
+        assert client.compute(total, resources={"MEM": 1}).result(30) == 6
+        (kept,) = client.persist([total], resources={"MEM": 1})
+        assert kept.compute(scheduler=client.get) == 6
+        with pytest.raises(ValueError, match="no worker can ever give"):
+            client.compute(total, resources={"GPU": 1})
+        info = client.scheduler_info()
+        assert all(w["resources"] == {"MEM": 1} for w in info["workers"].values())

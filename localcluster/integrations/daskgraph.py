@@ -29,7 +29,12 @@ Keywords: ``retries``, ``timeout`` (seconds per task), ``priority``, ``workers``
 distributed's (``num_workers``, ``pool``, ``chunksize``, ``optimize_graph``, ``callbacks``,
 ``resources``, ``sync``, ...), are accepted and ignored: the cluster has its own workers.
 
-dask is imported only inside ``get``: it is an optional dependency.
+``compute`` and ``persist`` (``Client.compute``, ``Client.persist``) submit the same way
+and hand back the Futures instead of gathering them: after dask's own optimizations
+(``collections_to_expr(..., optimize_graph)``, then ``FinalizeCompute`` for compute), as
+distributed does.
+
+dask is imported only inside these calls: it is an optional dependency.
 """
 from __future__ import annotations
 
@@ -80,6 +85,16 @@ def get(client: GraphClient, dsk: Any, keys: Any, **kwargs: Any) -> Any:
 
 def _compute(client: GraphClient, graph: dict, wanted: list, options: dict) -> dict:
     """Submit the needed nodes, gather the wanted keys: {key: value}."""
+    refs = submit_graph(client, graph, wanted, options)
+    futures = {k: v for k, v in refs.items() if isinstance(v, Future)}
+    values = dict(zip(futures, client.gather(list(futures.values()))))
+    return {k: values[k] if k in values else v for k, v in refs.items()}
+
+
+def submit_graph(client: GraphClient, graph: dict, wanted: list, options: dict) -> dict:
+    """Submit the nodes ``wanted`` needs (a graph after ``convert_legacy_graph``): {wanted key:
+    its Future, or a literal's value}. The other Futures are let go as soon as their last
+    dependent is submitted."""
     from dask.order import order
 
     needed, uses = _needed(graph, wanted)
@@ -93,10 +108,56 @@ def _compute(client: GraphClient, graph: dict, wanted: list, options: dict) -> d
             uses[d] -= 1
             if not uses[d] and d not in keep:
                 del refs[d]
-    refs = {k: refs[k] for k in wanted}
-    futures = {k: v for k, v in refs.items() if isinstance(v, Future)}
-    values = dict(zip(futures, client.gather(list(futures.values()))))
-    return {k: values[k] if k in values else v for k, v in refs.items()}
+    return {k: refs[k] for k in wanted}
+
+
+def compute(client: GraphClient, collections: list, optimize_graph: bool, options: dict, **kwargs: Any) -> list:
+    """``Client.compute``: one Future per dask collection of ``collections``, as dask's
+    (``kwargs`` go to the graph optimizations); what is not a collection is returned as it is."""
+    import dask
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    variables = [c for c in collections if dask.is_dask_collection(c)]
+    if not variables:
+        return list(collections)
+    expr = FinalizeCompute(collections_to_expr(variables, optimize_graph, **kwargs)).optimize()
+    names = list(flatten(expr.__dask_keys__()))
+    futures = _as_futures(client, submit_graph(client, _graph(expr), names, options), options)
+    made = iter(names)
+    return [futures[next(made)] if dask.is_dask_collection(c) else c for c in collections]
+
+
+def persist(client: GraphClient, collections: list, optimize_graph: bool, options: dict, **kwargs: Any) -> list:
+    """``Client.persist``: each collection rebuilt on Futures of its keys (dask's
+    ``__dask_postpersist__``): the same collection, computing on the cluster, its data held
+    there for as long as the collection lives."""
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    expr = collections_to_expr(collections, optimize_graph, **kwargs).optimize()
+    keys = expr.__dask_keys__()
+    futures = _as_futures(client, submit_graph(client, _graph(expr), list(flatten(keys)), options), options)
+    return [rebuild({k: futures[k] for k in flatten(ks)}, *args)
+            for (rebuild, args), ks in zip((c.__dask_postpersist__() for c in collections), keys)]
+
+
+def _graph(expr: Any) -> dict:
+    from dask._task_spec import convert_legacy_graph
+    from dask.utils import ensure_dict
+    return convert_legacy_graph(ensure_dict(expr.__dask_graph__()))
+
+
+def _as_futures(client: GraphClient, refs: dict, options: dict) -> dict:
+    """Every value a Future: a wanted literal becomes a task that returns it."""
+    return {k: v if isinstance(v, Future) else client.submit_call(literal, (v,), key=name_of(k), pure=True, **options)
+            for k, v in refs.items()}
+
+
+def literal(value: Any) -> Any:
+    """On the worker: a literal of the graph, as a task's result."""
+    return value
 
 
 def _submit(client: GraphClient, key: Any, node: Any, deps: dict, uses: dict, options: dict) -> Any:

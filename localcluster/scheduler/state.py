@@ -113,6 +113,8 @@ class Scheduler:
         self._deferring = False
         #: pickled small result -> the one Payload kept for it (protocol.shared)
         self._small: dict = {}
+        #: Client.run's calls not answered yet: request id -> (worker, what was called)
+        self.calls: dict[int, tuple] = {}
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant, with the story of the key
@@ -149,6 +151,12 @@ class Scheduler:
             return []
         ts.wanted += 1
         return [self._resolution(ts)] if ts.state in ENDED else []
+
+    def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
+        """Key -> the names of the workers holding its data (sorted; empty while it has none),
+        for ``keys`` or every task known (dask's ``who_has``)."""
+        tasks = self.tasks
+        return {k: tuple(sorted(tasks[k].who_has)) if k in tasks else () for k in (tasks if keys is None else keys)}
 
     def timeout_of(self, seq: int) -> Optional[float]:
         run = self.placement.run_of(seq)
@@ -247,7 +255,7 @@ class Scheduler:
             return []
         self.gone.add(death.worker)
         self.placement.worker_gone(death.worker)
-        out: list = self._orphaned_restrictions(death.worker)
+        out: list = self._orphaned_restrictions(death.worker) + self._calls_died(death)
         lost = self._copies_lost(ws)
         recompute: list = []
         for ts in sorted(lost, key=lambda t: t.order):
@@ -461,7 +469,7 @@ class Scheduler:
 
     def handle_messages(self, worker: str, msgs: list) -> list:
         """A frame of task messages from one worker (Finished, Failed, Skipped, Unqueued,
-        Data, Stored), with placement run once for all of them (the events skip it meanwhile)."""
+        Data, Stored, Called), with placement run once for all of them (the events skip it meanwhile)."""
         out: list = []
         self._deferring = True
         try:
@@ -479,6 +487,8 @@ class Scheduler:
                     out += self.data(worker, m.request, m.key, m.data, m.error)
                 elif t is P.Stored:
                     out += self.stored(m.ack)
+                elif t is P.Called:
+                    out += self.called(m.request, m.data, m.error)
                 else:
                     raise TypeError(f"not a task message: {m!r}")
         finally:
@@ -604,6 +614,34 @@ class Scheduler:
             return Resolve(ts.key, "finished", ts.data)
         return Resolve(ts.key, "lost" if ts.state == "lost" else "error", ts.error)
 
+    # --- Client.run: a function on a worker, outside the tasks ---------------------------
+
+    def call(self, worker: str, fn: bytes, args: P.Payload, what: str) -> tuple[int, list]:
+        """Run a function on ``worker`` now (``Client.run``): (request id, actions). The answer
+        is a Deliver: the result, the function's error, or KilledWorker if the worker dies first."""
+        req = next(self._request)
+        ws = self.workers.get(worker)
+        if ws is None or ws.closing:
+            why = "died" if worker in self.gone else "is closing" if ws is not None else "is not running"
+            return req, [Deliver(req, what, error=RuntimeError(
+                f"{what} could not run on {worker!r}: the worker {why}. cluster.workers lists those running."))]
+        self.calls[req] = (worker, what)
+        return req, [Send(worker, P.Call(req, fn, args))]
+
+    def called(self, request: int, data: Optional[P.Payload], error: Optional[bytes]) -> list:
+        """A worker answered a Call."""
+        entry = self.calls.pop(request, None)
+        return [Deliver(request, entry[1], data, error)] if entry is not None else []
+
+    def _calls_died(self, death: WorkerDeath) -> list:
+        """The calls a dead worker never answered fail with KilledWorker, naming the death."""
+        out: list = []
+        for req, (worker, what) in list(self.calls.items()):
+            if worker == death.worker:
+                del self.calls[req]
+                out.append(Deliver(req, what, error=KilledWorker(what, worker, (death,), 0)))
+        return out
+
     # --- data for the client ------------------------------------------------------------
 
     def fetch(self, key: str) -> tuple[int, list]:
@@ -683,6 +721,8 @@ class Scheduler:
             for req in ts.fetchers:
                 out.append(Deliver(req, ts.key, error=error))
         out += self.transfers.clear(error)
+        out += [Deliver(req, what, error=error) for req, (_w, what) in self.calls.items()]
+        self.calls.clear()
         self.tasks.clear()
         self.placement.clear()
         self.forgetting.clear()

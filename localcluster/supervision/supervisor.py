@@ -243,7 +243,10 @@ class Supervisor:
             while True:
                 if self._life.error is not None:
                     raise self._life.error
-                slots = self.policy.slots
+                # A worker the scheduler was told is dead is not up, though the policy hears of
+                # its death a moment later: its futures (KilledWorker) may wake the caller first.
+                gone = self._scheduler.gone
+                slots = {name: s for name, s in self.policy.slots.items() if name not in gone}
                 ready = sum(1 for s in slots.values() if s.ready)
                 if ready == len(slots) == count or (at_least and ready >= count):
                     return

@@ -175,6 +175,15 @@ class Stop:
     """Exit cleanly."""
 
 
+@_dc
+class Call:
+    """Run ``fn(*args, **kwargs)`` now, outside the task slots (``Client.run``): ``args`` is
+    the pickled ``(args, kwargs)``. Answered by :class:`Called` with the same ``request``."""
+    request: int
+    fn: bytes
+    args: Payload
+
+
 # --- worker -> parent ------------------------------------------------------------------
 
 @_dc
@@ -225,6 +234,14 @@ class Data:
     """Reply to :class:`Export`: the data, or the pickled error that stopped it."""
     request: int
     key: str
+    data: Optional[Payload]
+    error: Optional[bytes]
+
+
+@_dc
+class Called:
+    """Reply to :class:`Call`: the function's result, or the pickled exception it raised."""
+    request: int
     data: Optional[Payload]
     error: Optional[bytes]
 

@@ -62,8 +62,7 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
     def __init__(self, client: Optional[Client] = None, nesting_level: Optional[int] = None,
                  inner_max_num_threads: Optional[int] = None, initializer: Optional[Callable] = None,
                  initargs: tuple = (), **submit_kwargs: Any):
-        from ..client import Client
-        if client is not None and not isinstance(client, Client):
+        if client is not None and not _is_client(client):
             raise TypeError(f"the localcluster joblib backend takes client=localcluster.Client, "
                             f"got {type(client).__name__}")
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
@@ -246,6 +245,11 @@ class UnlessCancelled:
         if cancelled():
             raise CancelledError("joblib gave up on this Parallel call: the rest of the batch is skipped")
         return self.fn(*args, **kwargs)
+
+
+def _is_client(obj: object) -> bool:
+    from ..client import Client
+    return isinstance(obj, Client)
 
 
 def _batch_name(batch: Any) -> str:

@@ -23,7 +23,10 @@ cause, signal, memory figures and crashing frames. A task's own exception is rai
 itself, its worker-side traceback attached as its ``__cause__`` (joblib drops an
 exception's traceback; loky shows the remote one the same way). Batches are sized by
 joblib's auto-batching, as with loky. ``Parallel`` nested inside a task runs sequentially
-on its worker thread. When a task fails, the batches not finished yet are cancelled.
+on its worker thread, even when it names "localcluster". ``initializer``/``initargs`` (of
+``Parallel`` or ``parallel_config``) run once per worker process. When joblib gives up on a
+call, what has not started is cancelled, and running batches stop (README, "joblib: what
+differs from loky", says how far).
 """
 from __future__ import annotations
 

@@ -175,3 +175,125 @@ def test_scikit_learn_grid_search_on_the_cluster(client):
 def test_bad_client_is_refused():
     with pytest.raises(TypeError, match="client=localcluster.Client"):
         localcluster.joblib.LocalClusterBackend(client="tcp://nowhere")
+
+
+# --- what joblib's own suite found (issue 25); tests/test_joblib_suite.py runs that suite ---
+
+INITIALIZED: list = []        # in a worker: the initializers it ran, in order
+
+
+def note_init(tag):
+    INITIALIZED.append(tag)
+
+
+def inits_seen(x):
+    return os.getpid(), list(INITIALIZED)
+
+
+def put_pid(shared, x):
+    shared[os.getpid()] = x
+    return os.getpid()
+
+
+def test_a_multiprocessing_manager_proxy_works_in_a_task_and_the_key_is_not_in_argv(client):
+    """Workers get the parent's authkey (else: AuthenticationError: digest sent was rejected),
+    over their socket pair: nothing in their command line gives it away."""
+    key = bytes(multiprocessing.current_process().authkey)
+    for w in client.cluster.workers.values():
+        cmdline = " ".join(psutil.Process(w.pid).cmdline())
+        assert key.hex() not in cmdline and repr(key) not in cmdline and "authkey" not in cmdline
+    with multiprocessing.Manager() as manager:
+        shared = manager.dict()
+        with joblib.parallel_config(backend="localcluster", client=client):
+            pids = joblib.Parallel(n_jobs=2)(joblib.delayed(put_pid)(shared, i) for i in range(20))
+        assert set(shared.keys()) == set(pids) <= {w.pid for w in client.cluster.workers.values()}
+
+
+def test_initializer_runs_once_per_worker_in_both_forms(client):
+    workers = {w.pid for w in client.cluster.workers.values()}
+    with joblib.parallel_config(backend="localcluster", client=client):
+        out = joblib.Parallel(n_jobs=2, initializer=note_init, initargs=("call",))(
+            joblib.delayed(inits_seen)(i) for i in range(40))
+    assert {pid for pid, _ in out} <= workers and all(seen == ["call"] for _, seen in out), out
+    with joblib.parallel_config(backend="localcluster", client=client, initializer=note_init, initargs=("config",)):
+        out = joblib.Parallel(n_jobs=2)(joblib.delayed(inits_seen)(i) for i in range(40))
+        again = joblib.Parallel(n_jobs=2)(joblib.delayed(inits_seen)(i) for i in range(40))
+    for pid, seen in out + again:     # once per worker process, not once per call or batch
+        assert seen in (["config"], ["call", "config"]) and pid in workers, seen
+
+
+def test_batch_statistics_start_afresh_at_each_call(client):
+    backend = localcluster.joblib.LocalClusterBackend(client=client)
+    with joblib.parallel_config(backend=backend):
+        joblib.Parallel(n_jobs=2)(joblib.delayed(where)(i) for i in range(2000))
+    assert backend.compute_batch_size() == 1      # joblib's default: the next call starts small
+
+
+NESTED = '''
+import os, sys, joblib
+def inner(x):
+    return os.getpid()
+def outer(x):
+    pids = joblib.Parallel(n_jobs=2, backend="localcluster")(joblib.delayed(inner)(i) for i in range(3))
+    return os.getpid(), set(pids), "localcluster.client" in sys.modules
+'''
+
+
+def test_a_task_may_name_the_backend_though_its_module_never_imported_it():
+    """``outer`` comes from a module that imports joblib only (pickled by value here): the
+    batch registers the backend where it is unpickled; the inner call runs in the task's
+    thread, without loading the parent's machinery into the worker. A worker that never
+    runs a joblib batch does not import joblib at all."""
+    namespace = {"__name__": "not_importable"}
+    exec(NESTED, namespace)
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(lambda: "joblib" in sys.modules).result() is False
+        with joblib.parallel_config(backend="localcluster", client=client):
+            out = joblib.Parallel(n_jobs=2)(joblib.delayed(namespace["outer"])(i) for i in range(2))
+    for pid, inner_pids, loaded_client in out:
+        assert inner_pids == {pid} and pid != os.getpid() and not loaded_client
+
+
+def fail_or_nap(x):
+    if x == 0:
+        raise ValueError("the first call fails")
+    time.sleep(x)
+    return x
+
+
+@pytest.mark.slow
+def test_an_abort_stops_the_running_batches_of_a_cluster_the_backend_started():
+    """As loky kills its workers: the next call of ``with Parallel()`` does not wait behind them."""
+    assert Client.current(allow_none=True) is None
+    with joblib.parallel_config(backend="localcluster"):
+        with joblib.Parallel(n_jobs=2) as parallel:
+            with pytest.raises(ValueError, match="the first call fails"):
+                parallel(joblib.delayed(fail_or_nap)(x) for x in [0, 30, 30, 30])
+            start = time.monotonic()
+            assert parallel(joblib.delayed(where)(i) for i in range(4))[0][0] == 0
+            assert time.monotonic() - start < 15, "the next call waited behind the abandoned batches"
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def nap_and_log(path, x):
+    time.sleep(abs(x))
+    if x < 0:
+        raise ValueError("the first call fails")
+    with open(path, "a") as f:
+        f.write("call\n")
+
+
+@pytest.mark.slow
+def test_an_abort_skips_the_rest_of_a_running_batch_on_your_cluster(client, tmp_path):
+    """On your own cluster the workers stay; a cancelled batch stops before its next call
+    (ten calls of 0.5 s would go on for 5 s: the log stops growing after at most one more)."""
+    log = tmp_path / "calls"
+    log.touch()
+    with joblib.parallel_config(backend="localcluster", client=client):
+        with pytest.raises(ValueError, match="the first call fails"):
+            joblib.Parallel(n_jobs=2, batch_size=10, pre_dispatch="all")(
+                joblib.delayed(nap_and_log)(str(log), x) for x in [-0.5] + [0.5] * 19)
+    time.sleep(1.5)                   # the call under way ends; nothing may follow it
+    settled = log.read_text().count("call")
+    time.sleep(2.0)
+    assert log.read_text().count("call") == settled <= 5

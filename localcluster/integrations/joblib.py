@@ -23,24 +23,37 @@ cause, signal, memory figures and crashing frames. A task's own exception is rai
 itself, its worker-side traceback attached as its ``__cause__`` (joblib drops an
 exception's traceback; loky shows the remote one the same way). Batches are sized by
 joblib's auto-batching, as with loky. ``Parallel`` nested inside a task runs sequentially
-on its worker thread. When a task fails, the batches not finished yet are cancelled.
+on its worker thread, even when it names "localcluster". ``initializer``/``initargs`` (of
+``Parallel`` or ``parallel_config``) run once per worker process. When joblib gives up on a
+call, what has not started is cancelled, and running batches stop (README, "joblib: what
+differs from loky", says how far).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import threading
 import traceback
-from typing import Any, Optional
+from concurrent.futures import CancelledError
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import cloudpickle
 import joblib
-from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, SequentialBackend
+from joblib.parallel import AutoBatchingMixin, FallbackToBackend, ParallelBackendBase, SequentialBackend
 
 from .. import config
-from ..client import Client
-from ..death import RemoteTraceback
+from ..death import RemoteTraceback, TaskError
 from ..system.machine import usable_cpus
+from ..worker.process import cancelled, in_worker
+
+if TYPE_CHECKING:       # imported where used: a worker that unpickles a batch loads this
+    from ..client import Client     # module, and must not load the parent's machinery with it
 
 __all__ = ["LocalClusterBackend"]
+
+_initialized: set = set()            # the initializers run in this (worker) process, by token
+_initializing = threading.Lock()     # a worker's threads start batches at once
 
 
 class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
@@ -50,21 +63,27 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
     default_n_jobs = -1
 
     def __init__(self, client: Optional[Client] = None, nesting_level: Optional[int] = None,
-                 inner_max_num_threads: Optional[int] = None, **submit_kwargs: Any):
-        if client is not None and not isinstance(client, Client):
+                 inner_max_num_threads: Optional[int] = None, initializer: Optional[Callable] = None,
+                 initargs: tuple = (), **submit_kwargs: Any):
+        if client is not None and not _is_client(client):
             raise TypeError(f"the localcluster joblib backend takes client=localcluster.Client, "
                             f"got {type(client).__name__}")
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
         self._given = client
-        self._owned: Optional[Client] = None     # the Client() this backend started, if it did
+        # joblib's name for a backend's pool (joblib's tests read it): the Client() this
+        # backend started, if it did
+        self._workers: Optional[Client] = None
         self._in_use: Optional[Client] = None    # the client of the Parallel call under way
         self.submit_kwargs = submit_kwargs
+        self._init = Initializer.make(initializer, initargs)   # parallel_config(initializer=)
+        self._call_init = self._init                            # the call's: Parallel(initializer=)
         self._pending: set = set()
 
     @property
     def client(self) -> Optional[Client]:
         """The client the work goes to: the given one, else the current one; None if there is
         none yet (a Parallel call then starts one of its own)."""
+        from ..client import Client
         if self._in_use is not None:
             return self._in_use
         if self._given is not None:
@@ -77,6 +96,8 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         with no client yet, the threads a ``Client()`` would start."""
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
+        if in_worker():
+            return 1
         n_jobs = -1 if n_jobs is None else n_jobs
         client = self.client
         if client is not None:
@@ -91,10 +112,17 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def configure(self, n_jobs: int = 1, parallel: Any = None, **backend_kwargs: Any) -> int:
         """The start of a Parallel call (or of ``with Parallel()``): choose its client."""
+        if in_worker():
+            # A task's own Parallel call runs in its thread, as joblib's nested calls do: a
+            # cluster started inside a worker would oversubscribe the machine.
+            raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         self.parallel = parallel
+        if "initializer" in backend_kwargs:
+            self._call_init = Initializer.make(backend_kwargs["initializer"], backend_kwargs.get("initargs", ()))
         client = self.client
         if client is None:
-            client = self._owned = Client()
+            from ..client import Client
+            client = self._workers = Client()
         self._in_use = client
         return self.effective_n_jobs(n_jobs)
 
@@ -102,7 +130,7 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         """One batch of calls (joblib's BatchedCalls) as one task."""
         if self._in_use is None:         # used without configure(): as a Parallel call would
             self.configure()
-        future = self._in_use.submit(func, key=f"{_batch_name(func)}-{os.urandom(8).hex()}",
+        future = self._in_use.submit(Batch(func, self._call_init), key=f"{_batch_name(func)}-{os.urandom(8).hex()}",
                                      **self.submit_kwargs)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
@@ -119,6 +147,11 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         exc = out.exception()
         if exc is None:
             return out.result()
+        if isinstance(exc, TaskError) and exc.original is not None:
+            # A KeyboardInterrupt or SystemExit raised by a call: joblib (loky) raises it as
+            # itself out of Parallel, which is where the user asked for it.
+            exc.original.__cause__ = RemoteTraceback(exc.traceback_text)
+            raise exc.original
         if exc.__traceback__ is not None:
             # A task's own exception, with its worker-side frames. joblib sets __traceback__
             # to None before raising it: keep them as the cause, as loky does.
@@ -127,17 +160,31 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         raise exc
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """joblib gave up (a task failed, or a timeout): cancel what has not finished."""
+        """joblib gave up (a task failed, a timeout, a generator dropped): cancel what has not
+        finished. On a cluster this backend started, stop it at once, running batches with it,
+        and start a fresh one if joblib goes on (``with Parallel()``): what loky does with its
+        workers. On your own cluster, whose workers may run other work, a running batch stops
+        before its next call; a call under way runs to its end."""
         pending = [f for f in list(self._pending) if not f.done()]
         self._pending.clear()
         if pending and self._in_use is not None and self._in_use.status == "running":
             self._in_use.cancel(pending)
+        owned, self._workers = self._workers, None
+        if owned is None:
+            return
+        self._in_use = None
+        owned.close()
+        if ensure_ready:
+            self.configure(n_jobs=self.parallel.n_jobs, parallel=self.parallel)
 
     def terminate(self) -> None:
-        """The end of a Parallel call: close the client we started, if we did."""
+        """The end of a Parallel call: close the client we started, if we did; the next call
+        starts from joblib's default batch size again."""
         self._in_use = None
         self._pending.clear()
-        owned, self._owned = self._owned, None
+        self._call_init = self._init
+        self.reset_batch_stats()
+        owned, self._workers = self._workers, None
         if owned is not None:
             owned.close()
 
@@ -147,6 +194,65 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
     def __reduce__(self) -> Any:
         # never pickle a Client: a backend sent to a worker is a fresh, unconfigured one
         return (LocalClusterBackend, ())
+
+
+class Initializer:
+    """``initializer(*initargs)``, pickled once in the parent, run once per worker process
+    before its first batch of a call that names it (as loky runs it once per worker)."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+        self.token = hashlib.sha256(payload).hexdigest()
+
+    @classmethod
+    def make(cls, initializer: Optional[Callable], initargs: tuple) -> Optional["Initializer"]:
+        if initializer is None:
+            return None
+        if not callable(initializer):
+            raise TypeError(f"initializer must be callable, got {initializer!r}")
+        return cls(cloudpickle.dumps((initializer, tuple(initargs))))
+
+    def run_once(self) -> None:
+        with _initializing:
+            if self.token in _initialized:
+                return
+            fn, args = cloudpickle.loads(self.payload)
+            fn(*args)
+            _initialized.add(self.token)
+
+
+class Batch:
+    """One joblib batch as a task (pickled by reference: unpickling it registers the backend
+    in the worker, so a call inside it may name "localcluster"). It runs the call's
+    initializer first, and stops between its calls once joblib has given up on it."""
+
+    def __init__(self, calls: Any, init: Optional[Initializer]):
+        self.calls = calls
+        self.init = init
+
+    def __call__(self) -> Any:
+        if self.init is not None:
+            self.init.run_once()
+        calls = self.calls
+        calls.items = [(UnlessCancelled(fn), args, kwargs) for fn, args, kwargs in calls.items]
+        return calls()
+
+
+class UnlessCancelled:
+    """A call of a batch, skipped once the batch's task is cancelled (joblib aborted)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if cancelled():
+            raise CancelledError("joblib gave up on this Parallel call: the rest of the batch is skipped")
+        return self.fn(*args, **kwargs)
+
+
+def _is_client(obj: object) -> bool:
+    from ..client import Client
+    return isinstance(obj, Client)
 
 
 def _batch_name(batch: Any) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -103,6 +104,9 @@ class Nanny:
 
     def spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Before any message, the key only the worker can read (not argv: SECURITY.md).
+        key = bytes(multiprocessing.current_process().authkey)
+        parent_sock.sendall(len(key).to_bytes(4, "big") + key)
         self.board = Board(self.nthreads)
         cfg = {
             "name": self.name, "nthreads": self.nthreads, "parent_pid": os.getpid(),

@@ -46,6 +46,44 @@ from .store import Store, StoreError
 
 FLUSH_DELAY = 0.002
 
+_here = threading.local()      # .worker and .seq: the run this executor thread is on
+_in_worker = False
+
+
+def in_worker() -> bool:
+    """Whether this process is a localcluster worker (code that would start a cluster of its
+    own, such as the joblib backend, runs in the task's thread instead)."""
+    return _in_worker
+
+
+def cancelled() -> bool:
+    """Whether the task running on this thread was cancelled (its caller gave up on it):
+    work made of steps, such as a joblib batch of calls, stops at the next one."""
+    worker = getattr(_here, "worker", None)
+    return worker is not None and getattr(_here, "seq", None) in worker.cancelled
+
+
+def take_authkey(fd: int) -> None:
+    """The parent's ``multiprocessing`` authkey, so that a Manager proxy (or any connection
+    to the parent's multiprocessing servers) a task receives authenticates as it would in
+    the parent or in a loky worker. It precedes every message on the channel (4 bytes of
+    length, then the key), never in argv, which ``ps`` shows to every user (SECURITY.md)."""
+    size = int.from_bytes(_read_exact(fd, 4), "big")
+    key = _read_exact(fd, size)
+    from multiprocessing import current_process
+    current_process().authkey = key
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise EOFError("the parent closed the channel before sending the worker's authkey")
+        out += chunk
+    return out
+
+
 BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
         "from localcluster.worker.process import main; main(cfg)")
 
@@ -279,6 +317,7 @@ class Worker:
     def _execute(self, row: int) -> None:
         ident = threading.get_ident()
         board = self.board
+        _here.worker = self
         while True:
             run = self._next_run(row)
             if run is None:
@@ -297,6 +336,7 @@ class Worker:
             if self.pause_at is not None:
                 self._look_at_memory()
             board.start(row, ident, run.seq)
+            _here.seq = run.seq
             reply = self._run(run, row)
             board.stop(row)
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
@@ -432,8 +472,11 @@ def main(cfg: dict) -> None:
     # would get our channel to the parent and the board (SECURITY.md).
     for fd in (cfg["sock_fd"], cfg["board_fd"]):
         os.set_inheritable(fd, False)
+    global _in_worker
+    _in_worker = True
     worker = None
     try:
+        take_authkey(cfg["sock_fd"])
         worker = Worker(cfg)
         if cfg.get("log_level") is not None:
             logs.install(worker.log, cfg["log_level"])

@@ -96,7 +96,8 @@ class LocalCluster:
         self._loop = EventLoop(life, on_wake=self._chores)
         self.history = History()
         self._dispatch = Dispatcher(self._lock, self._changed, self.scheduler, self._loop, self.history, life)
-        settings_ = WorkerSettings(self.threads_per_worker, self.memory_limit, cfg, _pickled(initializer, initargs),
+        settings_ = WorkerSettings(self.threads_per_worker, self.memory_limit, cfg,
+                                   _pickled(initializer, initargs, self.local_directory),
                                    self.local_directory)
         self._supervisor = Supervisor(settings_, self._lock, self._changed, self.scheduler, self._dispatch,
                                       self._loop, self.history, life)
@@ -290,11 +291,17 @@ def _make_directory(parent: Optional[str]) -> tuple[str, int]:
     return make_cluster_directory(base)
 
 
-def _pickled(initializer: Optional[Callable], initargs: tuple) -> Optional[str]:
+def _pickled(initializer: Optional[Callable], initargs: tuple, directory: str) -> Optional[str]:
+    """The path of (initializer, initargs) pickled into the cluster's private directory (0700,
+    the file 0600): its arguments may hold secrets, and a worker's argv is world-readable."""
     if initializer is None:
         return None
     import cloudpickle
-    return cloudpickle.dumps((initializer, tuple(initargs))).hex()
+    path = os.path.join(directory, "initializer.pkl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(cloudpickle.dumps((initializer, tuple(initargs))))
+    return path
 
 
 def _after_fork_in_child() -> None:

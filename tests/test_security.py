@@ -53,3 +53,28 @@ def test_task_subprocesses_inherit_no_channel_or_memory_descriptor():
         # 0-2 are the worker's stdio (/dev/null and the pipes its output is read from).
         assert sorted(fds) == ["0", "1", "2"], fds
 
+
+
+SECRET = "s3cr3t-token-8f1d2e"
+
+
+def remember(token):
+    os.environ["LC_TEST_TOKEN_SEEN"] = token[::-1]      # proof that it ran, not the secret itself
+
+
+def token_seen():
+    return os.environ.get("LC_TEST_TOKEN_SEEN", "")[::-1]
+
+
+def test_an_initializers_arguments_are_not_on_any_command_line():
+    """initargs may hold a secret: every worker runs the initializer with it, and no
+    worker's command line (world-readable: ps, /proc/<pid>/cmdline) shows it."""
+    with LocalCluster(n_workers=2, initializer=remember, initargs=(SECRET,), forward_logs=False) as c, \
+            Client(c) as client:
+        for name in c.workers:
+            assert client.submit(token_seen, workers=[name], pure=False).result(30) == SECRET
+        for info in c.workers.values():
+            cmdline = " ".join(psutil.Process(info.pid).cmdline())
+            assert SECRET not in cmdline and SECRET.encode().hex() not in cmdline
+        path = os.path.join(c.local_directory, "initializer.pkl")
+        assert os.stat(path).st_mode & 0o777 == 0o600

@@ -85,7 +85,7 @@ class WorkerSettings:
     threads: int
     memory_limit: Optional[int]
     config: dict
-    initializer: Optional[str]     # hex of the pickled (initializer, initargs)
+    initializer: Optional[str]     # the path of the pickled (initializer, initargs), 0600
     directory: str                 # the cluster's local directory: one spill directory per worker
 
 

@@ -481,7 +481,8 @@ def main(cfg: dict) -> None:
         if cfg.get("log_level") is not None:
             logs.install(worker.log, cfg["log_level"])
         if cfg.get("initializer") is not None:
-            init, initargs = pickle.loads(bytes.fromhex(cfg["initializer"]))
+            with open(cfg["initializer"], "rb") as f:       # 0600 in the cluster's 0700 directory
+                init, initargs = pickle.load(f)
             init(*initargs)
         worker.serve()
     except SystemExit:

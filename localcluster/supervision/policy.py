@@ -271,7 +271,9 @@ class Policy:
         have = len(self.alive())
         if want >= have:                # tasks wait for a thread: grow now, never later
             self.surplus_since = None
-            return self._resize(want, now, idleness()) if want != self.target else []
+            # a death's replacement already due (respawn_at, with its backoff) is not doubled
+            due = want != self.target or want > have + len(self.respawn_at)
+            return self._resize(want, now, idleness()) if due else []
         if self.surplus_since is None:
             self.surplus_since = now
         if now - self.surplus_since < a.idle:

@@ -91,7 +91,7 @@ def check_seconds(value: Any, call: str, name: str = "timeout", zero: bool = Fal
     return float(value)
 
 
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
+_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
 
 
 def check_duration(value: Any, call: str, name: str) -> float:
@@ -101,7 +101,7 @@ def check_duration(value: Any, call: str, name: str) -> float:
     if isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(ms|s|m|min)?\s*", value)
         try:
-            seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else None
+            seconds = float(match.group(1)) * _TIME_UNITS[match.group(2) or "s"] if match else None
         except ValueError:
             seconds = None
     if not _positive_seconds(seconds):

@@ -411,3 +411,49 @@ def test_every_instruction_is_a_small_frozen_value():
               HandOff("w"), SetPaused("w", True), Note("w", "x"), GiveUp(ValueError("x"))):
         with pytest.raises(AttributeError):
             i.worker = "other"
+
+
+def test_adapt_under_any_sequence_of_work_and_deaths_stays_within_its_bounds():
+    """Random work, deaths and retirements (hypothesis): after each event ``validate()``
+    holds (Checked), never more workers alive than ``maximum``, and never none while tasks
+    wait or data is held."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    event = st.one_of(st.tuples(st.just("look"), st.integers(0, 9), st.booleans()),
+                      st.tuples(st.just("die"), st.integers(0, 9), st.booleans()),
+                      st.tuples(st.just("retire"), st.integers(0, 9), st.booleans()))
+
+    @hypothesis.settings(max_examples=150, deadline=None)
+    @hypothesis.given(st.integers(0, 2), st.integers(0, 3), st.lists(event, max_size=60))
+    def run(minimum, extra, events):
+        p = make()
+        p.life.to(Phase.RUNNING)
+        names = iter(f"w{i}" for i in range(10**6))
+        bounds = Adapt(minimum, minimum + extra, 0.3)
+        now = 0.0
+
+        def carry_out(out):
+            for i in out:
+                if type(i) is Spawn:
+                    name = next(names)
+                    p.spawned(name, 1, now)
+                    p.ready(name, now, 20 * MiB)
+                elif type(i) is HandOff:
+                    p.retired(i.worker, now)
+
+        carry_out(p.adapt(bounds, now, {}))
+        for kind, n, flag in events:
+            now += 0.1
+            live = sorted(p.slots)
+            if kind == "look":
+                carry_out(look(p, now, n, holding=lambda: flag))
+                carry_out(p.tick(now))
+                alive = len(p.alive())
+                assert alive <= bounds.maximum
+                if n and bounds.maximum:
+                    assert alive >= 1
+            elif live and kind == "die":
+                p.exited(death(live[n % len(live)], "signal" if flag else "requested"), now)
+            elif live:
+                carry_out(p.retired(live[n % len(live)], now))
+    run()

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from . import config as _config
 from .scheduler import state as S
 from .engine.callbacks import CallbackThread
-from .config import check_int, check_seconds, format_bytes
+from .config import check_duration, check_int, check_seconds, format_bytes
 from .death import ClusterClosed, ClusterRestarted, WorkerDeath
 from .engine.dispatch import Dispatcher, Listener
 from .gateway import Gateway
@@ -40,6 +40,7 @@ from .engine.lifecycle import Lifecycle, Phase
 from .engine.loop import EventLoop
 from .system.machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
 from .supervision.nanny import logger
+from .supervision.policy import Adapt
 from .supervision.stallwatch import StallWatch
 from .supervision.supervisor import Supervisor, WorkerInfo, WorkerSettings
 from .engine.watchdog import Watchdog
@@ -169,12 +170,33 @@ class LocalCluster:
         return self._supervisor.deaths
 
     def scale(self, n: int, timeout: float = 60.0) -> None:
-        """Grow or shrink to ``n`` workers; returns when they are up (or gone)."""
+        """Grow or shrink to ``n`` workers; returns when they are up (or gone). Stops adapt()."""
         check_int(n, "scale", "n")
         self._gateway.check_open()
         self._gateway.rescaled()
         self._loop.call(lambda: self._supervisor.scale(n)).result()
         self._supervisor.wait_for(n, timeout)
+
+    def adapt(self, minimum: int = 0, maximum: Optional[int] = None, wait_count: int = 3,
+              interval: Any = None) -> None:
+        """Let the work set the size, between ``minimum`` and ``maximum`` workers (None: the
+        CPUs this process may use), dask's meaning: tasks waiting for a thread start workers at
+        once; a worker is let go once ``wait_count`` looks, ``interval`` apart (seconds or
+        "500ms"; None: the ``adapt_interval`` setting), found the work needing fewer workers,
+        its data handed to the others first. Returns at once; adapt() again replaces the bounds,
+        scale(n) stops adapting."""
+        minimum = check_int(minimum, "adapt", "minimum")
+        maximum = check_int(maximum, "adapt", "maximum", none="for the CPUs this process may use")
+        if maximum is None:
+            maximum = max(usable_cpus(), minimum)
+        if minimum > maximum:
+            raise ValueError(f"adapt(minimum={minimum}, maximum={maximum}): minimum is above maximum; "
+                             f"give a minimum no larger than the maximum")
+        wait_count = check_int(wait_count, "adapt", "wait_count", lo=1)
+        every = self.config["adapt_interval"] if interval is None else check_duration(interval, "adapt", "interval")
+        self._gateway.check_open()
+        self._gateway.rescaled()
+        self._loop.call(lambda: self._supervisor.adapt(Adapt(minimum, maximum, wait_count * every))).result()
 
     def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Return when at least ``n_workers`` workers (by default, as many as the cluster
@@ -197,7 +219,7 @@ class LocalCluster:
             self._supervisor.stop_all()
             self._dispatch.post(post)
             self._dispatch.fail_requests(ClusterRestarted("the cluster was restarted"))
-            self._supervisor.scale(self._supervisor.target)     # every old one is leaving
+            self._supervisor.refill()     # every old one is leaving; adapting, if on, goes on
         self._loop.call(begin).result()
         self._supervisor.wait_for(self._supervisor.target, timeout)
 

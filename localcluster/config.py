@@ -91,6 +91,25 @@ def check_seconds(value: Any, call: str, name: str = "timeout", zero: bool = Fal
     return float(value)
 
 
+_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
+
+
+def check_duration(value: Any, call: str, name: str) -> float:
+    """A delay of a public call that dask writes either way: seconds as a number, or a string
+    with a unit ("500ms", "1s", "2 min"); a short ValueError naming the call otherwise."""
+    seconds = value
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(ms|s|m|min)?\s*", value)
+        try:
+            seconds = float(match.group(1)) * _TIME_UNITS[match.group(2) or "s"] if match else None
+        except ValueError:
+            seconds = None
+    if not _positive_seconds(seconds):
+        raise ValueError(f"{_argument(call, name, value)}: expected a number of seconds > 0, "
+                         f"or a string such as '500ms' or '1s'")
+    return float(seconds)
+
+
 _RESOURCES_HELP = ("a dict of resource names (str) to positive numbers, such as {'MEM': 2, 'GPU': 1}, "
                    "or None for none")
 
@@ -310,6 +329,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "memory_terminate": _fraction("memory_terminate"),
     "memory_sample_interval": _seconds("memory_sample_interval", allow_none=False),
     "memory_leak_restart": _seconds("memory_leak_restart", allow_none=True),
+    "adapt_interval": _seconds("adapt_interval", allow_none=False),
     "log_lines": _int("log_lines", 1),
     "resources": _resources,
 }
@@ -331,6 +351,7 @@ DEFAULTS: dict[str, Any] = {
     "memory_terminate": 0.95,
     "memory_sample_interval": 0.02,
     "memory_leak_restart": 10.0,  # paused that long with nothing to spill: restarted as a leak (policy.py)
+    "adapt_interval": 0.5,        # adapt(): wait_count (3) intervals in a row needing fewer workers: one goes (policy.py)
     "log_lines": 1000,
     "resources": None,            # every worker's abstract resources, {"MEM": 2, "GPU": 1}: submit(resources=)
 }

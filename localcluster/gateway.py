@@ -106,7 +106,7 @@ class Gateway:
 
     def submit(self, specs: list, track: Callable[[], Any]) -> Any:
         """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
-        if self._supervisor.nannies or self._supervisor.target:
+        if self._supervisor.nannies or self._supervisor.target or self._supervisor.adapting:
             self._said_no_worker = False
         elif self._life.phase is Phase.RUNNING and specs and not self._said_no_worker:
             # Legitimate (scale up later), but a silent wait is the worst way to find out.

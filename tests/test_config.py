@@ -51,6 +51,7 @@ LEVELS = {
     "memory_terminate": (("0.99", 0.99), (1, 1.0), ("false", None)),
     "memory_sample_interval": (("0.5", 0.5), (0.25, 0.25), (2, 2.0)),
     "memory_leak_restart": (("30", 30.0), (None, None), (5, 5.0)),
+    "adapt_interval": (("0.25", 0.25), (2, 2.0), (0.1, 0.1)),
     "log_lines": (("10", 10), (20, 20), ("30", 30)),
     "resources": (("MEM=2, GPU=0.5", {"MEM": 2, "GPU": 0.5}), ({"MEM": 4}, {"MEM": 4}),
                   ({"GPU": np.int64(1)}, {"GPU": 1})),
@@ -186,6 +187,7 @@ BAD = {
     "memory_terminate": ("a fraction between 0 and 1", [0.0, 7, True]),
     "memory_sample_interval": ("a number of seconds > 0", [None, "none", 0, -0.5, "fast", False]),
     "memory_leak_restart": ("a number of seconds > 0 or None", [0, -1, "soon", True]),
+    "adapt_interval": ("a number of seconds > 0", [None, "none", 0, -1, "soon", True, float("inf")]),
     "log_lines": ("an integer >= 1", [0, "many", 10.0, None]),
     "resources": ("a dict of resource names (str) to positive numbers", [{"MEM": 0}, {"MEM": -1}, {1: 2},
                   {"GPU": True}, {"GPU": math.nan}, {"GPU": math.inf}, {"": 1}, {"MEM": "2"}, ["MEM"], 3,
@@ -222,7 +224,7 @@ def test_a_bad_environment_variable_names_the_variable_the_key_and_what_is_accep
         assert config.resolve()[key] == config.DEFAULTS[key]
 
 
-@pytest.mark.parametrize("key", ["worker_ttl", "memory_sample_interval", "stall_warning"])
+@pytest.mark.parametrize("key", ["worker_ttl", "memory_sample_interval", "stall_warning", "adapt_interval"])
 def test_nan_is_not_a_number_of_seconds(key):
     with pytest.raises(ValueError, match=key):
         config.resolve(**{key: math.nan})

@@ -420,7 +420,7 @@ def test_bad_values_raise_naming_the_key(kwargs, match):
 def test_unknown_key():
     with pytest.raises(ValueError, match="unknown localcluster config key 'nope'"):
         config.set(nope=1)
-    with pytest.raises(ValueError, match="unknown setting 'nope'; known settings: allowed_failures"):
+    with pytest.raises(ValueError, match="unknown setting 'nope'; known settings: adapt_interval, allowed_failures"):
         LocalCluster(nope=1)
 
 

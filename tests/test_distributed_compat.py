@@ -97,6 +97,32 @@ def test_the_portable_methods_take_dask_keywords():
             "allow_other_workers"} == taken, method
 
 
+# dask keywords of cluster.adapt (LocalCluster.adapt's own and its Adaptive's) that ours does
+# not take, each with why (README, "When one machine is not enough").
+ADAPT_NOT_TAKEN = {
+    "Adaptive": "no class to swap in: the policy is localcluster's own",
+    "minimum_cores": "bounds are in workers (threads_per_worker each)",
+    "maximum_cores": "bounds are in workers (threads_per_worker each)",
+    "minimum_memory": "bounds are in workers (memory_limit each)",
+    "maximum_memory": "bounds are in workers (memory_limit each)",
+    "target_duration": "every task that waits for a thread is a reason to grow, whatever its duration",
+    "worker_key": "no worker groups: workers are retired one by one",
+}
+
+
+def test_adapt_takes_dask_keywords():
+    """``cluster.adapt(minimum=0, maximum=2)`` is portable: ours takes dask's keywords with
+    their meaning (interval and wait_count as in dask's Adaptive), bar those listed."""
+    distributed = pytest.importorskip("distributed")
+    from distributed.deploy.adaptive import Adaptive
+    theirs = named(distributed.LocalCluster.adapt) | (named(Adaptive.__init__) - {"cluster"})
+    ours = named(localcluster.LocalCluster.adapt)
+    assert {"minimum", "maximum", "wait_count", "interval"} <= ours <= theirs
+    assert theirs - ours == set(ADAPT_NOT_TAKEN)
+    defaults = {n: p.default for n, p in inspect.signature(localcluster.LocalCluster.adapt).parameters.items()}
+    assert defaults["minimum"] == 0 and defaults["wait_count"] == 3     # dask's too
+
+
 def keywords(**kwargs):
     return sorted(kwargs)
 

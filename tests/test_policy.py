@@ -6,7 +6,7 @@ import pytest
 
 from localcluster.death import WorkerDeath, WorkerStartupError
 from localcluster.engine.lifecycle import Lifecycle, Phase
-from localcluster.supervision.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept,
+from localcluster.supervision.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept, Adapt,
                                              DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse,
                                              SendStop, SetPaused, Spawn)
 
@@ -126,6 +126,128 @@ def test_a_death_is_replaced_on_the_next_tick_but_not_when_requested_or_closing(
     p.life.to(Phase.CLOSING)        # the cluster moves first, then tells the policy
     p.close(3.0)
     assert p.exited(death("w2", "signal"), 3.0) == [] and p.tick(3.0) == []
+
+
+# --- adapt ---------------------------------------------------------------------------------------
+
+def never_asked() -> bool:
+    raise AssertionError("holding() asked while the size does not fall to 0")
+
+
+def look(p: Checked, now: float, slots: int, threads: int = 1, holding=never_asked, idleness=None) -> list:
+    """One adapt tick, as the supervisor sends it."""
+    return p.adapting(now, slots, threads, holding, lambda: idleness or {})
+
+
+def test_adapt_grows_at_once_while_tasks_wait_up_to_maximum():
+    p = make()
+    p.life.to(Phase.RUNNING)
+    assert p.adapt(Adapt(0, 2, 1.5), 0.0, {}) == []       # nothing to do, nothing started
+    assert look(p, 0.05, 0) == []
+    assert look(p, 0.10, 5) == [Spawn(), Spawn()]          # 5 tasks, 1 thread each: capped at 2
+    p.spawned("w0", 1, 0.1)
+    p.spawned("w1", 2, 0.1)
+    assert look(p, 0.15, 5) == [] and p.target == 2        # the starting ones count: no double spawn
+    q = make()
+    q.adapt(Adapt(0, 4, 1.5), 0.0, {})
+    assert look(q, 0.1, 5, threads=2) == [Spawn()] * 3     # 5 slots of 2-thread workers: 3
+
+
+def test_adapt_shrinks_only_after_the_idle_delay_handing_data_off():
+    p = make()
+    p.adapt(Adapt(0, 2, 1.5), 0.0, {})
+    look(p, 0.0, 4)
+    started(p, "w0", "w1")
+    assert look(p, 1.0, 1) == []                   # one run left: the surplus clock starts
+    assert look(p, 2.4, 1) == []                   # not yet 1.5 s
+    assert look(p, 2.5, 1, idleness={"w0": (1, 1, 0), "w1": (1, 0, 4)}) == [HandOff("w1")]
+    assert p.target == 1 and p.status("w1") == "closing"
+    assert look(p, 2.6, 0) == [] and look(p, 3.9, 0) == []     # the next look: one idle period on
+    assert look(p, 4.0, 0, holding=lambda: False) == [HandOff("w0")] and p.target == 0
+
+
+def test_work_coming_back_during_the_idle_delay_resets_its_clock():
+    p = make()
+    p.adapt(Adapt(0, 2, 1.5), 0.0, {})
+    look(p, 0.0, 2)
+    started(p, "w0", "w1")
+    assert look(p, 1.0, 0) == []
+    assert look(p, 2.0, 2) == []                   # busy again
+    assert look(p, 2.1, 0) == [] and look(p, 3.5, 0) == []
+    assert kinds(look(p, 3.6, 0, holding=lambda: False)) == ["HandOff", "HandOff"]
+
+
+def test_adapt_keeps_one_worker_while_workers_hold_needed_data():
+    p = make()
+    p.adapt(Adapt(0, 2, 1.0), 0.0, {})
+    look(p, 0.0, 2)
+    started(p, "w0", "w1")
+    look(p, 1.0, 0)
+    assert look(p, 2.0, 0, holding=lambda: True, idleness={"w0": (1, 0, 1), "w1": (1, 0, 0)}) == [HandOff("w1")]
+    assert p.target == 1
+    assert look(p, 2.1, 0) == [] and look(p, 3.1, 0, holding=lambda: True) == []    # asked once a period
+    assert p.target == 1 and p.status("w0") == "running"
+    assert look(p, 4.2, 0, holding=lambda: False) == [HandOff("w0")]
+
+
+def test_adapt_never_goes_below_minimum_and_brings_the_size_inside_new_bounds():
+    p = make()
+    p.scale(4, 0.0, {})
+    started(p, "w0", "w1", "w2", "w3")
+    out = p.adapt(Adapt(1, 2, 1.0), 1.0, {"w0": (1, 3, 0), "w1": (1, 0, 0), "w2": (1, 2, 0), "w3": (1, 0, 0)})
+    assert out == [HandOff("w1"), HandOff("w3")] and p.target == 2
+    look(p, 1.1, 0)
+    assert look(p, 2.1, 0) == [HandOff("w0")] and p.target == 1       # minimum 1: holding() not asked
+    assert look(p, 3.2, 0) == [] and look(p, 4.3, 0) == []
+    assert p.adapt(Adapt(3, 5, 1.0), 5.0, {}) == [Spawn(), Spawn()] and p.target == 3   # again: replaced
+    assert p.adaptive == Adapt(3, 5, 1.0)
+
+
+def test_scale_stops_adapting_and_restart_keeps_it():
+    p = make()
+    p.adapt(Adapt(0, 3, 1.0), 0.0, {})
+    look(p, 0.0, 3)
+    started(p, "w0", "w1", "w2")
+    p.stop_all(1.0)                                # restart: every old one leaves ...
+    assert p.refill(1.0, {}) == [Spawn()] * 3 and p.adaptive is not None    # ... and as many come
+    for i, name in enumerate(("w3", "w4", "w5")):
+        p.spawned(name, 10 + i, 1.0)
+    assert kinds(p.scale(1, 2.0, {})) == ["SendStop", "SendStop"]    # two not yet ready: no hand-off
+    assert p.adaptive is None and p.surplus_since is None
+    assert look(p, 2.1, 10) == []                  # no longer adapting: the work sets nothing
+
+
+def test_a_death_while_adapting_is_replaced_only_while_the_work_needs_it():
+    p = make()
+    p.adapt(Adapt(0, 2, 1.0), 0.0, {})
+    look(p, 0.0, 2)
+    started(p, "w0", "w1")
+    p.exited(death("w1", "signal", ("t",)), 1.0)
+    assert look(p, 1.0, 1) == [] and p.target == 1     # one task left: its replacement is not due
+    assert p.tick(1.05) == []
+    p.exited(death("w0", "signal", ("t",)), 2.0)
+    assert look(p, 2.0, 1) == [] and p.tick(2.0) == [Spawn()]    # its replacement, due already, comes once
+    p.spawned("w2", 3, 2.0)
+    assert look(p, 2.05, 1) == []
+    p.slots.pop("w2")   # (gone with no replacement due: a target the workers fall short of) ...
+    assert look(p, 2.1, 1) == [Spawn()] and p.target == 1      # ... is made up on the adapt tick
+
+
+def test_adapt_validate_catches_a_target_outside_the_bounds():
+    p = make()
+    p.adapt(Adapt(0, 2, 1.0), 0.0, {})
+    p.policy.target = 3
+    with pytest.raises(AssertionError, match="adapting between 0 and 2 with target 3"):
+        p.validate()
+
+
+def test_closing_stops_adapting():
+    p = make()
+    p.adapt(Adapt(1, 2, 1.0), 0.0, {})
+    p.life.to(Phase.RUNNING)
+    p.life.to(Phase.CLOSING)
+    p.close(1.0)
+    assert p.adaptive is None and look(p, 1.1, 5) == []
 
 
 def test_a_memory_kill_of_an_idle_worker_is_a_failed_start():
@@ -289,3 +411,49 @@ def test_every_instruction_is_a_small_frozen_value():
               HandOff("w"), SetPaused("w", True), Note("w", "x"), GiveUp(ValueError("x"))):
         with pytest.raises(AttributeError):
             i.worker = "other"
+
+
+def test_adapt_under_any_sequence_of_work_and_deaths_stays_within_its_bounds():
+    """Random work, deaths and retirements (hypothesis): after each event ``validate()``
+    holds (Checked), never more workers alive than ``maximum``, and never none while tasks
+    wait or data is held."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    event = st.one_of(st.tuples(st.just("look"), st.integers(0, 9), st.booleans()),
+                      st.tuples(st.just("die"), st.integers(0, 9), st.booleans()),
+                      st.tuples(st.just("retire"), st.integers(0, 9), st.booleans()))
+
+    @hypothesis.settings(max_examples=150, deadline=None)
+    @hypothesis.given(st.integers(0, 2), st.integers(0, 3), st.lists(event, max_size=60))
+    def run(minimum, extra, events):
+        p = make()
+        p.life.to(Phase.RUNNING)
+        names = iter(f"w{i}" for i in range(10**6))
+        bounds = Adapt(minimum, minimum + extra, 0.3)
+        now = 0.0
+
+        def carry_out(out):
+            for i in out:
+                if type(i) is Spawn:
+                    name = next(names)
+                    p.spawned(name, 1, now)
+                    p.ready(name, now, 20 * MiB)
+                elif type(i) is HandOff:
+                    p.retired(i.worker, now)
+
+        carry_out(p.adapt(bounds, now, {}))
+        for kind, n, flag in events:
+            now += 0.1
+            live = sorted(p.slots)
+            if kind == "look":
+                carry_out(look(p, now, n, holding=lambda: flag))
+                carry_out(p.tick(now))
+                alive = len(p.alive())
+                assert alive <= bounds.maximum
+                if n and bounds.maximum:
+                    assert alive >= 1
+            elif live and kind == "die":
+                p.exited(death(live[n % len(live)], "signal" if flag else "requested"), now)
+            elif live:
+                carry_out(p.retired(live[n % len(live)], now))
+    run()

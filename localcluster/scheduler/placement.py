@@ -69,6 +69,20 @@ class Placement:
         """Keys queued (some may no longer be ready: deletion is lazy)."""
         return {key for heap in (self._shared, *self._on.values(), *self._needy.values()) for _p, _o, key in heap}
 
+    def waiting(self, limit: int) -> int:
+        """Ready tasks queued, each once, counted up to ``limit`` (adapt's look on every tick:
+        bounded by the answer, not by the queue; entries no longer ready are skipped)."""
+        seen: set = set()
+        for heap in (self._shared, *self._on.values(), *self._needy.values()):
+            for _p, _o, key in heap:
+                if len(seen) >= limit:
+                    return limit
+                if key not in seen:
+                    ts = self._task(key)
+                    if ts is not None and ts.state == "ready":
+                        seen.add(key)
+        return len(seen)
+
     def run_of(self, seq: int) -> Optional[tuple]:
         """(key, worker) of run ``seq`` while its task is processing it, else None."""
         return self.runs.get(seq)

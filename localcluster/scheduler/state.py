@@ -158,6 +158,21 @@ class Scheduler:
         tasks = self.tasks
         return {k: tuple(sorted(tasks[k].who_has)) if k in tasks else () for k in (tasks if keys is None else keys)}
 
+    def demand(self, cap: int) -> int:
+        """Task slots the work at hand could fill now, counted up to ``cap`` (cluster.adapt):
+        the runs sent to workers and not answered (those prefetched behind busy threads
+        too) plus the ready tasks no worker has taken. Read only."""
+        runs = sum(len(ws.processing) for ws in self.workers.values())
+        return cap if runs >= cap else runs + self.placement.waiting(cap - runs)
+
+    def holding(self) -> bool:
+        """Whether a worker holds data that a future or a pending task still needs and that
+        the parent does not keep (a large result): letting every worker go would lose it
+        (cluster.adapt keeps one). Read only; walks the data held, so asked rarely."""
+        tasks = self.tasks
+        return any(ts.data is None and (ts.wanted or ts.dependents)
+                   for ws in self.workers.values() for ts in map(tasks.__getitem__, ws.has))
+
     def timeout_of(self, seq: int) -> Optional[float]:
         run = self.placement.run_of(seq)
         if run is None:

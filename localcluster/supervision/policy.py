@@ -27,20 +27,29 @@ memory-leak, timeout, unresponsive.
 
 Events: ``spawned``, ``ready``, ``sampled``, ``observed`` (the status board: running
 tasks, heartbeat), ``stacks_arrived``, ``retired`` (the scheduler let go of it),
-``exited``, ``scale``, ``stop_all``, ``tick``. Instructions: :class:`Spawn`,
+``exited``, ``scale``, ``refill``, ``adapt``, ``adapting`` (the adapt tick: how many task
+slots the work at hand could fill), ``stop_all``, ``tick``.
+
+Adapting (``cluster.adapt(minimum, maximum)``, dask's meaning): the size follows the work
+between the bounds. Tasks that wait for a thread grow it at the first tick that sees them;
+it shrinks only once the work has needed fewer workers for ``Adapt.idle`` seconds in a row
+(dask: ``wait_count`` looks ``interval`` apart), through the same hand-off as ``scale``,
+and never below one worker while workers hold data that is still needed (retiring the
+last holder would lose it, and its recompute would call a worker back: a loop).
+``scale`` turns adapting off, as in dask. Instructions: :class:`Spawn`,
 :class:`Accept`, :class:`Refuse`, :class:`SendStop`, :class:`Kill`, :class:`DumpStacks`,
 :class:`HandOff`, :class:`SetPaused`, :class:`Note`, :class:`GiveUp`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..config import format_bytes
 from ..death import WorkerDeath, WorkerStartupError
 from ..engine.lifecycle import Lifecycle, Phase
 
-__all__ = ["Policy", "Slot", "Limits", "STARTUP_RETRIES", "STOP_GRACE", "STACK_GRACE", "HANDOFF_GRACE"]
+__all__ = ["Policy", "Slot", "Limits", "Adapt", "STARTUP_RETRIES", "STOP_GRACE", "STACK_GRACE", "HANDOFF_GRACE"]
 
 STARTUP_RETRIES = 3      # failed starts in a row before WorkerStartupError
 STOP_GRACE = 2.0         # a worker that ignores Stop this long is killed
@@ -131,6 +140,15 @@ class Limits:
                    cfg["memory_sample_interval"], cfg["worker_ttl"], cfg.get("memory_leak_restart"))
 
 
+@dataclass(frozen=True)
+class Adapt:
+    """The bounds of ``cluster.adapt``: ``0 <= minimum <= maximum`` workers; ``idle``: seconds
+    the work must need fewer workers than are up before the extra ones are let go."""
+    minimum: int
+    maximum: int
+    idle: float
+
+
 class Slot:
     """One worker as the policy sees it. Only the policy writes these fields (the supervisor
     reads them under the cluster's lock)."""
@@ -183,6 +201,8 @@ class Policy:
         self.startup_failures: list[WorkerDeath] = []   #: failed starts in a row (cleared by an accepted one)
         self.respawn_at: list[float] = []           #: when a replacement is due, one entry each
         self.leak_suspects: Optional[frozenset] = None  #: keys running at every leak restart so far
+        self.adaptive: Optional[Adapt] = None       #: adapt()'s bounds while adapting; None: scale() rules
+        self.surplus_since: Optional[float] = None  #: adapting: since when the work needs fewer workers
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -215,12 +235,55 @@ class Policy:
             assert s.peak_memory is None or s.memory is None or s.peak_memory >= s.memory, f"{s!r}: peak below memory"
         assert len(self.startup_failures) < STARTUP_RETRIES or not self.respawn_at, \
             "respawning after giving up on start-ups"
+        a = self.adaptive
+        assert a is not None or self.surplus_since is None, "an idle clock without adapting"
+        assert a is None or 0 <= a.minimum <= self.target <= a.maximum, \
+            f"adapting between {a and a.minimum} and {a and a.maximum} with target {self.target}"
 
     # --- size ------------------------------------------------------------------------------
 
     def scale(self, target: int, now: float, idleness: dict) -> list:
         """``idleness``: name -> a sortable value, the idlest first (the supervisor knows the
-        scheduler's view: not ready, then fewest runs, then least data)."""
+        scheduler's view: not ready, then fewest runs, then least data). The user's scale()
+        turns adapting off, as dask's does."""
+        self.adaptive = self.surplus_since = None
+        return self._resize(target, now, idleness)
+
+    def refill(self, now: float, idleness: dict) -> list:
+        """Back up to the target (restart: every old worker is leaving); adapting goes on."""
+        return self._resize(self.target, now, idleness)
+
+    def adapt(self, bounds: Adapt, now: float, idleness: dict) -> list:
+        """adapt() (again): the new bounds replace the old, and a size outside them is brought
+        inside at once; the rest is the work's (``adapting``)."""
+        self.adaptive, self.surplus_since = bounds, None
+        return self._resize(min(max(len(self.alive()), bounds.minimum), bounds.maximum), now, idleness)
+
+    def adapting(self, now: float, slots: int, threads: int, holding: Callable[[], bool],
+                 idleness: Callable[[], dict]) -> list:
+        """The adapt tick. ``slots``: task slots the work at hand could fill now (runs on the
+        workers and ready tasks no worker took); ``threads``: each worker's; ``holding()``:
+        whether workers hold data still needed (asked only when the size would fall to 0)."""
+        a = self.adaptive
+        if a is None or self._closing():
+            return []
+        want = min(max(-(-slots // threads), a.minimum), a.maximum)
+        have = len(self.alive())
+        if want >= have:                # tasks wait for a thread: grow now, never later
+            self.surplus_since = None
+            # a death's replacement already due (respawn_at, with its backoff) is not doubled
+            due = want != self.target or want > have + len(self.respawn_at)
+            return self._resize(want, now, idleness()) if due else []
+        if self.surplus_since is None:
+            self.surplus_since = now
+        if now - self.surplus_since < a.idle:
+            return []
+        self.surplus_since = now        # looked: the next look is one idle period later
+        if want == 0 and holding():
+            want = min(1, a.maximum)
+        return self._resize(want, now, idleness()) if want != self.target else []
+
+    def _resize(self, target: int, now: float, idleness: dict) -> list:
         self.target = target
         alive = self.alive()
         out: list = [Spawn() for _ in range(target - len(alive))]
@@ -239,6 +302,7 @@ class Policy:
 
     def close(self, now: float) -> list:
         self.target = 0
+        self.adaptive = self.surplus_since = None
         self.respawn_at.clear()
         return self.stop_all(now)
 

@@ -13,6 +13,7 @@ Data flow (all on the scheduler thread unless said)::
                      ─► the status boards ─► policy.observed (timeouts, heartbeats) ─► DumpStacks
                      ─► a dump arrived ─► policy.stacks_arrived ─► Kill
                      ─► policy.tick: deadlines of stopping workers, respawns that are due
+                     ─► adapting: Scheduler.demand ─► policy.adapting ─► Spawn / HandOff
     Retire (scheduler, any thread) ─► queued in the dispatcher ─► taken here (take_retired),
                         after each event and on every wake-up ─► policy.retired ─► SendStop
     pidfd readable   ─► reap ─► classify ─► WorkerDeath ─► Scheduler.worker_died
@@ -54,7 +55,7 @@ from ..engine.loop import EventLoop
 from .nanny import Nanny
 from ..views.render import key_group
 from .output import OutputStream
-from .policy import (Accept, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused,
+from .policy import (Accept, Adapt, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused,
                      Slot, Spawn)
 
 logger = logging.getLogger("localcluster")
@@ -186,13 +187,37 @@ class Supervisor:
         if n.sentinel is not None:
             self._loop.register(n.sentinel, lambda _mask: self._on_exit(n))
 
+    def _idleness(self) -> dict:
+        """Caller holds the lock. Each worker's rank for a scale-down, the idlest first: not
+        ready, then fewest runs, then least data."""
+        def one(name: str) -> tuple:
+            ws = self._scheduler.workers.get(name)
+            return (0, 0, 0) if ws is None else (1, len(ws.processing), len(ws.has))
+        return {name: one(name) for name in self.policy.slots}
+
     def scale(self, target: int) -> None:
-        def idleness() -> dict:
-            def one(name: str) -> tuple:
-                ws = self._scheduler.workers.get(name)
-                return (0, 0, 0) if ws is None else (1, len(ws.processing), len(ws.has))
-            return {name: one(name) for name in self.policy.slots}
-        self._decide(lambda: self.policy.scale(target, time.monotonic(), idleness()))
+        """The user's scale(): adapting stops."""
+        self._decide(lambda: self.policy.scale(target, time.monotonic(), self._idleness()))
+
+    def refill(self) -> None:
+        """Back up to the target after restart(), adapting or not."""
+        self._decide(lambda: self.policy.refill(time.monotonic(), self._idleness()))
+
+    def adapt(self, bounds: Adapt) -> None:
+        self._decide(lambda: self.policy.adapt(bounds, time.monotonic(), self._idleness()))
+
+    @property
+    def adapting(self) -> bool:
+        return self.policy.adaptive is not None
+
+    def _adapt(self, now: float) -> None:
+        """The adapt tick: what the scheduler says the work could use, for the policy."""
+        a = self.policy.adaptive
+        threads = self._settings.threads
+        if a is None:
+            return
+        self._decide(lambda: self.policy.adapting(now, self._scheduler.demand(a.maximum * threads), threads,
+                                                  self._scheduler.holding, self._idleness))
 
     def stop_all(self) -> None:
         """Ask every worker to exit (restart); each is killed if it does not."""
@@ -277,6 +302,7 @@ class Supervisor:
             elif slot.step == "stacks" and n.stacks_arrived():
                 self._decide(lambda: policy.stacks_arrived(name))
         self._decide(lambda: policy.tick(now))
+        self._adapt(now)
 
     def _sample(self, n: Nanny, now: float) -> None:
         rss = n.sample(now)

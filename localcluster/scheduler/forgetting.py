@@ -65,7 +65,10 @@ class Forgetting:
         return self.release(ts)
 
     def release(self, ts: Task) -> list:
-        out: list = []
+        # A fetch still waiting for the result (recreate_error_locally fetches inputs whose
+        # futures the user may drop meanwhile) is answered now: nothing will come.
+        out: list = [Deliver(req, ts.key, error=_gone(ts.key)) for req in ts.fetchers]
+        ts.fetchers = ()
         if ts.state == "processing":
             out += self.unassign(ts)
         if ts.state != "released":

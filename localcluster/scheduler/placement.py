@@ -168,7 +168,10 @@ class Placement:
             if heap is None:
                 break
             ts = self._task(best[2])
-            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
+            # Lazily deleted entries: a key released and submitted again may ask for other
+            # resources than when this entry was queued (its own entry is in its shape's queue).
+            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose) \
+                    or ts.spec.resources != need:
                 heapq.heappop(heap)
                 continue
             ws = self._pick(ts, open_workers if need is None else [w for w in open_workers if w.fits(need)], caps)

@@ -478,7 +478,9 @@ class Scheduler:
         out: list = []
         for key in self.placement.drop_worker(name):
             ts = self.tasks.get(key)
-            if ts is not None and ts.state == "ready" and all(w in self.gone for w in ts.spec.workers):
+            # entries are deleted lazily: the key may have been submitted again since, unrestricted
+            if ts is not None and ts.state == "ready" and ts.spec.workers \
+                    and all(w in self.gone for w in ts.spec.workers):
                 out += self._push_ready(ts)
         return out
 

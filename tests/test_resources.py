@@ -18,6 +18,7 @@ from localcluster import Client, LocalCluster, TaskTimeoutError
 from localcluster.death import KilledWorker
 from localcluster.wire import protocol as P
 from test_scheduler import Checked, death, died, finish, resolves, running, runs, sends, spec as _spec
+from localcluster.scheduler.records import Deliver
 
 MEM1 = (("MEM", 1),)
 MEM2 = (("MEM", 2),)
@@ -367,3 +368,44 @@ def test_compute_and_persist_pass_resources_to_every_task_of_the_graph():
             client.compute(total, resources={"GPU": 1})
         info = client.scheduler_info()
         assert all(w["resources"] == {"MEM": 1} for w in info["workers"].values())
+
+
+# --- found by the state machine at 3000 examples: a key submitted again -------------------------
+
+def test_a_key_submitted_again_with_other_resources_is_not_placed_by_its_stale_queue_entry():
+    """Queue entries are deleted lazily: 'a', queued plain and released, then asking for a GPU
+    no worker has, must not be sent to a worker by the old plain entry (KeyError 'GPU'
+    broke the cluster)."""
+    s = Checked()
+    s.submit([spec("a")])
+    s.release("a")
+    s.submit([spec("a", resources=GPU1)])
+    acts = s.add_worker("w1", 1, {"MEM": 2})
+    assert runs(acts) == [] and s.tasks["a"].state == "ready"
+    acts = s.add_worker("w2", 1, {"GPU": 1})
+    assert runs(acts) == [("a", "w2")]
+
+
+def test_a_key_submitted_again_unrestricted_survives_the_death_of_its_old_worker():
+    """'b' restricted to w1 and released, then submitted without restriction: w1's death
+    scans w1's stale queue and must take 'b' for what it is now (a TypeError broke the cluster)."""
+    s = sched("w1", "w2")
+    s.set_paused("w1", True)                      # nothing is sent: 'b' stays queued on w1's queue
+    s.set_paused("w2", True)
+    s.submit([spec("b", workers=frozenset({"w1"}))])
+    s.release("b")
+    s.submit([spec("b")])
+    s.worker_died(death("w1"))
+    assert s.tasks["b"].state == "ready"
+
+
+def test_a_fetch_waiting_on_a_released_key_is_answered():
+    """A fetch of a key not yet in memory, and its last future dropped: the fetch gets an
+    answer (the key is gone) instead of waiting for ever."""
+    s = Checked()
+    s.submit([spec("c")])
+    req, acts = s.fetch("c")
+    assert acts == []
+    acts = s.release("c")
+    delivered = [a for a in acts if isinstance(a, Deliver) and a.request == req]
+    assert len(delivered) == 1 and delivered[0].error is not None

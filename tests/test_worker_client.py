@@ -186,3 +186,24 @@ def test_a_death_while_a_task_waits_on_its_children_reruns_it_without_redoing_th
     release(go)
     assert top.result(60) == 42
     assert text(log).count("child") == 1, "the child ran again: its work was lost or duplicated"
+
+
+def suicidal():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def parent_of_suicidal(workers):
+    other = [w for w in workers if w != get_worker().name][0]
+    with worker_client() as c:
+        return c.submit(suicidal, workers=[other]).result()
+
+
+@pytest.mark.cluster(allowed_failures=0)
+def test_a_death_says_which_task_submitted_the_task_it_ran(client, cluster):
+    from localcluster import KilledWorker
+    names = sorted(cluster.workers)
+    top = client.submit(parent_of_suicidal, names, workers=[names[0]])
+    with pytest.raises(KilledWorker, match=r"Task 'suicidal-\w+' \(submitted by task 'parent_of_suicidal-\w+'\)"):
+        top.result(60)
+    assert "'suicidal-" in cluster.deaths[0].message
+    assert f"was submitted by task {top.key!r}" in cluster.deaths[0].message

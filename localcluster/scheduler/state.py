@@ -316,7 +316,8 @@ class Scheduler:
                 ts.suspicious += 1
                 ts.deaths += (death,)
                 if ts.suspicious > self.allowed_failures:
-                    out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures),
+                    out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures,
+                                                       ts.spec.submitter),
                                       "worker-died: KilledWorker")
                     continue
             self._to(ts, "waiting", "worker-died: run again")

@@ -423,7 +423,7 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     fut = None
     if client is not None and client.status == "running":
         fut = client.gateway.acquire(key, lambda: Future(key, client))
-    elif client is None:
+    elif client_id is None or client_id.startswith("task-client-"):
         # made in a task (get_client on a worker: no Client of this process made it): the
         # Future of the key of a running Client whose cluster knows it, the latest first
         for client in reversed(list(_clients.values())):

@@ -113,6 +113,9 @@ def test_futures_made_in_tasks_come_back_as_the_parents_futures(client):
     gc.collect()
     assert client.submit(inc, inner).result(30) == 12         # passed on as a dependency
     assert inner.key in client.who_has()
+    # beside what only cloudpickle pickles (the result goes its way, not the C pickler's)
+    fn, fut = client.submit(lambda: (lambda: 5, get_client().submit(inc, 1))).result(30)
+    assert fn() == 5 and fut.client is client and fut.result(30) == 2
 
 
 def test_keys_a_task_lets_go_of_are_released(client):

@@ -16,6 +16,8 @@ _WHERE = {
     "LocalCluster": "cluster", "WorkerInfo": "cluster",
     "Client": "client", "Future": "client", "wait": "client", "as_completed": "client",
     "fire_and_forget": "future",
+    "get_client": "worker.client", "worker_client": "worker.client", "secede": "worker.client",
+    "rejoin": "worker.client", "get_worker": "worker.client",
     "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
     "ClusterBroken": "death", "RemoteTraceback": "death",
@@ -28,6 +30,7 @@ __all__ = [
     "LostDataError", "TaskError", "WorkerStartupError", "ReplayedDeath", "ClusterRestarted", "ClusterClosed",
     "ClusterBroken", "RemoteTraceback", "StoreError", "WorkerInfo",
     "wait", "as_completed", "fire_and_forget", "progress", "report", "config", "__version__",
+    "get_client", "worker_client", "secede", "rejoin", "get_worker",
 ]
 
 
@@ -50,6 +53,7 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
     from .client import Client, Future, as_completed, wait
     from .future import fire_and_forget
+    from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo
     from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,
                         TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)

@@ -30,16 +30,37 @@ from .engine.lifecycle import Phase
 from .future import Future, as_completed, wait  # noqa: F401 - re-exported
 from .future import walk as _walk
 from .scheduler.records import Spec
+from .worker import client as _in_tasks
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
 
 _fn_ids = itertools.count(1)
+
+
+def _lookup(client_id: Optional[str]) -> Optional["Client"]:
+    """The Client of this process with that id (None: the current one), for worker/client.py."""
+    if client_id is None:
+        return Client.current(allow_none=True)
+    client = _future.client_by_id(client_id)
+    return client if isinstance(client, Client) else None
 _unique = itertools.count()
 _PREFIX = os.urandom(4).hex()
 
 
 class Client:
     """Submit work to a LocalCluster. ``Client()`` alone starts its own ``LocalCluster(**kwargs)``."""
+
+    def __new__(cls, cluster: Optional[LocalCluster] = None, **kwargs: Any) -> Any:
+        # In a task, Client() is the worker's client (get_client()), not a cluster started
+        # inside the worker: what dask gives a task whose code makes a Client.
+        if cluster is None and _in_tasks.in_worker():
+            if kwargs:
+                raise RuntimeError(
+                    f"Client({', '.join(f'{k}=...' for k in kwargs)}) inside a task would start a new cluster "
+                    f"inside this worker. Use localcluster.get_client() (or worker_client()) to submit to the "
+                    f"cluster that runs the task.")
+            return _in_tasks.get_client()
+        return super().__new__(cls)
 
     def __init__(self, cluster: Optional[LocalCluster] = None, **kwargs: Any):
         if cluster is not None and not isinstance(cluster, LocalCluster):
@@ -579,6 +600,11 @@ class Client:
     def __copy__(self) -> "Client":
         return self
 
+    def __reduce__(self) -> tuple:
+        """A Client pickled into a task is that worker's client there (get_client()), as in
+        dask; unpickled in this process, it is itself again."""
+        return (_in_tasks.client_in_task, (self.id,))
+
     def __deepcopy__(self, memo: dict) -> "Client":
         """A Client is a handle on a live cluster: a copy is itself. ``copy.deepcopy(dask.config)``
         then works with ``scheduler=client.get`` set (a bound method deep-copies its object)."""
@@ -717,3 +743,6 @@ def _refs_of(held: Any) -> list:
     if held is None:
         return []
     return list(held) if type(held) is list else [held]
+
+
+_in_tasks.install_parent(_lookup)      # get_client() outside a task, and a Client unpickled here

@@ -395,16 +395,19 @@ def advice_topic(cause: str, tasks: tuple) -> str:
 class KilledWorker(Exception):
     """A task was running on too many workers that died; it is blamed and given up."""
 
-    def __init__(self, task: str, last_worker: Optional[str], deaths: tuple = (), allowed_failures: int = 0):
+    def __init__(self, task: str, last_worker: Optional[str], deaths: tuple = (), allowed_failures: int = 0,
+                 submitter: Optional[str] = None):
         self.task = task
         self.last_worker = last_worker
         self.deaths = tuple(deaths)
         self.allowed_failures = allowed_failures
+        self.submitter = submitter      #: the task that submitted it from a worker (get_client), if one did
         super().__init__(task, last_worker, self.deaths, allowed_failures)
 
     def __str__(self) -> str:
         n = len(self.deaths)
-        lines = [f"Task {self.task!r} was running on {n} worker{'s' if n != 1 else ''} that died "
+        by = f" (submitted by task {self.submitter!r})" if self.submitter else ""
+        lines = [f"Task {self.task!r}{by} was running on {n} worker{'s' if n != 1 else ''} that died "
                  f"(allowed_failures={self.allowed_failures}), so it is given up:"]
         for i, d in enumerate(self.deaths, 1):
             lines.append(f"  {i}. {d.summary()}")
@@ -416,7 +419,7 @@ class KilledWorker(Exception):
         return "\n".join(lines)
 
     def __reduce__(self):
-        return (KilledWorker, (self.task, self.last_worker, self.deaths, self.allowed_failures))
+        return (KilledWorker, (self.task, self.last_worker, self.deaths, self.allowed_failures, self.submitter))
 
     def _repr_html_(self) -> str:
         from .views.render import killed_worker

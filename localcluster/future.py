@@ -82,6 +82,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def client_by_id(client_id: str) -> Optional[Owner]:
+    """The client of this process with that id, if it is still alive."""
+    return _clients.get(client_id)
+
+
 def latest_client() -> Optional[Owner]:
     """The most recently created Client of this process that is still running, if any."""
     for client in reversed(list(_clients.values())):
@@ -418,6 +423,14 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     fut = None
     if client is not None and client.status == "running":
         fut = client.gateway.acquire(key, lambda: Future(key, client))
+    elif client_id is None or client_id.startswith("task-client-"):
+        # made in a task (get_client on a worker: no Client of this process made it): the
+        # Future of the key of a running Client whose cluster knows it, the latest first
+        for client in reversed(list(_clients.values())):
+            if client.status == "running":
+                fut = client.gateway.acquire(key, lambda client=client: Future(key, client))
+                if fut is not None:
+                    break
     if fut is None:
         raise ValueError(f"future {key!r} is not known to a running Client (its client "
                          f"{client_id!r} is closed, or the key was released)")

@@ -17,6 +17,7 @@ from localcluster import Client
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
 RESOURCES = SCRIPT.parent / "resources.py"
+TASKS = SCRIPT.parent / "tasks.py"
 
 # dask keywords of the portable methods that localcluster does not take, each with why
 # (README, "When one machine is not enough"). The test fails when this list goes stale.
@@ -79,6 +80,25 @@ def test_resources_mean_the_same_under_both():
     assert ours == ["results [0, 1, 4, 9, 16, 25]", "MEM=1 tasks at once on a MEM=2 worker: 2",
                     "a task asking all of MEM: 49"]
     assert ours == theirs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_tasks_that_submit_tasks_mean_the_same_under_both():
+    """examples/tasks.py: fib(8) via worker_client on 1 worker x 1 thread, get_client with
+    secede and rejoin, get_worker, under either backend."""
+    pytest.importorskip("distributed")
+    ours, theirs = run("localcluster", TASKS), run("distributed", TASKS)
+    assert ours == ["fib(8) on 1 worker x 1 thread: 21", "get_client, secede, rejoin in a task: 6",
+                    "get_worker().name is a worker's: True"]
+    assert ours == theirs
+
+
+def test_tasks_that_submit_tasks_take_dask_keywords():
+    distributed = pytest.importorskip("distributed")
+    for name in ("get_client", "worker_client", "secede", "rejoin", "get_worker"):
+        theirs, ours = getattr(distributed, name), getattr(localcluster, name)
+        assert named(ours) == named(theirs), name
 
 
 def test_the_portable_methods_take_dask_keywords():

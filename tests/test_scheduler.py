@@ -230,6 +230,23 @@ def test_dependency_on_other_worker_is_relayed():
     assert s.tasks["c"].who_has == {"w1", "w2"}
 
 
+def test_a_relay_answering_after_its_key_was_released_and_submitted_again_is_dropped():
+    """Found by the state machine: a retiring worker hands its data on; the key is released
+    and submitted again before the relay answers. The late copy must not count as a holder
+    of the running task (the invariant 'processing but has data' broke)."""
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    s.retire("w1")                                   # 'a' runs there: it stays until it ends
+    acts = finish(s, "a", nbytes=BIG)                # its data is handed to w2 first
+    (holder, exp), = sends(acts, P.Export)
+    assert holder == "w1" and exp.key == "a"
+    s.release("a")
+    s.submit([spec("a")])
+    assert s.tasks["a"].state == "processing"
+    acts = s.data("w1", exp.request, "a", dumps(41), None)
+    assert not sends(acts, P.Put) and s.tasks["a"].who_has == frozenset()
+
+
 def test_small_result_in_parent_is_put_directly():
     s = sched("w1", "w2")
     s.submit([spec("a")])

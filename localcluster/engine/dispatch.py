@@ -44,7 +44,7 @@ from ..death import ClusterBroken
 from ..views.history import History
 from .lifecycle import Lifecycle, Phase
 from .loop import EventLoop
-from ..wire.serialize import as_exception
+from ..wire.serialize import as_exception, dumps_exception
 
 logger = logging.getLogger("localcluster")
 
@@ -164,6 +164,28 @@ class Dispatcher:
                 post += self._queue(outlet, [])
         self.post(post)
 
+    def on_task_requests(self, worker: str, asks: list) -> None:
+        """Requests from tasks on ``worker`` (Ask: get_client, secede ...), in the order sent,
+        before the frame's other task messages (a task submits before it finishes). The
+        scheduler answers what it can at once (as Sends); ``Results`` waits on one fetch a
+        key, and the answer goes to the task once all are in. Scheduler thread."""
+        with self._lock:
+            post = self.apply(self._scheduler.asked(worker, asks))
+        self.post(post)
+        for ask in asks:
+            if type(ask.body) is P.Results:
+                self._answer_results(worker, ask.request, ask.body.keys)
+
+    def _answer_results(self, worker: str, request: int, keys: tuple) -> None:
+        gathering = _Gathering(len(keys), lambda outcomes: self.event(
+            lambda: [S.Send(worker, P.Answer(request, outcomes))]))
+        for i, key in enumerate(keys):
+            def ask(i: int = i, key: str = key) -> list:
+                req, actions = self._scheduler.fetch(key)
+                self._requests[req] = _Slot(gathering, i)
+                return actions
+            self.event(ask)
+
     def free_released(self) -> None:
         """In chunks, so that neither a submit waiting for the lock nor close() waits behind
         200,000 keys let go at once (a big map's futures dropped together)."""
@@ -238,7 +260,9 @@ class Dispatcher:
                     listener.fail_pending(a.error)
             else:
                 fut = self._requests.pop(a.request, None)
-                if fut is not None and not fut.done():
+                if type(fut) is _Slot:      # a task's Results: the raw outcome, for its worker
+                    fut.fill(a)
+                elif fut is not None and not fut.done():
                     if a.error is not None:
                         fut.set_exception(as_exception(a.error, a.key))
                     else:
@@ -300,5 +324,42 @@ class Dispatcher:
         requests = list(self._requests.values())
         self._requests.clear()
         for fut in requests:
-            if not fut.done():
+            if type(fut) is not _Slot and not fut.done():
                 fut.set_exception(exc)
+
+
+class _Gathering:
+    """The outcomes of one task's ``Results``, one slot a key; ``answer`` is called with
+    them all once the last arrives (on the thread that delivers it, outside the lock)."""
+
+    def __init__(self, n: int, answer: Callable[[tuple], Any]):
+        self.outcomes: list = [None] * n
+        self.left = n
+        self.answer = answer
+        self.lock = threading.Lock()
+
+    def fill(self, i: int, outcome: tuple) -> None:
+        with self.lock:
+            self.outcomes[i] = outcome
+            self.left -= 1
+            last = not self.left
+        if last:
+            try:
+                self.answer(tuple(self.outcomes))
+            except Exception:  # noqa: BLE001 - the cluster broke or closed: the worker goes with it
+                logger.debug("could not answer a task's results", exc_info=True)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One key of a :class:`_Gathering`, filled by the Deliver of its fetch."""
+    gathering: _Gathering
+    index: int
+
+    def fill(self, a: S.Deliver) -> None:
+        if a.error is None:
+            outcome: tuple = ("finished", a.data, None)
+        else:
+            error = a.error if isinstance(a.error, bytes) else dumps_exception(a.error)
+            outcome = ("error", None, error)
+        self.gathering.fill(self.index, outcome)

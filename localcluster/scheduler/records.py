@@ -64,6 +64,7 @@ class Spec:
     workers: Optional[frozenset] = None     # names it may run on (None: any)
     loose: bool = False                     # workers are a preference (allow_other_workers)
     resources: Optional[tuple] = None       # ((name, amount), ...) sorted: what one run holds on its worker
+    submitter: Optional[str] = None         # the task that submitted it from its worker (get_client), if one did
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +297,8 @@ class WorkerState:
     def __init__(self, name: str, nthreads: int, resources: Optional[dict] = None):
         #: the key it is filed under in ``Scheduler.workers``; never reused once it died
         self.name = name
-        #: task slots (``threads_per_worker``)
+        #: task slots: ``threads_per_worker``, plus one for each run there that seceded (secede():
+        #: the worker runs one more executor thread meanwhile)
         self.nthreads = nthreads
         #: seq -> key of each run sent and not answered (Placement's ``runs``), or None for a run
         #: taken back that the worker has not answered yet (Forgetting's ``cancelled_runs``)

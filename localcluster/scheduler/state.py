@@ -57,6 +57,7 @@ from typing import Any, Callable, Optional
 
 from ..wire import protocol as P
 from ..death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
+from .asking import Asking
 from .forgetting import PENDING, Forgetting
 from .invariants import check
 from .placement import Placement
@@ -115,6 +116,9 @@ class Scheduler:
         self._small: dict = {}
         #: Client.run's calls not answered yet: request id -> (worker, what was called)
         self.calls: dict[int, tuple] = {}
+        #: the clients of tasks (get_client; the part below): futures held on workers,
+        #: runs that seceded, and the function ids of what tasks submit
+        self.asking = Asking()
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant, with the story of the key
@@ -283,6 +287,8 @@ class Scheduler:
                 self._to(ts, "released", "worker-died: lost data nobody needs")
                 out += self.forgetting.forget(ts)
         out += self._runs_interrupted(ws, death, timed_out, recompute)
+        if self.asking.seceded or self.asking.holds:
+            out += self._holds_died(death.worker)
         for ts in lost:
             out += self._pull_back_dependents(ts)
         for ts in sorted(recompute, key=lambda t: t.order):
@@ -325,7 +331,8 @@ class Scheduler:
                 ts.suspicious += 1
                 ts.deaths += (death,)
                 if ts.suspicious > self.allowed_failures:
-                    out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures),
+                    out += self._fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self.allowed_failures,
+                                                       ts.spec.submitter),
                                       "worker-died: KilledWorker")
                     continue
             self._to(ts, "waiting", "worker-died: run again")
@@ -545,6 +552,8 @@ class Scheduler:
             out += self.forgetting.release(ts)
         if ts.deps:                                  # most tasks of a map have none: no call
             out += self._release_inputs(ts)
+        if self.asking.orphans:                      # a rerun after a death held its children
+            out += self._orphans_settled()
         return out + self._maybe_retire(ws) if ws.closing else out     # most finish on an open worker
 
     def _release_inputs(self, ts: Task) -> list:
@@ -567,6 +576,8 @@ class Scheduler:
             out = self._make_ready_or_wait(ts)
         else:
             out = self._fail(ts, error, "failed") + self._release_inputs(ts)
+        if self.asking.orphans:
+            out += self._orphans_settled()
         return out + self._maybe_retire(self.workers[worker])
 
     def _take_run(self, worker: str, seq: int) -> Optional[Task]:
@@ -576,6 +587,8 @@ class Scheduler:
         key = ws.processing.pop(seq, None)
         if ws.claims:                   # most workers: no run holds resources, no call
             ws.release(seq)
+        if self.asking.seceded:         # most clusters: no task ever seceded, no call
+            self.asking.rejoined(seq, ws)
         self.placement.ended(seq)
         ts = self.tasks.get(key) if key is not None else None
         if ts is None or ts.seq != seq or ts.state != "processing":
@@ -659,6 +672,89 @@ class Scheduler:
                 out.append(Deliver(req, what, error=KilledWorker(what, worker, (death,), 0)))
         return out
 
+    # --- tasks that submit tasks (get_client on a worker; asking.py keeps the books) ------
+
+    def asked(self, worker: str, asks: list) -> list:
+        """Requests from tasks on ``worker`` (Ask): submit, scatter, hold and drop futures,
+        secede, rejoin, states. ``Results`` waits on fetches: the dispatcher's (dispatch.py).
+        Placement runs once for them all."""
+        out: list = []
+        self._deferring = True
+        try:
+            for ask in asks:
+                out += self._asked(worker, ask)
+        finally:
+            self._deferring = False
+        return out + self._assign()
+
+    def _asked(self, worker: str, ask: P.Ask) -> list:
+        body, t = ask.body, type(ask.body)
+        books = self.asking
+        if t is P.Submit:
+            owner = self.key_of(ask.seq)
+            specs = [Spec(n.key, books.fn_id(n.fn), n.fn, n.args, n.deps, n.priority, n.retries, n.timeout,
+                          n.workers, n.loose, n.resources, owner) for n in body.tasks]
+            out = self.submit.__wrapped__(self, specs)
+            books.held(worker, [n.key for n in body.tasks], owner)
+            return out
+        if t is P.Drop:
+            return self.release_many(books.dropped(worker, body.keys))
+        if t is P.Hold:
+            known = [k for k in body.keys if k in self.tasks and self.tasks[k].state != "released"]
+            for k in known:
+                self.tasks[k].wanted += 1
+            books.held(worker, known, self.key_of(ask.seq))
+            return []
+        if t is P.Scatter:
+            out = self.scatter(list(body.items), None, body.broadcast)
+            books.held(worker, [k for k, _ in body.items], self.key_of(ask.seq))
+            return out
+        if t is P.Secede:
+            books.seceded_on(ask.seq, self.workers.get(worker))
+            # a word back: an executor reading the channel since before the secession wakes,
+            # and reads from then on with an ear for the worker's own nudges (process.py)
+            return [Send(worker, P.Answer(0, None))]
+        if t is P.Rejoin:
+            books.rejoined(ask.seq, self.workers.get(worker))
+            return []
+        if t is P.States:
+            return [Send(worker, P.Answer(ask.request, tuple(self.whereabouts(k).state for k in body.keys)))]
+        if t is P.Results:
+            return []
+        raise TypeError(f"not a request a task can make: {body!r}")
+
+    def _holds_died(self, worker: str) -> list:
+        """The futures tasks held on a dead worker: those of a task that runs again are kept
+        for its rerun (it submits the same pure keys, and finds them done or under way);
+        the others are let go."""
+        let_go = self.asking.worker_gone(worker, lambda owner: (ts := self.tasks.get(owner)) is not None
+                                         and ts.state in PENDING)
+        return self.release_many(let_go) if let_go else []
+
+    def _orphans_settled(self) -> list:
+        """Let go of what dead workers held for tasks that have now ended."""
+        keys = self.asking.settled(lambda owner: (ts := self.tasks.get(owner)) is not None and ts.state in PENDING)
+        return self.release_many(keys) if keys else []
+
+    def lineage(self, worker: str) -> Optional[str]:
+        """Which task submitted which among the runs on ``worker``, for its death's message."""
+        ws = self.workers.get(worker)
+        if ws is None:
+            return None
+        parts = []
+        for seq, key in sorted(ws.processing.items()):
+            ts = self.tasks.get(key) if key is not None else None
+            if ts is None or ts.spec is None:
+                continue
+            if ts.spec.submitter:
+                parts.append(f"{key!r} was submitted by task {ts.spec.submitter!r}")
+            if self.asking.seceded.get(seq) == worker:
+                parts.append(f"{key!r} was waiting for the tasks it submitted (seceded)")
+        if not parts:
+            return None
+        return "Tasks that submit tasks: " + "; ".join(parts) + "; a task that runs again finds its children " \
+            "done or under way when their keys are pure."
+
     # --- data for the client ------------------------------------------------------------
 
     def fetch(self, key: str) -> tuple[int, list]:
@@ -688,9 +784,12 @@ class Scheduler:
             out.append(Deliver(client, key, payload, error))
         else:
             tws = self.workers.get(target)
-            if payload is None or tws is None or ts is None:
+            # A relay that answers after its key was released (and maybe submitted again and
+            # running) carries a copy nobody may count: it is dropped.
+            current = ts is not None and ts.state == "memory"
+            if payload is None or tws is None or not current:
                 out += self.transfers.done(key, target, error)
-            if tws is not None and ts is not None:
+            if tws is not None and current:
                 if payload is not None:
                     ts.add_holder(target)
                     tws.has.add(key)
@@ -725,11 +824,14 @@ class Scheduler:
                 frees.setdefault(a.worker, []).extend(a.msg.keys)
             else:
                 kept.append(a)
+        if self.asking.orphans:
+            kept += self._orphans_settled()
         return kept + [Send(w, P.Free(tuple(ks))) for w, ks in frees.items()] + self._assign()
 
     @_placing
     def cancel(self, keys: list) -> list:
-        return self.forgetting.cancel(keys)
+        out = self.forgetting.cancel(keys)
+        return out + self._orphans_settled() if self.asking.orphans else out
 
     def clear(self, error: BaseException) -> list:
         """Everything is forgotten (restart, close): every unfinished future gets ``error``."""
@@ -743,6 +845,7 @@ class Scheduler:
         self.tasks.clear()
         self.placement.clear()
         self.forgetting.clear()
+        self.asking.clear(self.workers.get)
         for ws in self.workers.values():
             ws.processing.clear()
             ws.release_all()

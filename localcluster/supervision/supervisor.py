@@ -334,9 +334,11 @@ class Supervisor:
     def _on_messages(self, n: Nanny, msgs: list) -> None:
         tasks: list = []
         own: list = []           # Ready and Fatal are the supervisor's; the rest the scheduler's
+        asks: list = []          # requests from tasks (get_client, secede ...)
         for m in msgs:
             for one in (m.messages if type(m) is P.Batch else (m,)):
-                (own if type(one) in _OWN else tasks).append(one)
+                t = type(one)
+                (own if t in _OWN else asks if t is P.Ask else tasks).append(one)
         records: list = []
         ready = pressed = False
         for m in own:
@@ -354,6 +356,8 @@ class Supervisor:
             self._decide(lambda: self.policy.ready(n.name, time.monotonic(), rss))
         if pressed:     # a sample now, not at the next tick: its prefetch is asked back at once
             self._sample(n, time.monotonic())
+        if asks:        # before the results: a task's submits come before its own end
+            self._dispatch.on_task_requests(n.name, asks)
         self._dispatch.on_worker_messages(n.name, tasks)
         if records:     # outside the lock: the user's handlers may take their time
             logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)
@@ -416,6 +420,9 @@ class Supervisor:
             else:
                 blamed = self._scheduler.blame(cause, running, crashed_seq, timed_out[0] if timed_out else None)
             detail = oom if cause == "oom-killer" else self._death_detail(n, slot, cause, timed_out, lines)
+            lineage = self._scheduler.lineage(n.name)
+            if lineage:
+                detail = f"{detail} {lineage}" if detail else lineage
             limit = self._settings.memory_limit
             memory = slot.memory if slot is not None else None
             peak = slot.peak_memory if slot is not None else None

@@ -279,6 +279,93 @@ class Batch:
     messages: tuple
 
 
+# --- a running task and the parent's scheduler (get_client, secede, ...) -------------------
+#
+# One generic pair: a task asks (:class:`Ask`: the worker's request id, the asking run's seq,
+# and one body below, a class per meaning), the parent answers that task (:class:`Answer`,
+# same request id). A body that wants no answer goes with request 0. Coordination
+# primitives (Lock, Event, Queue, ...) are more bodies on the same pair.
+
+@_dc
+class Ask:
+    """worker -> parent: a request from the task run ``seq`` (0: from no run)."""
+    request: int
+    seq: int
+    body: Any
+
+
+@_dc
+class Answer:
+    """parent -> worker: the answer to :class:`Ask` ``request``: ``data``, or the pickled
+    exception ``error`` that stops it."""
+    request: int
+    data: Any
+    error: Optional[bytes] = None
+
+
+@_dc
+class NewTask:
+    """A task submitted from a task (a Spec less the function id, which the parent gives)."""
+    key: str
+    fn: bytes
+    args: Payload
+    deps: tuple
+    priority: int = 0
+    retries: int = 0
+    timeout: Optional[float] = None
+    workers: Optional[frozenset] = None
+    loose: bool = False
+    resources: Optional[tuple] = None
+
+
+@_dc
+class Submit:
+    """Body: run these NewTasks; the asking worker holds one reference to each key. No answer."""
+    tasks: tuple
+
+
+@_dc
+class Results:
+    """Body: the outcome of each key, once each has ended. Answered with a tuple of
+    ``(status, Payload or None, pickled error or None)``, one per key."""
+    keys: tuple
+
+
+@_dc
+class States:
+    """Body: the scheduler's state of each key, now. Answered with a tuple of strings."""
+    keys: tuple
+
+
+@_dc
+class Scatter:
+    """Body: data from a task, ``((key, Payload), ...)``, held by the asking worker. No answer."""
+    items: tuple
+    broadcast: bool = False
+
+
+@_dc
+class Hold:
+    """Body: one more reference to each key (a Future unpickled in the worker). No answer."""
+    keys: tuple
+
+
+@_dc
+class Drop:
+    """Body: one reference less to each key (a Future gone in the worker). No answer."""
+    keys: tuple
+
+
+@_dc
+class Secede:
+    """Body: the asking run gave its thread slot back (secede()). No answer."""
+
+
+@_dc
+class Rejoin:
+    """Body: the asking run took a thread slot again (rejoin()). No answer."""
+
+
 # --- the fixed layout of a lone Run or Finished -----------------------------------------
 #
 # Tag byte first: a pickle starts with PROTO (0x80), so the receiver tells them apart.

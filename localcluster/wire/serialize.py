@@ -250,6 +250,11 @@ def install_futures(future_type: type, resolve: Callable[[str, Optional[str]], A
     _future_type, _parent_resolver = future_type, resolve
 
 
+def resolve_future(key: str, client_id: Optional[str] = None) -> Any:
+    """What a Future pickled by ``key`` (of client ``client_id``, None: any) is in this process."""
+    return _placeholder(key, client_id)
+
+
 def _placeholder(key: str, client_id: Optional[str] = None) -> Any:
     if _parent_resolver is None:
         raise ValueError(f"a Future ({key!r}) was unpickled outside any task and any client")

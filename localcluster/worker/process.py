@@ -23,6 +23,7 @@ thread's ident, into the captured stderr.
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import os
 import pickle
 import select
@@ -33,7 +34,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any
+from typing import Any, Optional
 
 from . import logs
 from ..wire import protocol as P
@@ -46,8 +47,16 @@ from .store import Store, StoreError
 
 FLUSH_DELAY = 0.002
 
-_here = threading.local()      # .worker and .seq: the run this executor thread is on
+# The run each executor thread is executing (``run``, ``row``), and whether it seceded or
+# rejoined: what get_client, secede, get_worker (client.py) and cancelled() read in a task.
+_here = threading.local()
+_worker: "Optional[Worker]" = None        # this process's Worker, once main() made it
 _in_worker = False
+
+
+def current() -> tuple:
+    """(this process's Worker or None, the run this thread executes or None)."""
+    return _worker, getattr(_here, "run", None)
 
 
 def in_worker() -> bool:
@@ -59,8 +68,8 @@ def in_worker() -> bool:
 def cancelled() -> bool:
     """Whether the task running on this thread was cancelled (its caller gave up on it):
     work made of steps, such as a joblib batch of calls, stops at the next one."""
-    worker = getattr(_here, "worker", None)
-    return worker is not None and getattr(_here, "seq", None) in worker.cancelled
+    run = getattr(_here, "run", None)
+    return _worker is not None and run is not None and run.seq in _worker.cancelled
 
 
 def take_authkey(fd: int) -> None:
@@ -82,7 +91,6 @@ def _read_exact(fd: int, n: int) -> bytes:
             raise EOFError("the parent closed the channel before sending the worker's authkey")
         out += chunk
     return out
-
 
 BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
         "from localcluster.worker.process import main; main(cfg)")
@@ -147,6 +155,17 @@ class Worker:
         self._out_lock = threading.Lock()
         self._flush_wanted = threading.Event()
         self.heartbeat = cfg.get("heartbeat", 1.0)
+        # Tasks that submit tasks (client.py). Under _lock: the executors running a task in a
+        # slot (``_busy``; a run that seceded is not), and the seceded runs waiting to rejoin.
+        self._busy = 0
+        self._rejoining = 0
+        self._secessions = 0            # seceded runs not ended: executors then read with an ear for the nudge
+        self._rejoin_turn = threading.Condition(self._lock)
+        self._rows = itertools.count(self.nthreads + 1)     # names of executors started for seceded runs
+        self._asks: dict[int, list] = {}         # request id -> [Event, Answer]; under _asks_lock
+        self._asks_lock = threading.Lock()
+        self._ask_ids = itertools.count(1)
+        self._drops: deque = deque()             # keys of Futures gone in tasks: appended lock-free (GC)
 
     # --- main thread ------------------------------------------------------------------
 
@@ -216,6 +235,12 @@ class Worker:
             taken = tuple(seq for seq in msg.seqs if self._unqueue(seq))
             self.pending.difference_update(taken)
             self.chan.send(P.Unqueued(msg.seqs, taken))
+        elif isinstance(msg, P.Answer):
+            with self._asks_lock:
+                waiter = self._asks.pop(msg.request, None)
+            if waiter is not None:
+                waiter[1] = msg
+                waiter[0].set()
         elif isinstance(msg, P.Call):
             # A thread of its own, not the reader's nor an executor's: a worker whose every
             # slot is busy still answers, and a long function never stops the channel's reader.
@@ -287,6 +312,103 @@ class Worker:
             reply = P.Called(msg.request, None, serialize.dumps_exception(e, what))
         self.chan.send(reply)
 
+    # --- requests from tasks (client.py: get_client, secede, rejoin) -------------------
+
+    def ask(self, body: Any, seq: int, timeout: Optional[float] = None) -> P.Answer:
+        """Send ``body`` to the parent's scheduler as a request of run ``seq``; its Answer.
+        The channel's reader (another thread) hands the answer over."""
+        request = next(self._ask_ids)
+        waiter: list = [threading.Event(), None]
+        with self._asks_lock:
+            self._asks[request] = waiter
+        self._send_drops()
+        self.chan.send(P.Ask(request, seq, body))
+        if not waiter[0].wait(timeout):
+            with self._asks_lock:
+                self._asks.pop(request, None)
+            raise TimeoutError(f"the cluster did not answer within {timeout:g} s")
+        return waiter[1]
+
+    def tell(self, body: Any, seq: int) -> None:
+        """Send ``body`` to the parent's scheduler; no answer."""
+        self._send_drops()
+        self.chan.send(P.Ask(0, seq, body))
+
+    def drop(self, key: str) -> None:
+        """A task's Future of ``key`` is gone. Lock-free and silent (it runs in the garbage
+        collector, maybe inside a send on this very thread): sent with the next message."""
+        self._drops.append(key)
+
+    def _send_drops(self) -> None:
+        keys = []
+        while self._drops:
+            keys.append(self._drops.popleft())
+        if keys:
+            self.chan.send(P.Ask(0, 0, P.Drop(tuple(keys))))
+
+    def secede(self) -> None:
+        """The calling task gives its thread slot back: an executor thread is started in its
+        place, and the parent counts the slot free. No-op outside a task or if seceded."""
+        run = getattr(_here, "run", None)
+        if run is None or _here.seceded:
+            return
+        _here.seceded = True
+        self.board.stop(_here.row)
+        with self._lock:
+            self._busy -= 1
+            self._secessions += 1
+            if self._runs and not self._rejoining:
+                self._work.notify()
+        threading.Thread(target=self._execute, args=(_here.row,), name=f"localcluster-exec-{next(self._rows)}",
+                         daemon=True).start()
+        self.tell(P.Secede(), run.seq)
+
+    def rejoin(self) -> None:
+        """The calling task, seceded, takes a thread slot again: it waits for one (before
+        any queued run) and the parent counts it busy. No-op unless it seceded."""
+        run = getattr(_here, "run", None)
+        if run is None or not _here.seceded or _here.rejoined:
+            return
+        with self._lock:
+            self._rejoining += 1
+            try:
+                while self._busy >= self.nthreads:
+                    self._rejoin_turn.wait()
+            finally:
+                self._rejoining -= 1
+            self._busy += 1
+        _here.rejoined = True
+        self.tell(P.Rejoin(), run.seq)
+
+    def _seceded_run_over(self) -> None:
+        """A seceded run ended: its thread leaves (an executor took its place), and the slot
+        it took back on rejoin, if it did, is free again."""
+        with self._lock:
+            self._secessions -= 1
+            if _here.rejoined:
+                self._busy -= 1
+            if self._rejoining:
+                self._rejoin_turn.notify()
+            elif self._runs and self._idle:
+                self._work.notify()
+            elif self._runs and isinstance(self._reader, int) and not self._nudged:
+                # the only executor free is reading the channel: call it back to the queue
+                self._nudged = True
+                os.write(self._nudge_w, b"x")
+
+    def _read_as_executor(self) -> None:
+        """The reader role, on an executor. While a seceded run lives, a queued run may wait
+        for a slot that frees without a message: then a nudge calls this thread back."""
+        if self._secessions:
+            ready, _, _ = select.select([self.chan, self._nudge_r], [], [])
+            if self._nudge_r in ready:
+                os.read(self._nudge_r, 512)
+                with self._lock:
+                    self._nudged = False
+            if self.chan not in ready:
+                return
+        self._read_and_handle()
+
     # --- executor threads -------------------------------------------------------------
 
     def _queue(self, run: P.Run) -> None:
@@ -296,13 +418,19 @@ class Worker:
             self._runs.append(run)
             self._work.notify()
 
-    def _next_run(self, row: int) -> Any:
-        """A run to execute, or None: then this thread holds the reader role."""
+    def _next_run(self, row: int, ran: bool = False) -> Any:
+        """A run to execute, or None: then this thread holds the reader role. ``ran``: this
+        thread just ended a run (its slot is free again)."""
         with self._lock:
+            if ran:
+                self._busy -= 1
             while True:
-                if self._runs:
+                if self._rejoining and self._busy < self.nthreads:
+                    self._rejoin_turn.notify()      # a seceded task comes back before any queued run
+                elif self._runs and self._busy < self.nthreads:
                     if self._reader is None and not self._idle:
                         self._main_turn.notify()    # nobody else is left to read the channel
+                    self._busy += 1
                     return self._runs.popleft()
                 if self._reader is None:
                     self._reader = row
@@ -317,12 +445,13 @@ class Worker:
     def _execute(self, row: int) -> None:
         ident = threading.get_ident()
         board = self.board
-        _here.worker = self
+        ran = False
         while True:
-            run = self._next_run(row)
+            run = self._next_run(row, ran)
+            ran = run is not None
             if run is None:
                 try:
-                    self._read_and_handle()
+                    self._read_as_executor()
                 except BaseException:
                     _fatal(self, traceback.format_exc())
                 finally:
@@ -336,13 +465,18 @@ class Worker:
             if self.pause_at is not None:
                 self._look_at_memory()
             board.start(row, ident, run.seq)
-            _here.seq = run.seq
+            _here.seceded = _here.rejoined = False
             reply = self._run(run, row)
-            board.stop(row)
+            seceded = _here.seceded
+            if not seceded:         # a seceded run left the row to the executor that took its place
+                board.stop(row)
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
                 self.cancelled.discard(run.seq)
                 self.store.free_made_by(run.key, run.seq)     # not a newer run's result
             self._reply(reply)
+            if seceded:
+                self._seceded_run_over()
+                return
 
     def _look_at_memory(self) -> None:
         """At most once a millisecond (a /proc read costs a few µs; a no-op run ~20): say
@@ -381,7 +515,11 @@ class Worker:
             # only a task with dependencies has placeholders to resolve (the plain loads is faster)
             args, kwargs = serialize.loads(run.args, self.store if run.deps else None)
             step = "running the task"
-            result = fn(*args, **kwargs)
+            _here.run, _here.row = run, row
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                _here.run = None
             step = "pickling the result"
             payload = serialize.dumps_result(result)
         except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
@@ -416,6 +554,11 @@ class Worker:
     def _flush(self) -> None:
         with self._out_lock:
             out, self._out = self._out, []
+        if self._drops:
+            keys = []
+            while self._drops:
+                keys.append(self._drops.popleft())
+            out.append(P.Ask(0, 0, P.Drop(tuple(keys))))
         if len(out) == 1:
             self.chan.send(out[0])
         elif out:
@@ -431,6 +574,8 @@ class Worker:
     def _heartbeat(self) -> None:
         while True:
             self.board.beat()
+            if self._drops:          # Futures a long task let go of: their keys go now
+                self._flush_wanted.set()
             if self.allowance is not None:
                 self.allowance.settle()
             if self.spill_at is not None:
@@ -472,12 +617,12 @@ def main(cfg: dict) -> None:
     # would get our channel to the parent and the board (SECURITY.md).
     for fd in (cfg["sock_fd"], cfg["board_fd"]):
         os.set_inheritable(fd, False)
-    global _in_worker
+    global _in_worker, _worker
     _in_worker = True
     worker = None
     try:
         take_authkey(cfg["sock_fd"])
-        worker = Worker(cfg)
+        worker = _worker = Worker(cfg)
         if cfg.get("log_level") is not None:
             logs.install(worker.log, cfg["log_level"])
         if cfg.get("initializer") is not None:

@@ -64,6 +64,11 @@ class Store:
     def __contains__(self, key: str) -> bool:
         return key in self._mem or key in self._disk
 
+    def keys(self) -> list:
+        """The keys held, in memory or spilled (get_worker().data)."""
+        with self._lock:
+            return [*self._mem, *self._disk]
+
     # --- in ---------------------------------------------------------------------------
 
     def put_result(self, key: str, value: Any, payload: Payload, seq: int = 0) -> None:

@@ -1,0 +1,379 @@
+"""Tasks that submit tasks: ``get_client``, ``worker_client``, ``secede``, ``rejoin`` and
+``get_worker``, with dask's meanings.
+
+In a task, ``get_client()`` returns this process's :class:`TaskClient`: it talks to the
+parent's scheduler over the worker's own channel (``Worker.ask`` and ``Worker.tell``,
+process.py: an ``Ask`` with one body of protocol.py a meaning), with no socket and no
+cluster of its own. The keys it submits are the parent's like any other; each
+:class:`TaskFuture` is a reference the parent counts (``scheduler/asking.py``), given back
+when the future is garbage-collected. A TaskFuture returned from a task becomes, in the
+parent, that Client's Future of the same key.
+
+Outside a worker (in the user's process) ``get_client()`` is the current Client, found
+through the lookup client.py installs (this module sits below it). Loaded by a worker
+only when a task first asks for it: the worker's start imports none of this.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, Optional
+
+from ..config import check_resources
+from ..wire import protocol as P
+from ..wire import serialize
+from . import process
+
+__all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
+
+# client.py installs it: client id (or None: the current one) -> a Client of this process, or None
+_parent_lookup: Optional[Callable[[Optional[str]], Any]] = None
+_made = threading.Lock()
+_client: "Optional[TaskClient]" = None
+
+
+def install_parent(lookup: Callable[[Optional[str]], Any]) -> None:
+    global _parent_lookup
+    _parent_lookup = lookup
+
+
+def in_worker() -> bool:
+    """True in a localcluster worker process (a task, or a thread a task started)."""
+    return process.current()[0] is not None
+
+
+def _worker() -> "process.Worker":
+    worker = process.current()[0]
+    if worker is None:
+        raise ValueError("not in a localcluster worker: get_worker(), secede(), rejoin() and worker_client() "
+                         "work inside a task (submit a function that calls them)")
+    return worker
+
+
+def get_client(address: Any = None, timeout: Optional[float] = None, resolve_address: bool = True) -> Any:
+    """In a task: a client of the cluster that runs it (the same one for every task of this
+    worker), talking to the parent's scheduler over this worker's channel. Elsewhere: the
+    current Client. ``address`` and ``resolve_address`` are dask's, with no meaning here."""
+    global _client
+    worker = process.current()[0]
+    if worker is None:
+        client = _parent_lookup(None) if _parent_lookup is not None else None
+        if client is None:
+            raise ValueError("No global client found and no address provided: create a localcluster "
+                             "Client() first (inside a task, get_client() returns the worker's)")
+        return client
+    with _made:
+        if _client is None:
+            _client = TaskClient(worker)
+            serialize.install_futures(TaskFuture, _rebuild_in_worker)
+        return _client
+
+
+@contextlib.contextmanager
+def worker_client(timeout: Optional[float] = None, separate_thread: bool = True) -> Iterator["TaskClient"]:
+    """In a task: ``get_client()``, with the task's thread slot given back meanwhile
+    (``secede()``, then ``rejoin()`` on the way out), so that the tasks it waits for can
+    run on this worker's threads. A recursive ``fib`` runs on one thread this way."""
+    _worker()
+    client = get_client()
+    if separate_thread:
+        secede()
+    try:
+        yield client
+    finally:
+        if separate_thread:
+            rejoin()
+
+
+def secede() -> None:
+    """Give this task's thread slot back: the worker runs another task meanwhile (one more
+    thread), and the scheduler counts the slot free. For a task that waits on others."""
+    _worker().secede()
+
+
+def rejoin() -> None:
+    """Take a thread slot again after ``secede()``: waits for one to be free (before any
+    queued task), so the worker never runs more tasks at once than it has threads."""
+    _worker().rejoin()
+
+
+class _Held(Mapping):
+    """The worker's data as a read-only mapping: key -> value (spilled values come back)."""
+
+    def __init__(self, store: Any):
+        self._store = store
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._store:
+            raise KeyError(key)
+        return self._store[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store.keys())
+
+    def __len__(self) -> int:
+        return len(self._store.keys())
+
+
+class TaskWorker:
+    """What ``get_worker()`` gives a task: the worker's ``name``, its ``data`` (key -> value
+    of what it holds), ``nthreads``, ``pid``, and an ``address`` naming it (dask code reads one)."""
+
+    def __init__(self, worker: "process.Worker"):
+        self.name = worker.name
+        self.id = worker.name
+        self.data = _Held(worker.store)
+        self.nthreads = worker.nthreads
+        self.pid = os.getpid()
+        self.address = f"localcluster://{self.pid}/{worker.name}"
+
+    def __repr__(self) -> str:
+        return f"<localcluster worker {self.name!r} pid {self.pid}>"
+
+
+def get_worker() -> TaskWorker:
+    """The worker running this task (ValueError outside a task)."""
+    return TaskWorker(_worker())
+
+
+def client_in_task(client_id: str) -> Any:
+    """A Client unpickled: in a worker, the worker's client (a task that closed over the
+    user's Client uses the cluster that runs it); in the parent, that Client again."""
+    if in_worker():
+        return get_client()
+    client = _parent_lookup(client_id) if _parent_lookup is not None else None
+    if client is None:
+        raise ValueError(f"Client {client_id!r} was unpickled in a process where it does not run (closed, "
+                         f"or another process): create a Client here, or use get_client() in a task")
+    return client
+
+
+def _rebuild_in_worker(key: str, client_id: Optional[str] = None) -> "TaskFuture":
+    """A Future unpickled in a worker (in a result or a value): one more reference, held here."""
+    client = get_client()
+    fut = TaskFuture(key, client)
+    client.worker.tell(P.Hold((key,)), _seq())
+    return fut
+
+
+def _rebuild(key: str) -> Any:
+    """A TaskFuture unpickled: in a worker, a TaskFuture held there; in the parent, the
+    Client's Future of the key (serialize's placeholder: future.py finds its client)."""
+    if in_worker():
+        return _rebuild_in_worker(key)
+    return serialize.resolve_future(key)
+
+
+def _seq() -> int:
+    run = process.current()[1]
+    return run.seq if run is not None else 0
+
+
+class TaskFuture:
+    """A key submitted from a task (``TaskClient.submit``): ``result()``, ``exception()``,
+    ``done()``, ``status``. One reference to the key while it lives; pickled (returned from
+    the task, or passed in another's arguments) it stays the same key."""
+
+    def __init__(self, key: str, client: "TaskClient"):
+        self.key = key
+        self.client = client
+        self._outcome: Optional[tuple] = None
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        return self.client.value(self, self._outcome or self.client.outcomes([self], timeout)[0])
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        try:
+            self.result(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the task's exception is the answer
+            return e
+        return None
+
+    def done(self) -> bool:
+        return self._outcome is not None or self.status in ("finished", "error", "lost", "cancelled")
+
+    @property
+    def status(self) -> str:
+        if self._outcome is not None:
+            return self._outcome[0]
+        state = self.client.states([self.key])[0]
+        return {"memory": "finished", "erred": "error", "released": "cancelled", "unknown": "cancelled"}.get(
+            state, "lost" if state == "lost" else "pending")
+
+    def settle(self, outcome: tuple) -> None:
+        self._outcome = outcome
+
+    @property
+    def outcome(self) -> Optional[tuple]:
+        """(status, payload, error) once known here, else None."""
+        return self._outcome
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self.key,))
+
+    def __repr__(self) -> str:
+        return f"<Future: {self._outcome[0] if self._outcome else 'pending'}, key: {self.key}>"
+
+    def __del__(self) -> None:
+        client = self.__dict__.get("client")
+        if client is not None:
+            client.worker.drop(self.key)
+
+
+class TaskClient:
+    """The client of a task (``get_client()`` in a worker): dask's submit, map, gather and
+    scatter, each a message to the parent's scheduler over the worker's channel."""
+
+    def __init__(self, worker: "process.Worker"):
+        self.worker = worker
+        self.id = f"task-client-{worker.name}-{os.getpid()}"
+        self.status = "running"
+        self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, pickled bytes, name, sha1 of the bytes)
+
+    def __repr__(self) -> str:
+        return f"<TaskClient of worker {self.worker.name!r}: the cluster's scheduler over its channel>"
+
+    def __enter__(self) -> "TaskClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def close(self) -> None:
+        """Nothing to close: the worker's channel is the worker's."""
+
+    def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
+               timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+               allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> TaskFuture:
+        """As ``Client.submit``: ``fn(*args, **kwargs)`` on the cluster; a TaskFuture."""
+        for hint in ("fifo_timeout", "actor", "actors"):
+            kwargs.pop(hint, None)
+        task = self._task(fn, args, kwargs, key, pure, retries, timeout, priority, workers, allow_other_workers,
+                          check_resources(resources, "submit"))
+        return self._send([task])[0]
+
+    def map(self, fn: Callable, /, *iterables: Any, key: Any = None, pure: bool = True, retries: int = 0,
+            timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+            allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> list:
+        """As ``Client.map``: one task per item, sent in one message."""
+        for hint in ("fifo_timeout", "batch_size"):
+            kwargs.pop(hint, None)
+        need = check_resources(resources, "map")
+        items = list(zip(*iterables))
+        keys = list(key) if isinstance(key, (list, tuple)) else [None] * len(items)
+        tasks = [self._task(fn, a, kwargs, k, pure, retries, timeout, priority, workers, allow_other_workers, need)
+                 for a, k in zip(items, keys)]
+        return self._send(tasks)
+
+    def gather(self, futures: Any, errors: str = "raise", timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """As ``Client.gather``: the results of (nested lists, tuples and dicts of) futures."""
+        flat = list(dict.fromkeys(_walk(futures)))
+        pending = [f for f in flat if f.outcome is None]
+        for f, outcome in zip(pending, self.outcomes(pending, timeout) if pending else ()):
+            f.settle(outcome)
+        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)
+
+    def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
+        """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""
+        if isinstance(data, dict):
+            return dict(zip(data, self.scatter(list(data.values()), broadcast)))
+        single = not isinstance(data, (list, tuple, set, frozenset))
+        values = [data] if single else list(data)
+        items = tuple((f"{type(v).__name__}-{os.urandom(8).hex()}", serialize.dumps(v)) for v in values)
+        self.worker.tell(P.Scatter(items, broadcast), _seq())
+        futures = [TaskFuture(k, self) for k, _ in items]
+        return futures[0] if single else futures
+
+    # --- the messages -------------------------------------------------------------------
+
+    def outcomes(self, futures: list, timeout: Optional[float]) -> list:
+        """(status, payload, error) of each future, once each has ended (one round trip)."""
+        answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout)
+        for f, outcome in zip(futures, answer.data):
+            f.settle(outcome)
+        return list(answer.data)
+
+    def states(self, keys: list) -> list:
+        return list(self.worker.ask(P.States(tuple(keys)), _seq()).data)
+
+    def value(self, fut: TaskFuture, outcome: tuple) -> Any:
+        status, payload, error = outcome
+        if status == "finished":
+            return serialize.loads(payload)
+        raise serialize.loads_exception(error, fut.key)
+
+    def _send(self, tasks: list) -> list:
+        futures = [TaskFuture(t.key, self) for t in tasks]      # before: a reply may not outrun them
+        self.worker.tell(P.Submit(tuple(tasks)), _seq())
+        return futures
+
+    def _task(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], pure: bool, retries: int,
+              timeout: Optional[float], priority: int, workers: Any, loose: bool, need: Optional[tuple]) -> P.NewTask:
+        if not callable(fn):
+            raise TypeError(f"submit() needs a callable first, got {serialize.describe(fn)}")
+        fn_bytes, name, hashed = self._function(fn)
+        try:
+            payload, found = serialize.dumps_collecting((tuple(args), dict(kwargs)))
+        except Exception as e:
+            raise TypeError(f"could not pickle the arguments of {name}(): {type(e).__name__}: {e}") from e
+        if key is None:
+            if pure:
+                h = hashed.copy()
+                meta = payload.meta
+                h.update(meta.raw() if not isinstance(meta, bytes) else meta)
+                for b in payload.buffers:
+                    h.update(b.raw())
+                key = f"{name}-{h.hexdigest()}"
+            else:
+                key = f"{name}-{os.urandom(8).hex()}"
+        names = frozenset((workers,) if isinstance(workers, str) else workers) if workers is not None else None
+        return P.NewTask(key, fn_bytes, payload, tuple(found), priority, retries, timeout, names, bool(loose), need)
+
+    def _function(self, fn: Callable) -> tuple:
+        entry = self._fns.get(id(fn))
+        if entry is not None and entry[0] is fn:
+            return entry[1:]
+        data = serialize.pickle_function(fn)
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        entry = (fn, data, "lambda" if name == "<lambda>" else name,
+                 hashlib.sha1(data, usedforsecurity=False))
+        if len(self._fns) > 256:
+            self._fns.clear()
+        self._fns[id(fn)] = entry
+        return entry[1:]
+
+
+def _walk(obj: Any) -> Iterator[TaskFuture]:
+    if isinstance(obj, TaskFuture):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from _walk(v)
+
+
+_SKIP = object()
+
+
+def _rebuilt(obj: Any, value: Callable[[TaskFuture], Any], errors: str) -> Any:
+    if isinstance(obj, TaskFuture):
+        try:
+            return value(obj)
+        except Exception:
+            if errors == "skip":
+                return _SKIP
+            raise
+    if isinstance(obj, dict):
+        out = {k: _rebuilt(v, value, errors) for k, v in obj.items()}
+        return {k: v for k, v in out.items() if v is not _SKIP}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [x for x in (_rebuilt(v, value, errors) for v in obj) if x is not _SKIP]
+        return items if isinstance(obj, list) else type(obj)(items)
+    return obj

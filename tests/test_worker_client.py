@@ -1,0 +1,212 @@
+"""Tasks that submit tasks, through real worker processes: get_client, worker_client,
+secede, rejoin, get_worker, a Client closed over, futures made in tasks returned to the
+parent, and a death while a task waits on its children."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+
+from localcluster import Client, LocalCluster, get_client, get_worker, rejoin, secede, worker_client
+from _util import block_until, release, wait_for
+
+
+def fib(n):
+    if n < 2:
+        return n
+    with worker_client() as c:
+        a = c.submit(fib, n - 1)
+        b = c.submit(fib, n - 2)
+        return a.result() + b.result()
+
+
+def fib_impure(n):
+    if n < 2:
+        return n
+    with worker_client() as c:
+        a, b = c.submit(fib_impure, n - 1, pure=False), c.submit(fib_impure, n - 2, pure=False)
+        return c.gather([a, b])[0] + b.result()
+
+
+def inc(x):
+    return x + 1
+
+
+def add_from_task(x):
+    c = get_client()
+    return c.submit(inc, x).result() + c.gather(c.map(inc, [x, x]))[1]
+
+
+def make_future(x):
+    return get_client().submit(inc, x)
+
+
+def worker_children_and_client():
+    """What a task sees: Client() is the worker's client, and no process was started for it."""
+    c = Client()
+    return type(c).__name__, c is get_client(), len(psutil.Process().children(recursive=True))
+
+
+def text(path):
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
+def in_slot(log, tag, path=None):
+    """Append ``tag start``/``tag end`` around the wait for ``path`` (if any)."""
+    with open(log, "a") as f:
+        f.write(f"{tag} start\n")
+    if path:
+        block_until(path)
+    with open(log, "a") as f:
+        f.write(f"{tag} end\n")
+    return tag
+
+
+def seceding(log, go):
+    secede()
+    in_slot(log, "seceded", go)
+    rejoin()
+    return in_slot(log, "rejoined")
+
+
+@pytest.mark.timeout(60)
+def test_fib_with_worker_client_on_one_worker_of_one_thread():
+    """The issue's "done when": every level waits on its children with its slot given back."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(fib, 8).result(30) == 21
+        assert client.submit(fib_impure, 9, pure=False).result(30) == 34     # 109 tasks, none shared
+        pid = next(iter(cluster.workers.values())).pid
+        # every thread started for a seceded task is gone: main, executor, flusher, heartbeat
+        wait_for(lambda: psutil.Process(pid).num_threads() == 4, 10)
+
+
+def test_get_client_submits_through_the_parent_scheduler(client):
+    assert client.submit(add_from_task, 1).result(30) == 4
+    name, same, children = client.submit(worker_children_and_client).result(30)
+    assert (name, same, children) == ("TaskClient", True, 0)
+
+
+def test_client_with_arguments_in_a_task_says_what_to_do(client):
+    def nested_cluster():
+        return Client(n_workers=2)
+    with pytest.raises(RuntimeError, match=r"would start a new cluster inside this worker.*get_client\(\)"):
+        client.submit(nested_cluster).result(30)
+
+
+def test_a_client_closed_over_is_the_workers_client_in_a_task(client):
+    def uses_outer_client(x):
+        return client.submit(inc, x).result()          # the user's Client, pickled into the task
+    assert client.submit(uses_outer_client, 41).result(30) == 42
+
+
+def test_futures_made_in_tasks_come_back_as_the_parents_futures(client):
+    inner = client.submit(make_future, 10).result(30)
+    assert type(inner).__name__ == "Future" and inner.client is client
+    assert inner.result(30) == 11
+    gc.collect()
+    assert client.submit(inc, inner).result(30) == 12         # passed on as a dependency
+    assert inner.key in client.who_has()
+    # beside what only cloudpickle pickles (the result goes its way, not the C pickler's)
+    fn, fut = client.submit(lambda: (lambda: 5, get_client().submit(inc, 1))).result(30)
+    assert fn() == 5 and fut.client is client and fut.result(30) == 2
+
+
+def test_keys_a_task_lets_go_of_are_released(client):
+    def submit_and_drop():
+        c = get_client()
+        f = c.submit(inc, 100, key="dropped-by-task")
+        return f.result()
+    assert client.submit(submit_and_drop).result(30) == 101
+    # the task's future is gone: its worker gives the reference back, and nothing else holds it
+    wait_for(lambda: "dropped-by-task" not in client.who_has(), 10)
+
+
+@pytest.mark.cluster(n_workers=1)
+def test_secede_gives_the_slot_back_and_rejoin_waits_for_one(client, tmp_path):
+    """One worker, one thread: a seceded task lets another run; rejoining waits until the
+    other has ended, so no two tasks ever ran in the slot at once."""
+    log, go, stop = str(tmp_path / "log"), str(tmp_path / "go"), str(tmp_path / "stop")
+    a = client.submit(seceding, log, go)
+    wait_for(lambda: "seceded start" in text(log))
+    b = client.submit(in_slot, log, "other", stop)         # runs in the slot given back
+    wait_for(lambda: "other start" in text(log))
+    release(go)                                            # a wants its slot back: it waits for b
+    wait_for(lambda: "seceded end" in text(log))
+    assert not a.done()
+    release(stop)
+    assert b.result(30) == "other" and a.result(30) == "rejoined"
+    lines = text(log).split("\n")
+    assert lines.index("other end") < lines.index("rejoined start")
+
+
+def test_get_worker_names_the_worker_and_its_data(client):
+    [x] = client.scatter([123], workers=["worker-0"])
+
+    def look(x):
+        w = get_worker()
+        return w.name, sorted(w.data), w.address.endswith(w.name)
+    name, keys, address = client.submit(look, x, workers=["worker-0"]).result(30)
+    assert name == "worker-0" and x.key in keys and address
+    with pytest.raises(ValueError, match="not in a localcluster worker"):
+        get_worker()
+    assert get_client() is client           # outside a task: the current Client
+
+
+def child(log, key_go):
+    with open(log, "a") as f:
+        f.write(f"child {os.getpid()}\n")
+    block_until(key_go)
+    return 7
+
+
+def parent_of(log, go, workers):
+    me = get_worker().name
+    other = [w for w in workers if w != me][0]
+    with worker_client() as c:
+        f = c.submit(child, log, go, workers=[other], allow_other_workers=True)
+        return f.result() * 6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_death_while_a_task_waits_on_its_children_reruns_it_without_redoing_them(client, cluster, tmp_path):
+    log, go = str(tmp_path / "log"), str(tmp_path / "go")
+    names = sorted(cluster.workers)
+    top = client.submit(parent_of, log, go, names, workers=[names[0]], allow_other_workers=True)
+    wait_for(lambda: text(log).count("child") == 1)
+    os.kill(cluster.workers[names[0]].pid, signal.SIGKILL)       # the parent's worker, mid-wait
+    wait_for(lambda: len(cluster.deaths) == 1)
+    death = cluster.deaths[0]
+    assert death.cause == "signal"
+    assert "was waiting for the tasks it submitted (seceded)" in death.message, death.message
+    release(go)
+    assert top.result(60) == 42
+    assert text(log).count("child") == 1, "the child ran again: its work was lost or duplicated"
+
+
+def suicidal():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def parent_of_suicidal(workers):
+    other = [w for w in workers if w != get_worker().name][0]
+    with worker_client() as c:
+        return c.submit(suicidal, workers=[other]).result()
+
+
+@pytest.mark.cluster(allowed_failures=0)
+def test_a_death_says_which_task_submitted_the_task_it_ran(client, cluster):
+    from localcluster import KilledWorker
+    names = sorted(cluster.workers)
+    top = client.submit(parent_of_suicidal, names, workers=[names[0]])
+    with pytest.raises(KilledWorker, match=r"Task 'suicidal-\w+' \(submitted by task 'parent_of_suicidal-\w+'\)"):
+        top.result(60)
+    assert "'suicidal-" in cluster.deaths[0].message
+    assert f"was submitted by task {top.key!r}" in cluster.deaths[0].message

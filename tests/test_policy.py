@@ -457,3 +457,16 @@ def test_adapt_under_any_sequence_of_work_and_deaths_stays_within_its_bounds():
             elif live:
                 carry_out(p.retired(live[n % len(live)], now))
     run()
+
+
+def test_two_replacements_due_in_one_tick_never_overshoot_the_target():
+    """Found by the adapt property test: a retired worker and another die one after the other
+    (neither asked to), both replacements fall due in the same tick: only as many Spawns as
+    the target lacks, though no slot exists yet for the first."""
+    p = make()
+    p.life.to(Phase.RUNNING)
+    p.scale(1, 0.0, {})
+    started(p, "w0")
+    p.exited(death("w0", "signal", ("t",)), 1.0)
+    p.policy.respawn_at.append(1.0)          # a second death's replacement, due at the same time
+    assert p.tick(1.0) == [Spawn()]

@@ -433,11 +433,13 @@ class Policy:
                 out += self._kill(s) if s.step != "handoff" else self._to_step(
                     s, "stop", now + STOP_GRACE, [SendStop(s.name)])
         due = [t for t in self.respawn_at if now >= t]
+        coming = len(self.alive())       # counting the Spawns of this loop: a slot appears only once carried out
         for t in due:
             self.respawn_at.remove(t)
             # scale() or restart() since the death may have made up the number already
-            if not self._closing() and len(self.alive()) < self.target:
+            if not self._closing() and coming < self.target:
                 out.append(Spawn())
+                coming += 1
         return out
 
     def exited(self, death: WorkerDeath, now: float, ran_tasks: bool = False) -> list:

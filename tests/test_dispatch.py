@@ -6,6 +6,7 @@ import socket
 import threading
 
 import pytest
+from _util import block_until, wait_running
 
 from localcluster.wire import protocol as P
 from localcluster.wire.channel import BlockingChannel, Channel
@@ -129,14 +130,6 @@ def test_a_retire_from_a_user_thread_is_left_for_the_scheduler_thread():
 
 # --- through real processes ------------------------------------------------------------------
 
-def _until(path: str) -> int:
-    import os
-    import time
-    while not os.path.exists(path):
-        time.sleep(0.005)
-    return os.getpid()
-
-
 def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeypatch, tmp_path):
     """Scale-downs, cancels from the user's thread, a restart: whatever thread brought the
     event, the nanny is signalled and sent Stop from the scheduler thread only."""
@@ -152,9 +145,9 @@ def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeyp
         monkeypatch.setattr(Nanny, name, recording)
     go = str(tmp_path / "go")
     with LocalCluster(n_workers=3, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
-        busy = [cl.submit(_until, go, pure=False, workers=[w]) for w in sorted(c.workers)]
+        busy = [cl.submit(block_until, go, pure=False, workers=[w]) for w in sorted(c.workers)]
         for f in busy:
-            wait_for_running(cl, f)
+            wait_running(c, f)
         down = threading.Thread(target=c.scale, args=(1,))
         down.start()                                  # two workers wait for their task to end
         cl.cancel(busy)                               # on this thread: lets the retiring workers go
@@ -165,10 +158,3 @@ def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeyp
         assert cl.submit(sum, [1, 2]).result(30) == 3
     assert seen and {thread for _, thread in seen} == {"localcluster-scheduler"}, seen
 
-
-def wait_for_running(client, fut) -> None:
-    import time
-    deadline = time.monotonic() + 30
-    while fut.key not in client.gateway.running_tasks():
-        assert time.monotonic() < deadline, f"{fut.key} never started"
-        time.sleep(0.01)

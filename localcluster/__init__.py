@@ -18,6 +18,8 @@ _WHERE = {
     "fire_and_forget": "future",
     "get_client": "worker.client", "worker_client": "worker.client", "secede": "worker.client",
     "rejoin": "worker.client", "get_worker": "worker.client",
+    "Lock": "coordination", "Semaphore": "coordination", "Event": "coordination", "Queue": "coordination",
+    "Variable": "coordination",
     "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
     "ClusterBroken": "death", "RemoteTraceback": "death",
@@ -31,6 +33,7 @@ __all__ = [
     "ClusterBroken", "RemoteTraceback", "StoreError", "WorkerInfo",
     "wait", "as_completed", "fire_and_forget", "progress", "report", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
+    "Lock", "Semaphore", "Event", "Queue", "Variable",
 ]
 
 

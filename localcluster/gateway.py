@@ -166,6 +166,31 @@ class Gateway:
                                                                                      f"{what} on {name!r}"))
                 for name in names}
 
+    def coordinate(self, body: Any, timeout: Optional[float], undo: Optional[Callable[[Any], Any]] = None) -> Any:
+        """A Lock, Event, Queue ... request of this process's threads (coordination.py): the
+        scheduler's answer; once ``timeout`` s have passed, what a timeout means for it. The
+        request is withdrawn then, and its answer (now, or already on its way) is awaited.
+        Interrupted (Ctrl-C), it is withdrawn too, and ``undo`` gets an answer that came anyway
+        (a lease granted to nobody would block everyone)."""
+        ids: list = []
+
+        def ask() -> tuple:
+            req, actions = self._scheduler.coordinate(body)
+            ids.append(req)
+            return req, actions
+        fut = self._dispatch.request(ask)
+        try:
+            return fut.result(timeout)
+        except cf.TimeoutError:
+            self._dispatch.event(self._scheduler.withdraw, ids[0])
+            return fut.result()
+        except BaseException:
+            if ids and not fut.done():
+                self._dispatch.event(self._scheduler.withdraw, ids[0])
+            if undo is not None and fut.done() and fut.exception() is None:
+                undo(fut.result())
+            raise
+
     def task_spec(self, key: str) -> Optional[Spec]:
         """The Spec ``key`` was submitted with, while the cluster still knows it."""
         with self._lock:

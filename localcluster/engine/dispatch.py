@@ -12,7 +12,7 @@ Data flow::
                    wait until it is writable)
         Retire  -> queued for the supervisor, which takes it on the scheduler thread
         Resolve, FailAll -> the listeners (the clients' futures), outside the lock
-        Deliver -> the waiting request
+        Deliver, Reply -> the waiting request
 
 Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
 thread hop; ``on_worker_messages``, ``free_released``, ``uncork`` and ``take_retired``
@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ..wire import protocol as P
 from ..scheduler import state as S
+from ..scheduler.records import Reply
 from ..wire.channel import Channel, let_go
 from ..death import ClusterBroken
 from ..views.history import History
@@ -216,7 +217,7 @@ class Dispatcher:
             t = type(a)
             if t is S.Send:
                 sends.setdefault(a.worker, []).append(a.msg)
-            elif t is S.Resolve or t is S.Deliver or t is S.FailAll:
+            elif t is S.Resolve or t is S.Deliver or t is S.FailAll or t is Reply:
                 post.append(a)
             elif t is S.Retire:
                 self._retired.append(a.worker)
@@ -258,6 +259,10 @@ class Dispatcher:
             elif t is S.FailAll:
                 for listener in listeners:
                     listener.fail_pending(a.error)
+            elif t is Reply:        # a Lock, Event, Queue ... of the parent's threads
+                fut = self._requests.pop(a.request, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(a.value)
             else:
                 fut = self._requests.pop(a.request, None)
                 if type(fut) is _Slot:      # a task's Results: the raw outcome, for its worker

@@ -43,6 +43,14 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer to a request of the parent's own threads (a Lock, Event, Queue ... of the
+    user's process): ``value`` is the Answer a task would get."""
+    request: int
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class Retire:
     """The worker has nothing left that anyone needs: stop it (cause ``requested``)."""
     worker: str

@@ -58,6 +58,7 @@ from typing import Any, Callable, Optional
 from ..wire import protocol as P
 from ..death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
 from .asking import Asking
+from .coordination import Asker, Coordination
 from .forgetting import PENDING, Forgetting
 from .invariants import check
 from .placement import Placement
@@ -119,11 +120,16 @@ class Scheduler:
         #: the clients of tasks (get_client; the part below): futures held on workers,
         #: runs that seceded, and the function ids of what tasks submit
         self.asking = Asking()
+        #: Lock, Semaphore, Event, Queue and Variable (coordination.py): what is held, set,
+        #: queued, and who waits for it
+        self.coordination = Coordination(self._hold, self.release_many, self._hand_over)
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant, with the story of the key
         concerned (tests call it after every event)."""
         check(self)
+        tasks = self.tasks
+        self.coordination.validate(lambda key: tasks[key].wanted if key in tasks else 0)
 
     def story(self, key: str) -> str:
         """The last transitions of ``key`` (what happened to it), for an error about it."""
@@ -295,6 +301,7 @@ class Scheduler:
             if ts.state == "waiting":
                 out += self._make_ready_or_wait(ts)
         out += self.transfers.worker_died(death.worker)
+        out += self.coordination.worker_gone(death.worker)
         for other in list(self.workers.values()):
             out += self._maybe_retire(other)
         return out
@@ -721,7 +728,36 @@ class Scheduler:
             return [Send(worker, P.Answer(ask.request, tuple(self.whereabouts(k).state for k in body.keys)))]
         if t is P.Results:
             return []
+        if t in P.COORDINATION:
+            return self.coordination.asked(Asker(worker, ask.request, ask.seq), body)
         raise TypeError(f"not a request a task can make: {body!r}")
+
+    # --- Lock, Semaphore, Event, Queue, Variable from the parent (coordination.py) ----------
+
+    def coordinate(self, body: Any) -> tuple[int, list]:
+        """A coordination request from a thread of the parent: (request id, actions); the
+        answer is a Reply to that request, now or later."""
+        req = next(self._request)
+        return req, self.coordination.asked(Asker(None, req), body)
+
+    def withdraw(self, request: int) -> list:
+        """The parent's thread stopped waiting for ``request``: answered now if still waiting."""
+        return self.coordination.withdraw(Asker(None, request))
+
+    def _hold(self, keys: tuple) -> tuple:
+        """The keys (of those known) now counted once more in their task's wanted."""
+        held = []
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state != "released":
+                ts.wanted += 1
+                held.append(key)
+        return tuple(held)
+
+    def _hand_over(self, asker: Asker, keys: tuple) -> None:
+        """References taken for ``asker``: a task's worker keeps them in the books until it drops them."""
+        if asker.worker is not None:
+            self.asking.held(asker.worker, list(keys), self.key_of(asker.seq))
 
     def _holds_died(self, worker: str) -> list:
         """The futures tasks held on a dead worker: those of a task that runs again are kept
@@ -846,6 +882,7 @@ class Scheduler:
         self.placement.clear()
         self.forgetting.clear()
         self.asking.clear(self.workers.get)
+        out += self.coordination.clear()
         for ws in self.workers.values():
             ws.processing.clear()
             ws.release_all()

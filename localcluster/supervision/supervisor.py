@@ -420,9 +420,9 @@ class Supervisor:
             else:
                 blamed = self._scheduler.blame(cause, running, crashed_seq, timed_out[0] if timed_out else None)
             detail = oom if cause == "oom-killer" else self._death_detail(n, slot, cause, timed_out, lines)
-            lineage = self._scheduler.lineage(n.name)
-            if lineage:
-                detail = f"{detail} {lineage}" if detail else lineage
+            for more in (self._scheduler.lineage(n.name), self._scheduler.coordination.held_by(n.name)):
+                if more:
+                    detail = f"{detail} {more}" if detail else more
             limit = self._settings.memory_limit
             memory = slot.memory if slot is not None else None
             peak = slot.peak_memory if slot is not None else None

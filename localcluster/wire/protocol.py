@@ -425,3 +425,106 @@ def unpack_lone(env: bytes) -> Any:
         if p + max(mlen, 0) == len(env):
             return Finished(seq, nbytes, name, None if mlen < 0 else Payload(env[p:], (), dn), duration, start, thread)
     raise ValueError(f"not a message in the fixed layout: {env[:16]!r}...")
+
+
+# --- coordination: Lock, Semaphore, Event, Queue, Variable (localcluster/coordination.py) ---
+#
+# More bodies of the Ask/Answer pair, from a task or (as the same classes, never pickled)
+# from the parent's own threads. The scheduler's part ``Coordination`` keeps them. A body
+# that may wait is answered when it can be; its asker may give up (:class:`Withdraw`), and
+# is then answered at once with what a timeout means for that body.
+
+@_dc
+class Acquire:
+    """Body: one lease of the semaphore ``name`` (a Lock: ``kind`` "lock", one lease),
+    taken under the id ``lease``. Answered True once granted; False at once when ``wait``
+    is False and none is free, or when withdrawn."""
+    kind: str
+    name: str
+    lease: str
+    max_leases: int
+    wait: bool = True
+
+
+@_dc
+class Release:
+    """Body: give back the lease ``lease``. Answered True, or False if it was not held
+    (already given back, or released with the worker of the task that took it)."""
+    kind: str
+    name: str
+    lease: str
+
+
+@_dc
+class Leases:
+    """Body: how many leases of ``name`` are held now. Answered with an int."""
+    kind: str
+    name: str
+
+
+@_dc
+class SetEvent:
+    """Body: set (``flag`` True) or clear the event ``name``. Answered None."""
+    name: str
+    flag: bool
+
+
+@_dc
+class WaitEvent:
+    """Body: wait until the event ``name`` is set (``wait`` False: only look). Answered
+    True once set; False when withdrawn, or at once when not set and not waiting."""
+    name: str
+    wait: bool = True
+
+
+@_dc
+class QueuePut:
+    """Body: put ``value`` (a Payload) in the queue ``name``; ``keys``: the futures inside it,
+    which the queue holds until a get takes it. Answered True once in (the queue is created
+    with ``maxsize`` if new), False when withdrawn while the queue was full."""
+    name: str
+    value: Payload
+    keys: tuple
+    maxsize: int = 0
+
+
+@_dc
+class QueueGet:
+    """Body: take from the queue ``name``: one item (``batch`` 0), every item there now
+    (``batch`` -1, never waits) or ``batch`` items. Answered with a tuple of
+    ``(Payload, keys)``, or None when withdrawn. The asker holds the keys until it gives them back."""
+    name: str
+    batch: int = 0
+
+
+@_dc
+class QueueSize:
+    """Body: the number of items in the queue ``name``. Answered with an int."""
+    name: str
+
+
+@_dc
+class SetVariable:
+    """Body: set the variable ``name`` to ``value`` (a Payload holding futures ``keys``), or
+    delete it (``value`` None). Answered None."""
+    name: str
+    value: Optional[Payload]
+    keys: tuple = ()
+
+
+@_dc
+class GetVariable:
+    """Body: the value of the variable ``name``, waiting until it is set. Answered with
+    ``(Payload, keys)`` (the asker holds the keys until it gives them back), or None when withdrawn."""
+    name: str
+
+
+@_dc
+class Withdraw:
+    """Body: the asker no longer waits for its request ``request``: if it is still waiting,
+    answer it now with what a timeout means for it. No answer of its own."""
+    request: int
+
+
+COORDINATION = frozenset({Acquire, Release, Leases, SetEvent, WaitEvent, QueuePut, QueueGet, QueueSize,
+                          SetVariable, GetVariable, Withdraw})

@@ -298,6 +298,15 @@ class TaskClient:
             f.settle(outcome)
         return list(answer.data)
 
+    def coordinate(self, body: Any, timeout: Optional[float] = None) -> Any:
+        """A Lock, Event, Queue ... request (coordination.py): the scheduler's answer; once
+        ``timeout`` s have passed, what a timeout means for it (the request is withdrawn)."""
+        return self.worker.ask(body, _seq(), timeout, withdraw=True).data
+
+    def give_back(self, keys: tuple) -> None:
+        """One reference less to each key: those handed to this worker with a queued value."""
+        self.worker.tell(P.Drop(tuple(keys)), _seq())
+
     def states(self, keys: list) -> list:
         return list(self.worker.ask(P.States(tuple(keys)), _seq()).data)
 

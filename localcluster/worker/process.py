@@ -314,9 +314,11 @@ class Worker:
 
     # --- requests from tasks (client.py: get_client, secede, rejoin) -------------------
 
-    def ask(self, body: Any, seq: int, timeout: Optional[float] = None) -> P.Answer:
+    def ask(self, body: Any, seq: int, timeout: Optional[float] = None, withdraw: bool = False) -> P.Answer:
         """Send ``body`` to the parent's scheduler as a request of run ``seq``; its Answer.
-        The channel's reader (another thread) hands the answer over."""
+        The channel's reader (another thread) hands the answer over. Past ``timeout``:
+        TimeoutError, or with ``withdraw``, the request is withdrawn and its answer (what a
+        timeout means for it, or the one already on its way) awaited."""
         request = next(self._ask_ids)
         waiter: list = [threading.Event(), None]
         with self._asks_lock:
@@ -324,6 +326,10 @@ class Worker:
         self._send_drops()
         self.chan.send(P.Ask(request, seq, body))
         if not waiter[0].wait(timeout):
+            if withdraw:
+                self.chan.send(P.Ask(0, seq, P.Withdraw(request)))
+                waiter[0].wait()
+                return waiter[1]
             with self._asks_lock:
                 self._asks.pop(request, None)
             raise TimeoutError(f"the cluster did not answer within {timeout:g} s")

@@ -1,0 +1,408 @@
+"""Lock, Semaphore, Event, Queue and Variable, kept by the scheduler: a part of the Scheduler
+(composition: same thread, same lock, no I/O, no clock).
+
+Askers. A request comes from a task (its worker, the worker's request id, the asking run's
+seq) or from a thread of the parent (no worker; the scheduler's request id). It is answered
+with a ``Send`` of an ``Answer`` to that worker, or a ``Reply`` to the parent's request.
+
+Timeouts. There is no clock here: an asker that stops waiting says so (``Withdraw``), and
+its request is answered then with what a timeout means for it (False, None). A request
+already answered is not answered again: the asker waits for the answer on its way.
+
+Deaths. A worker's death gives back the leases its tasks took (the next waiters get them, in
+order) and forgets its tasks' waiting requests and the items they were putting.
+``held_by(worker)`` names what the dead worker held, for its death's message.
+
+Futures in values. The futures inside a queued item or a variable's value are held (``hold``:
+each key counts once more in its task's ``wanted``) while the value is there. A get hands
+one reference per key to the asker (``hand_over``): a task's worker holds it in Asking's
+books until it has made its own futures and drops it; the parent's thread releases it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..wire import protocol as P
+from .records import Reply, Send
+
+
+@dataclass(frozen=True, slots=True)
+class Asker:
+    """Who waits for an answer: a task on ``worker`` (its request id and run), or the
+    parent (``worker`` None, the scheduler's request id)."""
+    worker: Optional[str]
+    request: int
+    seq: int = 0
+
+    def answer(self, value: Any) -> Any:
+        if self.worker is None:
+            return Reply(self.request, value)
+        return Send(self.worker, P.Answer(self.request, value))
+
+    def where(self) -> str:
+        return "the client" if self.worker is None else f"a task on {self.worker}"
+
+
+@dataclass(eq=False)
+class _Semaphore:
+    max_leases: int
+    held: dict = field(default_factory=dict)        #: lease id -> Asker that took it
+    waiting: deque = field(default_factory=deque)   #: (Asker, lease id), first come first served
+
+
+@dataclass(eq=False)
+class _Event:
+    flag: bool = False
+    waiting: list = field(default_factory=list)     #: Askers; only while the flag is down
+
+
+@dataclass(eq=False)
+class _Queue:
+    maxsize: int
+    items: deque = field(default_factory=deque)     #: (Payload, keys held)
+    getters: deque = field(default_factory=deque)   #: (Asker, batch); only while they cannot be served
+    putters: deque = field(default_factory=deque)   #: (Asker, item); only while the queue is full
+
+
+_TIMED_OUT = {"semaphore": False, "event": False, "put": False, "get": None, "variable": None}
+
+
+class Coordination:
+    def __init__(self, hold: Callable[[tuple], tuple], let_go: Callable[[list], list],
+                 hand_over: Callable[[Asker, tuple], None]):
+        #: keys -> the keys of known tasks, each now counted once more in its task's wanted
+        self._hold = hold
+        #: keys -> the actions of releasing one reference to each
+        self._let_go = let_go
+        #: a task's worker now holds one reference to each key (Asking's books)
+        self._hand_over = hand_over
+        #: (kind, name) -> _Semaphore; a Lock is kind "lock". Dropped when nothing is held or waits
+        self.semaphores: dict[tuple, _Semaphore] = {}
+        #: name -> _Event; dropped when down with no waiter
+        self.events: dict[str, _Event] = {}
+        #: name -> _Queue; dropped when empty with no waiter
+        self.queues: dict[str, _Queue] = {}
+        #: name -> (Payload, keys held) of each variable set
+        self.variables: dict[str, tuple] = {}
+        #: name -> Askers waiting for the variable to be set
+        self.unset: dict[str, list] = {}
+        #: (worker, request) -> (what, name) of every request waiting, for Withdraw
+        self.waits: dict[tuple, tuple] = {}
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def asked(self, asker: Asker, body: Any) -> list:
+        t = type(body)
+        if t is P.Acquire:
+            return self._acquire(asker, body)
+        if t is P.Release:
+            return self._release(asker, body)
+        if t is P.Leases:
+            sem = self.semaphores.get((body.kind, body.name))
+            return [asker.answer(len(sem.held) if sem is not None else 0)]
+        if t is P.SetEvent:
+            return self._set_event(body.name, body.flag) + [asker.answer(None)]
+        if t is P.WaitEvent:
+            ev = self.events.get(body.name)
+            if ev is not None and ev.flag:
+                return [asker.answer(True)]
+            if not body.wait:
+                return [asker.answer(False)]
+            self.events.setdefault(body.name, _Event()).waiting.append(asker)
+            self._waiting(asker, "event", body.name)
+            return []
+        if t is P.QueuePut:
+            return self._put(asker, body)
+        if t is P.QueueGet:
+            return self._get(asker, body)
+        if t is P.QueueSize:
+            q = self.queues.get(body.name)
+            return [asker.answer(len(q.items) if q is not None else 0)]
+        if t is P.SetVariable:
+            return self._set_variable(body) + [asker.answer(None)]
+        if t is P.GetVariable:
+            value = self.variables.get(body.name)
+            if value is not None:
+                return [asker.answer(self._given(asker, value))]
+            self.unset.setdefault(body.name, []).append(asker)
+            self._waiting(asker, "variable", body.name)
+            return []
+        if t is P.Withdraw:
+            return self.withdraw(Asker(asker.worker, body.request, asker.seq))
+        raise TypeError(f"not a coordination request: {body!r}")
+
+    def withdraw(self, asker: Asker) -> list:
+        """``asker`` stopped waiting: answer it now with what a timeout means, unless it was
+        answered already (then nothing: the answer is on its way)."""
+        entry = self.waits.pop((asker.worker, asker.request), None)
+        if entry is None:
+            return []
+        what, name = entry
+        out: list = []
+        if what == "semaphore":
+            sem = self.semaphores[name]
+            sem.waiting = deque(w for w in sem.waiting if not _same(w[0], asker))
+            self._tidy_semaphore(name, sem)
+        elif what == "event":
+            ev = self.events[name]
+            ev.waiting = [w for w in ev.waiting if not _same(w, asker)]
+            if not ev.flag and not ev.waiting:
+                del self.events[name]
+        elif what in ("get", "put"):
+            q = self.queues[name]
+            q.getters = deque(g for g in q.getters if not _same(g[0], asker))
+            for p in [p for p in q.putters if _same(p[0], asker)]:
+                q.putters.remove(p)
+                out += self._let_go(list(p[1][1]))
+            out += self._feed(name, q)      # a getter of a batch gone: the next may be served now
+        else:
+            waiting = [w for w in self.unset[name] if not _same(w, asker)]
+            if waiting:
+                self.unset[name] = waiting
+            else:
+                del self.unset[name]
+        return out + [asker.answer(_TIMED_OUT[what])]
+
+    # --- Lock and Semaphore -------------------------------------------------------------
+
+    def _acquire(self, asker: Asker, body: Any) -> list:
+        name = (body.kind, body.name)
+        sem = self.semaphores.get(name)
+        if sem is None:
+            sem = self.semaphores[name] = _Semaphore(body.max_leases)
+        elif sem.max_leases != body.max_leases:
+            return [asker.answer(ValueError(
+                f"{body.kind.capitalize()} {body.name!r} exists with max_leases={sem.max_leases}; this one asks "
+                f"max_leases={body.max_leases}. Use one max_leases per name, or another name."))]
+        if body.lease in sem.held:
+            return [asker.answer(True)]
+        if len(sem.held) < sem.max_leases and not sem.waiting:
+            sem.held[body.lease] = asker
+            return [asker.answer(True)]
+        if not body.wait:
+            self._tidy_semaphore(name, sem)
+            return [asker.answer(False)]
+        sem.waiting.append((asker, body.lease))
+        self._waiting(asker, "semaphore", name)
+        return []
+
+    def _release(self, asker: Asker, body: Any) -> list:
+        name = (body.kind, body.name)
+        sem = self.semaphores.get(name)
+        if sem is None or sem.held.pop(body.lease, None) is None:
+            return [asker.answer(False)]
+        return [asker.answer(True)] + self._grant(name, sem)
+
+    def _grant(self, name: tuple, sem: _Semaphore) -> list:
+        out = []
+        while sem.waiting and len(sem.held) < sem.max_leases:
+            asker, lease = sem.waiting.popleft()
+            del self.waits[(asker.worker, asker.request)]
+            sem.held[lease] = asker
+            out.append(asker.answer(True))
+        self._tidy_semaphore(name, sem)
+        return out
+
+    def _tidy_semaphore(self, name: tuple, sem: _Semaphore) -> None:
+        if not sem.held and not sem.waiting:
+            del self.semaphores[name]
+
+    # --- Event --------------------------------------------------------------------------
+
+    def _set_event(self, name: str, flag: bool) -> list:
+        ev = self.events.get(name)
+        if not flag:
+            if ev is not None:
+                ev.flag = False
+                if not ev.waiting:
+                    del self.events[name]
+            return []
+        if ev is None:
+            ev = self.events[name] = _Event()
+        ev.flag = True
+        waiting, ev.waiting = ev.waiting, []
+        for asker in waiting:
+            del self.waits[(asker.worker, asker.request)]
+        return [asker.answer(True) for asker in waiting]
+
+    # --- Queue --------------------------------------------------------------------------
+
+    def _put(self, asker: Asker, body: Any) -> list:
+        q = self.queues.get(body.name)
+        if q is None:
+            q = self.queues[body.name] = _Queue(max(0, body.maxsize))
+        item = (body.value, self._hold(body.keys))
+        if q.maxsize and len(q.items) >= q.maxsize:
+            q.putters.append((asker, item))
+            self._waiting(asker, "put", body.name)
+            return []
+        q.items.append(item)
+        return [asker.answer(True)] + self._feed(body.name, q)
+
+    def _get(self, asker: Asker, body: Any) -> list:
+        q = self.queues.get(body.name)
+        if body.batch < 0:         # everything there now, never waiting
+            if q is None:
+                return [asker.answer(())]
+            items = tuple(q.items)
+            q.items.clear()
+            return [asker.answer(self._handed(asker, items))] + self._feed(body.name, q)
+        if q is None:
+            q = self.queues[body.name] = _Queue(0)
+        q.getters.append((asker, body.batch))
+        self._waiting(asker, "get", body.name)
+        return self._feed(body.name, q)
+
+    def _feed(self, name: str, q: _Queue) -> list:
+        """Move waiting puts in while there is room, and serve waiting gets in order while
+        there are items enough for the first."""
+        out: list = []
+        while True:
+            while q.putters and (not q.maxsize or len(q.items) < q.maxsize):
+                asker, item = q.putters.popleft()
+                del self.waits[(asker.worker, asker.request)]
+                q.items.append(item)
+                out.append(asker.answer(True))
+            if not q.getters or len(q.items) < max(1, q.getters[0][1]):
+                break
+            asker, batch = q.getters.popleft()
+            del self.waits[(asker.worker, asker.request)]
+            items = tuple(q.items.popleft() for _ in range(max(1, batch)))
+            out.append(asker.answer(self._handed(asker, items)))
+        if not q.items and not q.getters and not q.putters:
+            del self.queues[name]
+        return out
+
+    def _handed(self, asker: Asker, items: tuple) -> tuple:
+        """Items leaving the queue: the references the queue held go to the asker."""
+        for _payload, keys in items:
+            if keys:
+                self._hand_over(asker, keys)
+        return items
+
+    # --- Variable -----------------------------------------------------------------------
+
+    def _set_variable(self, body: Any) -> list:
+        old = self.variables.pop(body.name, None)
+        out = self._let_go(list(old[1])) if old is not None and old[1] else []
+        if body.value is None:
+            return out
+        value = self.variables[body.name] = (body.value, self._hold(body.keys))
+        for asker in self.unset.pop(body.name, []):
+            del self.waits[(asker.worker, asker.request)]
+            out.append(asker.answer(self._given(asker, value)))
+        return out
+
+    def _given(self, asker: Asker, value: tuple) -> tuple:
+        """The variable's value for ``asker``: its futures held once more, for the asker."""
+        keys = self._hold(value[1]) if value[1] else ()
+        if keys:
+            self._hand_over(asker, keys)
+        return (value[0], keys)
+
+    # --- deaths and restarts ------------------------------------------------------------
+
+    def _waiting(self, asker: Asker, what: str, name: Any) -> None:
+        self.waits[(asker.worker, asker.request)] = (what, name)
+
+    def held_by(self, worker: str) -> Optional[str]:
+        """What the tasks of ``worker`` held, for its death's message (None: nothing)."""
+        parts = [f"{kind.capitalize()} {name!r}" + (f" ({sum(1 for a in sem.held.values() if a.worker == worker)} "
+                                                     f"of {sem.max_leases} leases)" if kind != "lock" else "")
+                 for (kind, name), sem in sorted(self.semaphores.items())
+                 if any(a.worker == worker for a in sem.held.values())]
+        if not parts:
+            return None
+        return (f"Its tasks held {', '.join(parts)}: released with the death, so that the tasks waiting for "
+                f"them go on.")
+
+    def worker_gone(self, worker: str) -> list:
+        """``worker`` died: its tasks' leases go to the next waiters, and their waiting
+        requests (and the items they were putting) are forgotten."""
+        out: list = []
+        for key in [k for k in self.waits if k[0] == worker]:
+            what, name = self.waits.pop(key)
+            gone = Asker(worker, key[1])
+            if what == "semaphore":
+                sem = self.semaphores[name]
+                sem.waiting = deque(w for w in sem.waiting if not _same(w[0], gone))
+            elif what == "event":
+                self.events[name].waiting = [w for w in self.events[name].waiting if not _same(w, gone)]
+            elif what in ("get", "put"):
+                q = self.queues[name]
+                q.getters = deque(g for g in q.getters if not _same(g[0], gone))
+                for p in [p for p in q.putters if _same(p[0], gone)]:
+                    q.putters.remove(p)
+                    out += self._let_go(list(p[1][1]))
+            else:
+                self.unset[name] = [w for w in self.unset[name] if not _same(w, gone)]
+        for name, sem in list(self.semaphores.items()):
+            for lease in [lease for lease, a in sem.held.items() if a.worker == worker]:
+                del sem.held[lease]
+            out += self._grant(name, sem)
+        for name, ev in list(self.events.items()):
+            if not ev.flag and not ev.waiting:
+                del self.events[name]
+        for name, q in list(self.queues.items()):
+            out += self._feed(name, q)
+        for name in [n for n, w in self.unset.items() if not w]:
+            del self.unset[name]
+        return out
+
+    def clear(self) -> list:
+        """Every task is forgotten (restart; the caller has dropped every task already): the
+        workers go, and with them every lease and request of their tasks; the futures inside
+        values are forgotten (their keys no longer exist). What the parent's threads hold and
+        wait for stays: a lease freed goes to the next of them."""
+        workers = {k[0] for k in self.waits if k[0] is not None}
+        workers |= {a.worker for sem in self.semaphores.values() for a in sem.held.values() if a.worker is not None}
+        for q in self.queues.values():
+            q.items = deque((p, ()) for p, _k in q.items)
+            q.putters = deque((a, (p, ())) for a, (p, _k) in q.putters)
+        self.variables = {n: (p, ()) for n, (p, _k) in self.variables.items()}
+        out: list = []
+        for worker in sorted(workers):
+            out += self.worker_gone(worker)
+        return out
+
+    # --- invariants ---------------------------------------------------------------------
+
+    def validate(self, wanted: Callable[[str], int]) -> None:
+        """AssertionError naming the first broken rule. ``wanted(key)``: the key's count."""
+        waiting: dict = {}
+        for name, sem in self.semaphores.items():
+            assert sem.held or sem.waiting, f"semaphore {name} kept with nothing held or waiting"
+            assert len(sem.held) <= sem.max_leases, f"semaphore {name}: {len(sem.held)} leases > {sem.max_leases}"
+            assert not sem.waiting or len(sem.held) == sem.max_leases, f"semaphore {name}: waiters with a lease free"
+            for asker, _lease in sem.waiting:
+                waiting[(asker.worker, asker.request)] = ("semaphore", name)
+        for name, ev in self.events.items():
+            assert ev.flag or ev.waiting, f"event {name!r} kept down with no waiter"
+            assert not (ev.flag and ev.waiting), f"event {name!r} set with waiters"
+            for asker in ev.waiting:
+                waiting[(asker.worker, asker.request)] = ("event", name)
+        for name, q in self.queues.items():
+            assert q.items or q.getters or q.putters, f"queue {name!r} kept empty with no waiter"
+            assert not q.getters or len(q.items) < max(1, q.getters[0][1]), f"queue {name!r}: a getter could be served"
+            assert not q.putters or (q.maxsize and len(q.items) >= q.maxsize), f"queue {name!r}: a put could go in"
+            for asker, _batch in q.getters:
+                waiting[(asker.worker, asker.request)] = ("get", name)
+            for asker, (_payload, keys) in q.putters:
+                waiting[(asker.worker, asker.request)] = ("put", name)
+            for _payload, keys in list(q.items) + [item for _a, item in q.putters]:
+                for key in keys:
+                    assert wanted(key) > 0, f"queue {name!r} holds {key!r}, which nothing counts as wanted"
+        for name, askers in self.unset.items():
+            assert askers and name not in self.variables, f"variable {name!r}: waiters while set, or none kept"
+            for asker in askers:
+                waiting[(asker.worker, asker.request)] = ("variable", name)
+        for name, (_payload, keys) in self.variables.items():
+            for key in keys:
+                assert wanted(key) > 0, f"variable {name!r} holds {key!r}, which nothing counts as wanted"
+        assert waiting == self.waits, f"the index of waiting requests is off: {self.waits} != {waiting}"
+
+
+def _same(a: Asker, b: Asker) -> bool:
+    return a.worker == b.worker and a.request == b.request

@@ -169,6 +169,24 @@ def test_futures_in_a_queued_value_are_held_while_queued_and_handed_to_the_task_
     assert "a" not in s.tasks
 
 
+def test_a_future_cancelled_while_queued_is_not_let_go_of_twice():
+    """Found by the state machine: a cancel drops every reference to a key, the queue's too;
+    the key submitted again is another task, whose one reference (the client's) stays."""
+    s = sched("w1")
+    s.submit([spec("a")])
+    finish(s, "a")
+    ask(s, "w1", 1, P.QueuePut("q", *item("future", "a")))
+    s.cancel(["a"])
+    s.submit([spec("a")])
+    assert ask(s, "w1", 2, P.QueueGet("q"))[2][0][1] == ()
+    assert s.tasks["a"].wanted == 1
+    s.coordinate(P.SetVariable("v", *item("future", "a")))
+    s.cancel(["a"])
+    s.submit([spec("a")])
+    s.coordinate(P.SetVariable("v", None))
+    assert s.tasks["a"].wanted == 1
+
+
 def test_a_variable_keeps_its_futures_until_set_again_or_deleted_and_wakes_its_waiters():
     s = sched("w1")
     s.submit([spec("a"), spec("b")])

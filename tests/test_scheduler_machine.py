@@ -14,7 +14,7 @@ import pytest
 from localcluster.wire import protocol as P
 from localcluster.scheduler import state as S
 from localcluster.death import WorkerDeath
-from localcluster.scheduler.records import TRANSITIONS, Retire, Send, Spec, Task, TaskState, Transitions
+from localcluster.scheduler.records import TRANSITIONS, Reply, Retire, Send, Spec, Task, TaskState, Transitions
 from localcluster.wire.serialize import dumps
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -125,12 +125,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.names = (f"w{i}" for i in itertools.count())
         self.scattered = (f"s{i}" for i in itertools.count())
         self.held: Counter = Counter()              # futures the client holds, per key
+        # coordination (Lock, Semaphore, Event, Queue, Variable): requests not answered yet,
+        # (worker or None for the parent, request id) -> body; every request ever answered;
+        # the leases granted and not given back, as (kind, name, lease id, asker's worker)
+        self.asking: dict[tuple, object] = {}
+        self.answered: set = set()
+        self.leases: list = []
+        self.ids = itertools.count(1)
         for _ in range(2):
             self._add(1)
 
     # the scheduler's actions, carried out by the modelled workers
     def _do(self, actions: list) -> None:
         retired = []
+        self._answers(actions)
         for a in actions:
             if type(a) is Retire:
                 retired.append(a.worker)
@@ -174,7 +182,38 @@ class SchedulerMachine(RuleBasedStateMachine):
         crashed_seq = min(w.started) if crashed and w.started else None
         d = WorkerDeath(worker=name, pid=1, cause=cause, exitcode=-9, signal="SIGKILL",
                         blamed=self.s.blame(cause, board, crashed_seq, late))
+        self._forget_asker(name)
         self._do(self.s.worker_died(d, (late, 2.0) if late is not None else None))
+
+    def _answers(self, actions: list) -> None:
+        """Coordination answers, as the asking thread takes them: each request is answered
+        once; a granted lease is remembered; the futures that came with a value are given
+        back once the asker has its own (the parent lets go; a task's worker drops them)."""
+        for a in actions:
+            if type(a) is Reply:
+                asker, value = (None, a.request), a.value
+            elif type(a) is Send and type(a.msg) is P.Answer and a.msg.request:
+                asker, value = (a.worker, a.msg.request), a.msg.data
+            else:
+                continue
+            assert asker not in self.answered, f"request {asker} answered twice"
+            self.answered.add(asker)
+            body = self.asking.pop(asker)
+            if type(body) is P.Acquire and value is True:
+                self.leases.append((body.kind, body.name, body.lease, asker[0]))
+            items = value if type(body) is P.QueueGet and value else \
+                [value] if type(body) is P.GetVariable and value else []
+            keys = [k for _payload, ks in items for k in ks]
+            if keys and asker[0] is None:
+                self._do(self.s.release_many(keys))
+            elif keys and asker[0] in self.workers:
+                self._do(self.s.asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))]))
+
+    def _forget_asker(self, worker: str) -> None:
+        """A worker is gone: its tasks' requests are never answered, their leases given back."""
+        for asker in [a for a in self.asking if a[0] == worker]:
+            del self.asking[asker]
+        self.leases = [lease for lease in self.leases if lease[3] != worker]
 
     def _held_keys(self) -> list:
         return sorted(k for k, n in self.held.items() if n > 0)
@@ -237,11 +276,61 @@ class SchedulerMachine(RuleBasedStateMachine):
     def restart(self, dice):
         if dice:            # rarely: a restart forgets everything the other rules built up
             return
+        for name in list(self.workers):
+            self._forget_asker(name)
         self._do(self.s.clear(RuntimeError("restart")))
         for name in list(self.workers):
             self._die(name, "requested")
         self._add(1)
         self._add(2)
+
+    # --- coordination: Lock, Semaphore, Event, Queue, Variable, from the parent or a task ---
+    @rule(data=st.data(), what=st.sampled_from(["lock", "semaphore", "release", "leases", "set", "clear", "wait",
+                                               "put", "get", "size", "setvar", "delvar", "getvar"]))
+    def coordinate(self, data, what):
+        worker = data.draw(st.sampled_from([None] + sorted(self.workers)))
+        held = self._held_keys()
+        keys = tuple(data.draw(st.lists(st.sampled_from(held), max_size=2))) if held and worker is None else ()
+        if what in ("lock", "semaphore"):
+            n = 1 if what == "lock" else 2
+            body = P.Acquire(what, "x", f"lease-{next(self.ids)}", n, data.draw(st.booleans()))
+        elif what == "release":
+            mine = [lease for lease in self.leases if lease[3] == worker]
+            if not mine:
+                return
+            kind, name, lease, _w = data.draw(st.sampled_from(mine))
+            self.leases.remove((kind, name, lease, worker))
+            body = P.Release(kind, name, lease)
+        else:
+            body = {"leases": P.Leases("semaphore", "x"), "set": P.SetEvent("e", True),
+                    "clear": P.SetEvent("e", False), "wait": P.WaitEvent("e", data.draw(st.booleans())),
+                    "put": P.QueuePut("q", SMALL, keys, data.draw(st.sampled_from([0, 1, 2]))),
+                    "get": P.QueueGet("q", data.draw(st.sampled_from([-1, 0, 2]))), "size": P.QueueSize("q"),
+                    "setvar": P.SetVariable("v", SMALL, keys), "delvar": P.SetVariable("v", None),
+                    "getvar": P.GetVariable("v")}[what]
+        self._ask(worker, body)
+
+    def _ask(self, worker, body) -> None:
+        if worker is None:
+            req, actions = self.s.coordinate(body)
+            self.asking[(None, req)] = body
+            self._do(actions)
+        else:
+            req = next(self.ids)
+            self.asking[(worker, req)] = body
+            self._do(self.s.asked(worker, [P.Ask(req, 0, body)]))
+
+    @precondition(lambda self: self.asking)
+    @rule(data=st.data())
+    def withdraw(self, data):
+        """The asker's timeout: its request is answered now (with what a timeout means), or
+        was already; never twice (``_answers`` checks)."""
+        worker, req = data.draw(st.sampled_from(sorted(self.asking, key=str)))
+        if worker is None:
+            self._do(self.s.withdraw(req))
+        else:
+            self._do(self.s.asked(worker, [P.Ask(0, 0, P.Withdraw(req))]))
+        assert (worker, req) not in self.asking, f"request {(worker, req)} still waits after its withdrawal"
 
     # --- cluster events ---
     @precondition(lambda self: len(self.workers) < 4)

@@ -13,10 +13,12 @@ Deaths. A worker's death gives back the leases its tasks took (the next waiters 
 order) and forgets its tasks' waiting requests and the items they were putting.
 ``held_by(worker)`` names what the dead worker held, for its death's message.
 
-Futures in values. The futures inside a queued item or a variable's value are held (``hold``:
-each key counts once more in its task's ``wanted``) while the value is there. A get hands
-one reference per key to the asker (``hand_over``): a task's worker holds it in Asking's
-books until it has made its own futures and drops it; the parent's thread releases it.
+Futures in values. The futures inside a queued item or a variable's value are held while
+the value is there (``hold``: each key counts once more in its task's ``wanted``; what is kept
+here is an opaque token of that reference, so that a task cancelled meanwhile, and maybe
+submitted again, is never let go of twice). A get hands one reference per key to the asker
+(``hand_over``): a task's worker holds it in Asking's books until it has made its own futures
+and drops it; the parent's thread releases it.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class _Event:
 @dataclass(eq=False)
 class _Queue:
     maxsize: int
-    items: deque = field(default_factory=deque)     #: (Payload, keys held)
+    items: deque = field(default_factory=deque)     #: (Payload, tokens of the references held)
     getters: deque = field(default_factory=deque)   #: (Asker, batch); only while they cannot be served
     putters: deque = field(default_factory=deque)   #: (Asker, item); only while the queue is full
 
@@ -71,12 +73,13 @@ _TIMED_OUT = {"semaphore": False, "event": False, "put": False, "get": None, "va
 
 class Coordination:
     def __init__(self, hold: Callable[[tuple], tuple], let_go: Callable[[list], list],
-                 hand_over: Callable[[Asker, tuple], None]):
-        #: keys -> the keys of known tasks, each now counted once more in its task's wanted
+                 hand_over: Callable[[Asker, tuple, bool], tuple]):
+        #: keys -> tokens of one more reference to each known key
         self._hold = hold
-        #: keys -> the actions of releasing one reference to each
+        #: tokens -> the actions of releasing those references
         self._let_go = let_go
-        #: a task's worker now holds one reference to each key (Asking's books)
+        #: (asker, tokens, again) -> the keys whose reference (``again``: one more) is the
+        #: asker's now (a task's worker holds them in Asking's books); a stale token's is gone
         self._hand_over = hand_over
         #: (kind, name) -> _Semaphore; a Lock is kind "lock". Dropped when nothing is held or waits
         self.semaphores: dict[tuple, _Semaphore] = {}
@@ -84,7 +87,7 @@ class Coordination:
         self.events: dict[str, _Event] = {}
         #: name -> _Queue; dropped when empty with no waiter
         self.queues: dict[str, _Queue] = {}
-        #: name -> (Payload, keys held) of each variable set
+        #: name -> (Payload, tokens of the references held) of each variable set
         self.variables: dict[str, tuple] = {}
         #: name -> Askers waiting for the variable to be set
         self.unset: dict[str, list] = {}
@@ -276,11 +279,9 @@ class Coordination:
         return out
 
     def _handed(self, asker: Asker, items: tuple) -> tuple:
-        """Items leaving the queue: the references the queue held go to the asker."""
-        for _payload, keys in items:
-            if keys:
-                self._hand_over(asker, keys)
-        return items
+        """Items leaving the queue, as ``(Payload, keys)``: the references the queue held go
+        to the asker."""
+        return tuple((payload, self._hand_over(asker, held, False) if held else ()) for payload, held in items)
 
     # --- Variable -----------------------------------------------------------------------
 
@@ -296,11 +297,9 @@ class Coordination:
         return out
 
     def _given(self, asker: Asker, value: tuple) -> tuple:
-        """The variable's value for ``asker``: its futures held once more, for the asker."""
-        keys = self._hold(value[1]) if value[1] else ()
-        if keys:
-            self._hand_over(asker, keys)
-        return (value[0], keys)
+        """The variable's value for ``asker``, as ``(Payload, keys)``: its futures held once
+        more, for the asker."""
+        return (value[0], self._hand_over(asker, value[1], True) if value[1] else ())
 
     # --- deaths and restarts ------------------------------------------------------------
 
@@ -369,8 +368,9 @@ class Coordination:
 
     # --- invariants ---------------------------------------------------------------------
 
-    def validate(self, wanted: Callable[[str], int]) -> None:
-        """AssertionError naming the first broken rule. ``wanted(key)``: the key's count."""
+    def validate(self, counted: Callable[[Any], bool]) -> None:
+        """AssertionError naming the first broken rule. ``counted(token)``: the reference is
+        counted in its task's wanted (or its task is gone: cancelled, forgotten)."""
         waiting: dict = {}
         for name, sem in self.semaphores.items():
             assert sem.held or sem.waiting, f"semaphore {name} kept with nothing held or waiting"
@@ -391,16 +391,16 @@ class Coordination:
                 waiting[(asker.worker, asker.request)] = ("get", name)
             for asker, (_payload, keys) in q.putters:
                 waiting[(asker.worker, asker.request)] = ("put", name)
-            for _payload, keys in list(q.items) + [item for _a, item in q.putters]:
-                for key in keys:
-                    assert wanted(key) > 0, f"queue {name!r} holds {key!r}, which nothing counts as wanted"
+            for _payload, held in list(q.items) + [item for _a, item in q.putters]:
+                for token in held:
+                    assert counted(token), f"queue {name!r} holds {token!r}, which nothing counts as wanted"
         for name, askers in self.unset.items():
             assert askers and name not in self.variables, f"variable {name!r}: waiters while set, or none kept"
             for asker in askers:
                 waiting[(asker.worker, asker.request)] = ("variable", name)
-        for name, (_payload, keys) in self.variables.items():
-            for key in keys:
-                assert wanted(key) > 0, f"variable {name!r} holds {key!r}, which nothing counts as wanted"
+        for name, (_payload, held) in self.variables.items():
+            for token in held:
+                assert counted(token), f"variable {name!r} holds {token!r}, which nothing counts as wanted"
         assert waiting == self.waits, f"the index of waiting requests is off: {self.waits} != {waiting}"
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -456,3 +458,53 @@ def test_bad_timeouts_and_mismatched_leases_are_named(client):
     with pytest.raises(ValueError, match="exists with max_leases=2; this one asks max_leases=3"):
         Semaphore(3, name="m").acquire()
     two.release()
+
+
+CTRL_C = '''
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from localcluster import Client, LocalCluster, Lock
+
+def hold(marker):
+    with Lock("L"):
+        while not os.path.exists(marker):
+            time.sleep(0.01)
+
+marker = sys.argv[1]
+with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+    holder = client.submit(hold, marker)
+    while not Lock("L").locked():
+        time.sleep(0.01)
+    try:
+        print("go", flush=True)
+        Lock("L").acquire()
+        print("acquired", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    open(marker, "w").close()
+    holder.result(30)
+    print("free", Lock("L").acquire(timeout=10), flush=True)
+'''
+
+
+def test_ctrl_c_while_waiting_for_a_lock_leaves_no_lease_granted_to_nobody(tmp_path):
+    """The interrupted request is withdrawn: when the task lets the lock go, it is free
+    (not granted to the interrupted wait, which would block everyone for good)."""
+    from test_ctrl_c import _main_thread
+    script = tmp_path / "ctrl_c_lock.py"
+    script.write_text(CTRL_C)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "marker")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "go"
+        wait_for(lambda: _main_thread(proc.pid)[0] == "S")
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert out.split("\n")[:2] == ["interrupted", "free True"], (out, err)

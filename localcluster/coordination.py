@@ -106,7 +106,7 @@ class Semaphore(_Named):
     _prefix = "semaphore"
     _kind = "semaphore"
 
-    def __init__(self, max_leases: int = 1, name: Optional[str] = None, register: bool = True,
+    def __init__(self, max_leases: int = 1, name: Optional[str] = None,
                  scheduler_rpc: Any = None, loop: Any = None, client: Any = None):
         self.max_leases = check_int(max_leases, type(self).__name__, "max_leases", lo=1)
         super().__init__(name, client)

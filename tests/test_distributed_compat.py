@@ -18,6 +18,7 @@ from localcluster import Client
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
 RESOURCES = SCRIPT.parent / "resources.py"
 TASKS = SCRIPT.parent / "tasks.py"
+COORDINATION = SCRIPT.parent / "coordination.py"
 
 # dask keywords of the portable methods that localcluster does not take, each with why
 # (README, "When one machine is not enough"). The test fails when this list goes stale.
@@ -92,6 +93,38 @@ def test_tasks_that_submit_tasks_mean_the_same_under_both():
     assert ours == ["fib(8) on 1 worker x 1 thread: 21", "get_client, secede, rejoin in a task: 6",
                     "get_worker().name is a worker's: True"]
     assert ours == theirs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_coordination_means_the_same_under_both():
+    """examples/coordination.py: Lock, Semaphore, Event, Queue and Variable between tasks and
+    the user's process, under either backend (the tasks measure what they saw)."""
+    pytest.importorskip("distributed")
+    ours, theirs = run("localcluster", COORDINATION), run("distributed", COORDINATION)
+    assert ours == ["Lock: tasks inside at once: 1", "Semaphore(2): tasks inside at once: 2",
+                    "Event: done before set: 0", "Event: after set: [0, 1, 2]",
+                    "Queue: from the tasks: [0, 1, 4, 9] left: 0", "Variable: set by a task: 42",
+                    "Lock: taken here: True by someone else in 0.1 s: False"]
+    assert ours == theirs
+
+
+# Coordination: each public method takes dask's keywords; ours may also take client= where
+# dask's constructor does not (its Lock and Semaphore find theirs alone).
+COORDINATION_METHODS = {"Lock": ["__init__", "acquire", "release", "locked", "get_value"],
+                        "Semaphore": ["__init__", "acquire", "release", "get_value", "close"],
+                        "Event": ["__init__", "set", "clear", "is_set", "wait"],
+                        "Queue": ["__init__", "put", "get", "qsize", "close"],
+                        "Variable": ["__init__", "set", "get", "delete"]}
+
+
+def test_coordination_takes_dask_keywords():
+    distributed = pytest.importorskip("distributed")
+    for cls, methods in COORDINATION_METHODS.items():
+        for method in methods:
+            theirs = named(getattr(getattr(distributed, cls), method))
+            ours = named(getattr(getattr(localcluster, cls), method))
+            assert theirs <= ours and ours - theirs <= {"client"}, f"{cls}.{method}: {ours ^ theirs}"
 
 
 def test_tasks_that_submit_tasks_take_dask_keywords():

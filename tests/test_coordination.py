@@ -487,6 +487,7 @@ with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) a
 '''
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_waiting_for_a_lock_leaves_no_lease_granted_to_nobody(tmp_path):
     """The interrupted request is withdrawn: when the task lets the lock go, it is free
     (not granted to the interrupted wait, which would block everyone for good)."""

@@ -37,3 +37,15 @@ def wait_running(cluster, fut, timeout: float = 30.0):
     running = fut.client.gateway.running_tasks
     wait_for(lambda: fut.key in running(), timeout)
     return cluster.workers[running()[fut.key]]
+
+
+def stop_session(proc) -> None:
+    """Kill a child started with ``start_new_session=True`` and all it started (its session's
+    process group), and reap it: a hung child must not outlive its test."""
+    import os
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

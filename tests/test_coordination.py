@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from _util import block_until, release, wait_for
+from _util import block_until, release, stop_session, wait_for
 from test_resources import counted, text
 from test_scheduler import Checked, death, died, finish, running, sends, spec
 
@@ -502,10 +502,6 @@ def test_ctrl_c_while_waiting_for_a_lock_leaves_no_lease_granted_to_nobody(tmp_p
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_session(proc)
     assert proc.returncode == 0, err
     assert out.split("\n")[:2] == ["interrupted", "free True"], (out, err)

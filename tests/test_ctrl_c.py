@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from _util import wait_for
+from _util import stop_session, wait_for
 
 SCRIPT = textwrap.dedent('''
     import os, signal, sys, time
@@ -80,11 +80,7 @@ def test_ctrl_c_interrupts_the_call_and_the_cluster_stays_usable(tmp_path, phase
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)     # under pytest-timeout's 60 s, so finally runs
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_session(proc)
     lines = out.split()
     assert proc.returncode == 0, err
     assert "interrupted" in lines, (out, err)

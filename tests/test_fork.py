@@ -6,11 +6,11 @@ running a script, so that the forked child's exit runs its atexit hooks for real
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
+
+from _util import stop_session
 
 SCRIPT = textwrap.dedent('''
     import json, multiprocessing, os, sys, time
@@ -87,11 +87,7 @@ def test_a_forked_child_is_inert_and_the_parent_goes_on(tmp_path):
     try:
         stdout, stderr = proc.communicate(timeout=50)
     finally:        # a hung fork must not outlive the test: the whole session goes
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_session(proc)
     assert proc.returncode == 0, stderr
     report = json.loads(stdout.strip().splitlines()[-1])
     assert "crash" not in report, report

@@ -143,6 +143,12 @@ class Coordination:
         if entry is None:
             return []
         what, name = entry
+        return self._unwait(asker, what, name) + [asker.answer(_TIMED_OUT[what])]
+
+    def _unwait(self, asker: Asker, what: str, name: Any) -> list:
+        """Take ``asker``'s waiting request out of its queue of waiters (its index entry is
+        gone already), letting go of the item it was putting; a container left with nothing
+        is dropped, and a queue serves the next getter it now can."""
         out: list = []
         if what == "semaphore":
             sem = self.semaphores[name]
@@ -166,7 +172,8 @@ class Coordination:
                 self.unset[name] = waiting
             else:
                 del self.unset[name]
-        return out + [asker.answer(_TIMED_OUT[what])]
+        return out
+
 
     # --- Lock and Semaphore -------------------------------------------------------------
 
@@ -323,31 +330,11 @@ class Coordination:
         out: list = []
         for key in [k for k in self.waits if k[0] == worker]:
             what, name = self.waits.pop(key)
-            gone = Asker(worker, key[1])
-            if what == "semaphore":
-                sem = self.semaphores[name]
-                sem.waiting = deque(w for w in sem.waiting if not _same(w[0], gone))
-            elif what == "event":
-                self.events[name].waiting = [w for w in self.events[name].waiting if not _same(w, gone)]
-            elif what in ("get", "put"):
-                q = self.queues[name]
-                q.getters = deque(g for g in q.getters if not _same(g[0], gone))
-                for p in [p for p in q.putters if _same(p[0], gone)]:
-                    q.putters.remove(p)
-                    out += self._let_go(list(p[1][1]))
-            else:
-                self.unset[name] = [w for w in self.unset[name] if not _same(w, gone)]
+            out += self._unwait(Asker(worker, key[1]), what, name)
         for name, sem in list(self.semaphores.items()):
             for lease in [lease for lease, a in sem.held.items() if a.worker == worker]:
                 del sem.held[lease]
             out += self._grant(name, sem)
-        for name, ev in list(self.events.items()):
-            if not ev.flag and not ev.waiting:
-                del self.events[name]
-        for name, q in list(self.queues.items()):
-            out += self._feed(name, q)
-        for name in [n for n, w in self.unset.items() if not w]:
-            del self.unset[name]
         return out
 
     def clear(self) -> list:

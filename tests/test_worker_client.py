@@ -210,3 +210,29 @@ def test_a_death_says_which_task_submitted_the_task_it_ran(client, cluster):
         top.result(60)
     assert "'suicidal-" in cluster.deaths[0].message
     assert f"was submitted by task {top.key!r}" in cluster.deaths[0].message
+
+
+def seceded_past_timeout(rejoins):
+    """Gives its slot back (and takes one again, with ``rejoins``), then runs on past its timeout."""
+    secede()
+    if rejoins:
+        rejoin()
+    threading.Event().wait(300)         # interrupted by the worker's stop, never by this wait
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("rejoins", [False, True], ids=["seceded", "rejoined"])
+def test_a_seceded_tasks_timeout_is_enforced(tmp_path, rejoins):
+    """A task that called secede() has left its executor's row of the status board; its
+    timeout still stops its worker, and the error names the task, the worker and where it was."""
+    from localcluster import TaskTimeoutError
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        late = client.submit(seceded_past_timeout, rejoins, timeout=0.5, pure=False)
+        with pytest.raises(TaskTimeoutError) as info:
+            late.result(30)
+        err = info.value
+        assert err.task == late.key and err.worker == "worker-0" and err.timeout == 0.5 and err.elapsed >= 0.5
+        assert f"Task {late.key!r} ran for" in str(err) and "seceded_past_timeout" in str(err), str(err)
+        (death,) = cluster.deaths
+        assert death.cause == "timeout" and late.key in death.tasks
+        assert client.submit(inc, 1).result(30) == 2            # its replacement runs the next ones

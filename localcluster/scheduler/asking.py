@@ -10,6 +10,9 @@
   instead of computing them twice. Let go of once it ends (``settled``).
 - ``seceded``: seq -> worker of each run that gave its thread slot back (``secede()``): its
   worker's ``nthreads`` counts one more slot until the run rejoins or ends.
+- ``offboard``: seq -> (worker, thread ident, start in monotonic seconds) of each run that
+  seceded, until it ends (rejoined too): such a run has left its executor's row of the status
+  board, so the supervisor reads it here to watch its timeout and name its thread in a death.
 - the function ids of what tasks submit: negative, so they never meet a Client's.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Asking:
         self.holds: dict[str, dict[str, list]] = {}
         self.orphans: dict[str, list] = {}
         self.seceded: dict[int, str] = {}
+        self.offboard: dict[int, tuple] = {}
         self._fn_ids: dict[bytes, int] = {}
         self._next_fn = -1
 
@@ -69,11 +73,23 @@ class Asking:
             out.append(key)
         return out
 
-    def seceded_on(self, seq: int, ws: Optional[WorkerState]) -> None:
+    def seceded_on(self, seq: int, ws: Optional[WorkerState], thread: int = 0, started: float = 0.0) -> None:
         if ws is None or seq in self.seceded or ws.processing.get(seq) is None:
             return
         self.seceded[seq] = ws.name
         ws.nthreads += 1
+        if started and seq not in self.offboard:
+            self.offboard[seq] = (ws.name, thread, started)
+
+    def off_board(self, worker: str) -> dict:
+        """seq -> (thread ident, start) of the runs on ``worker`` that seceded and run on, as
+        ``Board.running`` gives those on its rows."""
+        return {seq: (thread, started) for seq, (w, thread, started) in self.offboard.items() if w == worker}
+
+    def ended(self, seq: int, ws: Optional[WorkerState]) -> None:
+        """Run ``seq`` ended (answered, or given back): a slot it still counted is free."""
+        self.rejoined(seq, ws)
+        self.offboard.pop(seq, None)
 
     def rejoined(self, seq: int, ws: Optional[WorkerState]) -> None:
         """Run ``seq`` took a slot again, or ended: its worker has one slot less."""
@@ -86,6 +102,8 @@ class Asking:
         that is ``pending`` (to run again) are kept for it, and the rest returned, to release."""
         for seq in [seq for seq, w in self.seceded.items() if w == worker]:
             del self.seceded[seq]
+        for seq in [seq for seq, entry in self.offboard.items() if entry[0] == worker]:
+            del self.offboard[seq]
         let_go: list = []
         for key, (count, owner) in self.holds.pop(worker, {}).items():
             if owner is not None and pending(owner):
@@ -106,3 +124,4 @@ class Asking:
         self.holds.clear()
         self.orphans.clear()
         self.seceded.clear()
+        self.offboard.clear()

@@ -287,7 +287,7 @@ class Scheduler:
                 self._to(ts, "released", "worker-died: lost data nobody needs")
                 out += self.forgetting.forget(ts)
         out += self._runs_interrupted(ws, death, timed_out, recompute)
-        if self.asking.seceded or self.asking.holds:
+        if self.asking.seceded or self.asking.offboard or self.asking.holds:
             out += self._holds_died(death.worker)
         for ts in lost:
             out += self._pull_back_dependents(ts)
@@ -587,8 +587,8 @@ class Scheduler:
         key = ws.processing.pop(seq, None)
         if ws.claims:                   # most workers: no run holds resources, no call
             ws.release(seq)
-        if self.asking.seceded:         # most clusters: no task ever seceded, no call
-            self.asking.rejoined(seq, ws)
+        if self.asking.seceded or self.asking.offboard:     # most clusters: no task ever seceded, no call
+            self.asking.ended(seq, ws)
         self.placement.ended(seq)
         ts = self.tasks.get(key) if key is not None else None
         if ts is None or ts.seq != seq or ts.state != "processing":
@@ -710,7 +710,7 @@ class Scheduler:
             books.held(worker, [k for k, _ in body.items], self.key_of(ask.seq))
             return out
         if t is P.Secede:
-            books.seceded_on(ask.seq, self.workers.get(worker))
+            books.seceded_on(ask.seq, self.workers.get(worker), body.thread, body.started)
             # a word back: an executor reading the channel since before the secession wakes,
             # and reads from then on with an ear for the worker's own nudges (process.py)
             return [Send(worker, P.Answer(0, None))]

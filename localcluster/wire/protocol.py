@@ -358,7 +358,11 @@ class Drop:
 
 @_dc
 class Secede:
-    """Body: the asking run gave its thread slot back (secede()). No answer."""
+    """Body: the asking run gave its thread slot back (secede()). No answer. ``started``
+    (monotonic seconds) and ``thread`` (its ident) are its row of the status board, which it
+    leaves: the parent watches its timeout and names its thread from them instead."""
+    started: float = 0.0
+    thread: int = 0
 
 
 @_dc

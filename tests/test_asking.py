@@ -38,3 +38,84 @@ def test_a_secede_without_a_start_counts_the_slot_but_is_not_watched():
     assert s.workers["w1"].nthreads == 2 and s.asking.off_board("w1") == {}
     finish(s, "a")
     assert s.workers["w1"].nthreads == 1
+
+
+def fn_body(workers=None, name="f"):
+    from localcluster.wire.serialize import dumps
+    return P.RunOn(b"fn", dumps(((), {})), workers, name)
+
+
+def answers(actions, worker=None):
+    return [m for _w, m in sends(actions, P.Answer, worker)]
+
+
+def test_a_tasks_run_is_answered_once_every_worker_has():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    a = s.tasks["a"]
+    out = ask(s, a.worker, a.seq, fn_body(), request=5)
+    calls = {w: m for w, m in sends(out, P.Call)}
+    assert sorted(calls) == ["w1", "w2"] and not answers(out)
+    from localcluster.wire.serialize import dumps
+    first = s.called(calls["w2"].request, dumps(2), None)
+    assert first == [], "no Deliver for the dispatcher, no answer yet"
+    last = s.called(calls["w1"].request, None, b"pickled error")
+    [answer] = answers(last, a.worker)
+    assert answer.request == 5 and answer.error is None
+    assert dict(answer.data) == {"w1": ("error", None, b"pickled error"), "w2": ("finished", dumps(2), None)}
+    assert not s.asking.calls and not s.calls
+
+
+def test_a_tasks_run_names_a_worker_that_died_meanwhile():
+    from localcluster.wire.serialize import loads_exception
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    a = s.tasks["a"]
+    other = "w2" if a.worker == "w1" else "w1"
+    out = ask(s, a.worker, a.seq, fn_body((other,), "probe"), request=3)
+    assert [w for w, _ in sends(out, P.Call)] == [other]
+    [answer] = answers(s.worker_died(death(other)), a.worker)
+    [(name, (status, data, error))] = answer.data
+    err = loads_exception(error)
+    assert name == other and status == "error" and type(err).__name__ == "KilledWorker"
+    assert "client.run(probe) from task 'a'" in str(err) and other in str(err)
+
+
+def test_a_tasks_run_whose_asker_died_is_answered_to_nobody():
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    a = s.tasks["a"]
+    other = "w2" if a.worker == "w1" else "w1"
+    out = ask(s, a.worker, a.seq, fn_body(), request=4)
+    calls = {w: m for w, m in sends(out, P.Call)}
+    died = s.worker_died(death(a.worker))
+    assert not answers(died)
+    assert s.called(calls[other].request, None, None) == [] and not s.asking.calls
+
+
+def test_a_tasks_run_on_an_unknown_worker_is_refused_and_wait_false_is_not_answered():
+    from localcluster.wire.serialize import loads_exception
+    s = sched("w1")
+    s.submit([spec("a")])
+    a = s.tasks["a"]
+    [answer] = answers(ask(s, "w1", a.seq, fn_body(("w9",)), request=2))
+    assert "no running worker is called 'w9'; the workers are ['w1']" in str(loads_exception(answer.error))
+    out = ask(s, "w1", a.seq, fn_body(), request=0)           # run(wait=False)
+    [(_, call)] = sends(out, P.Call)
+    assert s.called(call.request, None, None) == [] and not s.asking.calls
+
+
+def test_cancel_who_has_and_info_from_a_task():
+    s = sched("w1", "w2", nthreads=2)
+    s.submit([spec("a"), spec("b"), spec("c")])
+    a = s.tasks["a"]
+    c_on = s.tasks["c"].worker
+    finish(s, "c")
+    [who] = answers(ask(s, a.worker, a.seq, P.WhoHas(("c", "b")), request=1))
+    assert who.data == {"c": (c_on,), "b": ()}
+    ask(s, a.worker, a.seq, P.Secede(1.0, 1))
+    [info] = answers(ask(s, a.worker, a.seq, P.Info(), request=2))
+    assert info.data == (("w1", 2, {}), ("w2", 2, {})), "threads as started, not counting a seceded run's"
+    out = ask(s, a.worker, a.seq, P.CancelKeys(("b",)))
+    assert [r.status for r in out if getattr(r, "key", None) == "b" and type(r).__name__ == "Resolve"] == ["cancelled"]
+    assert "b" not in s.tasks

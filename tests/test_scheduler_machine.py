@@ -115,6 +115,7 @@ class Worker:
         self.replies: list = []
         self.exports: list = []                  # (key, request) asked of it
         self.steals: list = []                   # seqs asked back, per Steal
+        self.calls: list = []                    # request ids of Calls (client.run) not answered
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -125,6 +126,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.names = (f"w{i}" for i in itertools.count())
         self.scattered = (f"s{i}" for i in itertools.count())
         self.held: Counter = Counter()              # futures the client holds, per key
+        self.awaiting: set = set()                  # (worker, request) of a task's run not answered yet
+        self.requests = itertools.count(1)
         for _ in range(2):
             self._add(1)
 
@@ -157,6 +160,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                     w.replies.append(P.Stored(m.ack))
             elif type(m) is P.Free:
                 w.store.difference_update(m.keys)
+            elif type(m) is P.Call:
+                w.calls.append(m.request)
+            elif type(m) is P.Answer:
+                assert (a.worker, m.request) in self.awaiting, f"an Answer nobody asked for: {a}"
+                self.awaiting.discard((a.worker, m.request))
         for name in retired:                       # the supervisor stops it: a requested death
             self._die(name, "requested")
 
@@ -169,6 +177,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         w = self.workers.pop(name, None)
         if w is None:
             return
+        self.awaiting = {(worker, req) for worker, req in self.awaiting if worker != name}
         board = {seq: (i, 0.0) for i, seq in enumerate(sorted(w.started))}
         late = next((seq for seq in sorted(w.started) if self.s.timeout_of(seq)), None) if timed_out else None
         crashed_seq = min(w.started) if crashed and w.started else None
@@ -299,11 +308,36 @@ class SchedulerMachine(RuleBasedStateMachine):
                 w.started.add(seq)
                 return
 
-    @precondition(lambda self: any(w.exports or w.steals for w in self.workers.values()))
+    @precondition(lambda self: any(w.started for w in self.workers.values()))
+    @rule(data=st.data(), kind=st.sampled_from(["run", "run", "cancel", "who_has", "info"]), wait=st.booleans())
+    def task_asks(self, data, kind, wait):
+        """A running task asks the scheduler (get_client in a task): run a function on workers
+        (some, all, or one that does not exist), cancel keys, who_has, scheduler_info."""
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.started)))
+        seq = data.draw(st.sampled_from(sorted(self.workers[name].started)))
+        request = next(self.requests) if wait or kind != "run" else 0
+        if kind == "run":
+            on = data.draw(st.sampled_from([None, (name,), tuple(sorted(self.workers)), ("nobody",)]))
+            body = P.RunOn(b"fn", ARGS, on, "f")
+        elif kind == "cancel":
+            held = self._held_keys()
+            body = P.CancelKeys(tuple(data.draw(st.lists(st.sampled_from(held), max_size=2, unique=True)))
+                                if held else ())
+        else:
+            body = P.WhoHas(None) if kind == "who_has" else P.Info()
+        if request and kind != "cancel":
+            self.awaiting.add((name, request))
+        self._do(self.s.asked(name, [P.Ask(request, seq, body)]))
+
+    @precondition(lambda self: any(w.exports or w.steals or w.calls for w in self.workers.values()))
     @rule(data=st.data())
     def answers(self, data):
-        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.exports or w.steals)))
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items()
+                                                if w.exports or w.steals or w.calls)))
         w = self.workers[name]
+        for req in w.calls:
+            w.replies.append(P.Called(req, SMALL, None))
+        w.calls = []
         for key, req in w.exports:
             w.replies.append(P.Data(req, key, BIG, None) if key in w.store
                              else P.Data(req, key, None, dumps(KeyError(key))))
@@ -327,6 +361,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def valid(self):
         self.s.validate()
+
+    @invariant()
+    def a_tasks_run_not_answered_is_still_gathered(self):
+        """A task's run is answered once every worker it called has answered or died: never lost."""
+        gathered = {(g.worker, g.request) for g, _i in self.s.asking.calls.values()}
+        assert self.awaiting <= gathered, f"asked and never to be answered: {self.awaiting - gathered}"
 
     @invariant()
     def no_worker_holds_more_than_it_declares(self):

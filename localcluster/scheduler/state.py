@@ -661,7 +661,8 @@ class Scheduler:
     def called(self, request: int, data: Optional[P.Payload], error: Optional[bytes]) -> list:
         """A worker answered a Call."""
         entry = self.calls.pop(request, None)
-        return [Deliver(request, entry[1], data, error)] if entry is not None else []
+        out = [Deliver(request, entry[1], data, error)] if entry is not None else []
+        return self.asking.answering(out) if self.asking.calls else out      # a task's run: its Answer
 
     def _calls_died(self, death: WorkerDeath) -> list:
         """The calls a dead worker never answered fail with KilledWorker, naming the death."""
@@ -670,13 +671,13 @@ class Scheduler:
             if worker == death.worker:
                 del self.calls[req]
                 out.append(Deliver(req, what, error=KilledWorker(what, worker, (death,), 0)))
-        return out
+        return self.asking.answering(out, death.worker) if self.asking.calls else out
 
     # --- tasks that submit tasks (get_client on a worker; asking.py keeps the books) ------
 
     def asked(self, worker: str, asks: list) -> list:
         """Requests from tasks on ``worker`` (Ask): submit, scatter, hold and drop futures,
-        secede, rejoin, states. ``Results`` waits on fetches: the dispatcher's (dispatch.py).
+        secede, rejoin, states; cancel, run, who_has, scheduler_info. ``Results`` waits on fetches: the dispatcher's (dispatch.py).
         Placement runs once for them all."""
         out: list = []
         self._deferring = True
@@ -721,6 +722,18 @@ class Scheduler:
             return [Send(worker, P.Answer(ask.request, tuple(self.whereabouts(k).state for k in body.keys)))]
         if t is P.Results:
             return []
+        # --- cancel, run, who_has, scheduler_info from a task (asking.py gathers run's calls)
+        if t is P.CancelKeys:
+            out = self.forgetting.cancel(list(body.keys))
+            return out + self._orphans_settled() if books.orphans else out
+        if t is P.RunOn:
+            return books.run_asked(worker, ask.request, body, self.key_of(ask.seq), self.workers.__contains__,
+                                   sorted(w for w, ws in self.workers.items() if not ws.closing),
+                                   lambda name, what: self.call(name, body.fn, body.args, what))
+        if t is P.WhoHas:
+            return [Send(worker, P.Answer(ask.request, self.who_has(None if body.keys is None else list(body.keys))))]
+        if t is P.Info:
+            return [Send(worker, P.Answer(ask.request, books.workers_info(list(self.workers.values()))))]
         raise TypeError(f"not a request a task can make: {body!r}")
 
     def _holds_died(self, worker: str) -> list:

@@ -278,6 +278,7 @@ def cancels_its_child(log, go):
     c = get_client()
     f = c.submit(in_slot, log, "child", go, pure=False)
     block_until(log)                       # the child started, on the other worker
+    assert f.cancel()                      # Future.cancel too (then Client.cancel again: no-op)
     c.cancel([f])
     try:
         f.result()
@@ -312,3 +313,14 @@ def test_who_has_and_scheduler_info_from_a_task(client):
     assert has[z] == ("worker-1",) and len(has[y]) == 1 and set(has) == {y, z}
     assert every[x.key] == ("worker-1",) and {y, z} <= set(every)
     assert names == ["worker-0", "worker-1"] and threads == 2 and each == {"worker-0": 1, "worker-1": 1}
+
+
+def cancels_an_ended_one():
+    c = get_client()
+    f = c.submit(inc, 1, pure=False)
+    f.result()
+    return f.cancel(), f.status, f.result()
+
+
+def test_cancel_from_a_task_leaves_an_ended_future_as_it_was(client):
+    assert client.submit(cancels_an_ended_one, pure=False).result(30) == (False, "finished", 2)

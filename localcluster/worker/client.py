@@ -198,9 +198,12 @@ class TaskFuture:
     def done(self) -> bool:
         return self._outcome is not None or self.status in ("finished", "error", "lost", "cancelled")
 
-    def cancel(self, force: bool = False, **kwargs: Any) -> bool:
-        """As ``Future.cancel``: ``client.cancel([self])``; whether it is cancelled now."""
-        self.client.cancel([self], force)
+    def cancel(self, **kwargs: Any) -> bool:
+        """As ``Future.cancel``: ``client.cancel([self])``; whether it is cancelled now (False:
+        it had ended already)."""
+        if self.done():
+            return False
+        self.client.cancel([self])
         return self.cancelled()
 
     def cancelled(self) -> bool:

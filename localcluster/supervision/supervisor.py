@@ -445,7 +445,9 @@ class Supervisor:
         for seq, (_tid, started) in sorted(running.items()):
             key = self._scheduler.key_of(seq)
             if key is not None:
-                self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost")
+                spec = self._scheduler.spec_of(key)
+                self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost",
+                                   spec.submitter if spec else None)
         self._history.died(n.name)
 
     def _death_stack(self, reason: Optional[str], timed_out: Optional[tuple], exitcode: Optional[int],

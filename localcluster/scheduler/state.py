@@ -677,8 +677,8 @@ class Scheduler:
 
     def asked(self, worker: str, asks: list) -> list:
         """Requests from tasks on ``worker`` (Ask): submit, scatter, hold and drop futures,
-        secede, rejoin, states; cancel, run, who_has, scheduler_info. ``Results`` waits on fetches: the dispatcher's (dispatch.py).
-        Placement runs once for them all."""
+        secede, rejoin, states; cancel, run, who_has, scheduler_info. ``Results`` waits on
+        fetches: the dispatcher's (dispatch.py). Placement runs once for them all."""
         out: list = []
         self._deferring = True
         try:

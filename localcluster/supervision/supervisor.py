@@ -294,7 +294,8 @@ class Supervisor:
             if n is None or n.board is None:
                 continue
             if slot.ready:
-                runs = {seq: (now - started, timeout_of(seq)) for seq, (_ident, started) in self._running(n, False).items()}
+                runs = {seq: (now - started, timeout_of(seq))
+                        for seq, (_ident, started) in self._running(n, False).items()}
                 beat = n.board.heartbeat() / 1e9
                 # most ticks the board shows nothing for the policy: then no lock is taken
                 if policy.late_run(runs) is not None or policy.silent(beat, now):

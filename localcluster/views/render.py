@@ -275,7 +275,8 @@ def _hexish(s: str) -> bool:
 def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900) -> str:
     """Each task as a bar on the lane of its worker thread, coloured by function; an error
     outlined red, a run its worker's death cut short hatched, each death a line across its
-    worker's lanes. A task submitted by a task says which (its tooltip, ``data-submitter``). ``lanes``: [(worker, thread)] top to bottom; ``records``: TaskRecords."""
+    worker's lanes. A task submitted by a task says which (its tooltip, ``data-submitter``).
+    ``lanes``: [(worker, thread)] top to bottom; ``records``: TaskRecords."""
     t0, t1 = span
     t1 = max(t1, t0 + 1e-3)
     lane_h, left, top = 16, 150, 6

@@ -1,4 +1,5 @@
-"""Tasks that submit tasks: worker_client, get_client, secede, rejoin and get_worker.
+"""Tasks that submit tasks: worker_client, get_client, secede, rejoin and get_worker; and
+cancel, run and who_has from a task.
 localcluster by default, dask.distributed with CLUSTER_BACKEND=distributed; only the import
 block differs, and both print the same (tests/test_distributed_compat.py).
 
@@ -49,12 +50,38 @@ def worker_name():
     return get_worker().name
 
 
+def pid():
+    return os.getpid()
+
+
+def runs_everywhere():
+    """client.run from a task: every worker answers, this task's own too (no deadlock)."""
+    answers = get_client().run(pid)
+    return len(answers), os.getpid() in answers.values()
+
+
+def cancels_and_asks():
+    """On one thread the child cannot start before this task ends: cancel it; then a child
+    waited for (its slot given back) and where its data is."""
+    client = get_client()
+    pending = client.submit(inc, 100)
+    client.cancel([pending])
+    secede()
+    done = client.submit(inc, 1)
+    done.result()
+    where = client.who_has([done])[done.key]
+    rejoin()
+    return pending.cancelled(), pending.status, len(where)
+
+
 def main():
     with LocalCluster(n_workers=1, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, Client(cluster) as client:
         print("fib(8) on 1 worker x 1 thread:", client.submit(fib, 8).result())
         print("get_client, secede, rejoin in a task:", client.submit(submits, 1).result())
         names = {w["name"] for w in client.scheduler_info()["workers"].values()}
         print("get_worker().name is a worker's:", client.submit(worker_name).result() in names)
+        print("run in a task (workers, its own among them):", *client.submit(runs_everywhere).result())
+        print("cancel and who_has in a task:", *client.submit(cancels_and_asks).result())
 
 
 if __name__ == "__main__":

@@ -87,11 +87,12 @@ def test_resources_mean_the_same_under_both():
 @pytest.mark.slow
 def test_tasks_that_submit_tasks_mean_the_same_under_both():
     """examples/tasks.py: fib(8) via worker_client on 1 worker x 1 thread, get_client with
-    secede and rejoin, get_worker, under either backend."""
+    secede and rejoin, get_worker, run, cancel and who_has from a task, under either backend."""
     pytest.importorskip("distributed")
     ours, theirs = run("localcluster", TASKS), run("distributed", TASKS)
     assert ours == ["fib(8) on 1 worker x 1 thread: 21", "get_client, secede, rejoin in a task: 6",
-                    "get_worker().name is a worker's: True"]
+                    "get_worker().name is a worker's: True", "run in a task (workers, its own among them): 1 True",
+                    "cancel and who_has in a task: True cancelled 1"]
     assert ours == theirs
 
 
@@ -125,6 +126,16 @@ def test_coordination_takes_dask_keywords():
             theirs = named(getattr(getattr(distributed, cls), method))
             ours = named(getattr(getattr(localcluster, cls), method))
             assert theirs <= ours and ours - theirs <= {"client"}, f"{cls}.{method}: {ours ^ theirs}"
+
+
+def test_a_tasks_client_takes_the_keywords_a_client_does():
+    """get_client() in a task: its cancel, run, who_has and scheduler_info take what
+    Client's do (so dask's, bar those listed in NOT_TAKEN), and so does Future.cancel."""
+    from localcluster.worker.client import TaskClient, TaskFuture
+    for method in ("submit", "map", "gather", "cancel", "run", "who_has", "scheduler_info"):
+        ours, clients = named(getattr(TaskClient, method)), named(getattr(Client, method))
+        assert ours <= clients and clients - ours <= {"asynchronous", "workers", "direct", "hash"}, method
+    assert named(TaskFuture.cancel) == named(localcluster.Future.cancel)
 
 
 def test_tasks_that_submit_tasks_take_dask_keywords():

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import localcluster
-from localcluster import Client, KilledWorker, LocalCluster
+from localcluster import Client, KilledWorker, LocalCluster, worker_client
 
 np = pytest.importorskip("numpy")
 
@@ -205,3 +205,31 @@ def test_future_view_and_escaping(run):
         worker="<b>w</b>", pid=1, cause="crash", signal=None, exitcode=1, tasks=("<script>",), memory=None,
         peak_memory=None, memory_limit=None, stack=None, message="&", log_tail=()))
     assert "<script>" not in card and "&lt;b&gt;w" in card and "&amp;" in card
+
+
+def fib(n):
+    if n < 2:
+        return n
+    with worker_client() as c:
+        return sum(c.gather([c.submit(fib, n - 1), c.submit(fib, n - 2)]))
+
+
+@pytest.mark.timeout(60)
+def test_the_task_stream_says_which_task_submitted_which(tmp_path):
+    """Tasks that submit tasks: each child's record names its parent, the bars say so, and
+    the summary counts them."""
+    path = tmp_path / "fib.html"
+    with localcluster.report(path):
+        with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+            top = client.submit(fib, 3)
+            assert top.result(30) == 2
+            records = {r.key: r for r in cluster.history.tasks()}
+    by = {key: r.submitter for key, r in records.items()}
+    assert by[top.key] is None and len(records) == 4      # fib(3), fib(2), fib(1) (one pure key, run once), fib(0)
+    children = [k for k, s in by.items() if s == top.key]
+    assert len(children) == 2 and all(k.startswith("fib-") for k in children)
+    grandchildren = [k for k, s in by.items() if s is not None and s != top.key]
+    assert grandchildren and all(by[k] in children for k in grandchildren)
+    page = path.read_text()
+    assert f'data-submitter="{top.key}"' in page and f"submitted by task {top.key}" in page
+    assert re.search(r"runs of tasks submitted by tasks</td><td[^>]*>3 \(by 2 tasks: fib-", page)

@@ -115,6 +115,7 @@ class Worker:
         self.replies: list = []
         self.exports: list = []                  # (key, request) asked of it
         self.steals: list = []                   # seqs asked back, per Steal
+        self.calls: list = []                    # request ids of Calls (client.run) not answered
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -132,13 +133,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.answered: set = set()
         self.leases: list = []
         self.ids = itertools.count(1)
+        self.awaiting: set = set()                  # (worker, request) of a task's run not answered yet
         for _ in range(2):
             self._add(1)
 
     # the scheduler's actions, carried out by the modelled workers
     def _do(self, actions: list) -> None:
         retired = []
-        self._answers(actions)
+        coordinated = self._answers(actions)
         for a in actions:
             if type(a) is Retire:
                 retired.append(a.worker)
@@ -165,6 +167,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                     w.replies.append(P.Stored(m.ack))
             elif type(m) is P.Free:
                 w.store.difference_update(m.keys)
+            elif type(m) is P.Call:
+                w.calls.append(m.request)
+            elif type(m) is P.Answer and (a.worker, m.request) not in coordinated:
+                assert (a.worker, m.request) in self.awaiting, f"an Answer nobody asked for: {a}"
+                self.awaiting.discard((a.worker, m.request))
         for name in retired:                       # the supervisor stops it: a requested death
             self._die(name, "requested")
 
@@ -177,6 +184,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         w = self.workers.pop(name, None)
         if w is None:
             return
+        self.awaiting = {(worker, req) for worker, req in self.awaiting if worker != name}
         board = {seq: (i, 0.0) for i, seq in enumerate(sorted(w.started))}
         late = next((seq for seq in sorted(w.started) if self.s.timeout_of(seq)), None) if timed_out else None
         crashed_seq = min(w.started) if crashed and w.started else None
@@ -185,10 +193,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._forget_asker(name)
         self._do(self.s.worker_died(d, (late, 2.0) if late is not None else None))
 
-    def _answers(self, actions: list) -> None:
+    def _answers(self, actions: list) -> set:
         """Coordination answers, as the asking thread takes them: each request is answered
         once; a granted lease is remembered; the futures that came with a value are given
-        back once the asker has its own (the parent lets go; a task's worker drops them)."""
+        back once the asker has its own (the parent lets go; a task's worker drops them).
+        Returns the askers answered."""
+        answered = set()
         for a in actions:
             if type(a) is Reply:
                 asker, value = (None, a.request), a.value
@@ -197,7 +207,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             else:
                 continue
             assert asker not in self.answered, f"request {asker} answered twice"
+            if asker not in self.asking:        # not a coordination request (a task's run, ...)
+                continue
             self.answered.add(asker)
+            answered.add(asker)
             body = self.asking.pop(asker)
             if type(body) is P.Acquire and value is True:
                 self.leases.append((body.kind, body.name, body.lease, asker[0]))
@@ -208,6 +221,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self._do(self.s.release_many(keys))
             elif keys and asker[0] in self.workers:
                 self._do(self.s.asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))]))
+        return answered
 
     def _forget_asker(self, worker: str) -> None:
         """A worker is gone: its tasks' requests are never answered, their leases given back."""
@@ -388,11 +402,36 @@ class SchedulerMachine(RuleBasedStateMachine):
                 w.started.add(seq)
                 return
 
-    @precondition(lambda self: any(w.exports or w.steals for w in self.workers.values()))
+    @precondition(lambda self: any(w.started for w in self.workers.values()))
+    @rule(data=st.data(), kind=st.sampled_from(["run", "run", "cancel", "who_has", "info"]), wait=st.booleans())
+    def task_asks(self, data, kind, wait):
+        """A running task asks the scheduler (get_client in a task): run a function on workers
+        (some, all, or one that does not exist), cancel keys, who_has, scheduler_info."""
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.started)))
+        seq = data.draw(st.sampled_from(sorted(self.workers[name].started)))
+        request = next(self.ids) if wait or kind != "run" else 0
+        if kind == "run":
+            on = data.draw(st.sampled_from([None, (name,), tuple(sorted(self.workers)), ("nobody",)]))
+            body = P.RunOn(b"fn", ARGS, on, "f")
+        elif kind == "cancel":
+            held = self._held_keys()
+            body = P.CancelKeys(tuple(data.draw(st.lists(st.sampled_from(held), max_size=2, unique=True)))
+                                if held else ())
+        else:
+            body = P.WhoHas(None) if kind == "who_has" else P.Info()
+        if request and kind != "cancel":
+            self.awaiting.add((name, request))
+        self._do(self.s.asked(name, [P.Ask(request, seq, body)]))
+
+    @precondition(lambda self: any(w.exports or w.steals or w.calls for w in self.workers.values()))
     @rule(data=st.data())
     def answers(self, data):
-        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.exports or w.steals)))
+        name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items()
+                                                if w.exports or w.steals or w.calls)))
         w = self.workers[name]
+        for req in w.calls:
+            w.replies.append(P.Called(req, SMALL, None))
+        w.calls = []
         for key, req in w.exports:
             w.replies.append(P.Data(req, key, BIG, None) if key in w.store
                              else P.Data(req, key, None, dumps(KeyError(key))))
@@ -416,6 +455,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def valid(self):
         self.s.validate()
+
+    @invariant()
+    def a_tasks_run_not_answered_is_still_gathered(self):
+        """A task's run is answered once every worker it called has answered or died: never lost."""
+        gathered = {(g.worker, g.request) for g, _i in self.s.asking.calls.values()}
+        assert self.awaiting <= gathered, f"asked and never to be answered: {self.awaiting - gathered}"
 
     @invariant()
     def no_worker_holds_more_than_it_declares(self):

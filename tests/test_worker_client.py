@@ -210,3 +210,117 @@ def test_a_death_says_which_task_submitted_the_task_it_ran(client, cluster):
         top.result(60)
     assert "'suicidal-" in cluster.deaths[0].message
     assert f"was submitted by task {top.key!r}" in cluster.deaths[0].message
+
+
+def seceded_past_timeout(rejoins):
+    """Gives its slot back (and takes one again, with ``rejoins``), then runs on past its timeout."""
+    secede()
+    if rejoins:
+        rejoin()
+    threading.Event().wait(300)         # interrupted by the worker's stop, never by this wait
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("rejoins", [False, True], ids=["seceded", "rejoined"])
+def test_a_seceded_tasks_timeout_is_enforced(tmp_path, rejoins):
+    """A task that called secede() has left its executor's row of the status board; its
+    timeout still stops its worker, and the error names the task, the worker and where it was."""
+    from localcluster import TaskTimeoutError
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        late = client.submit(seceded_past_timeout, rejoins, timeout=0.5, pure=False)
+        with pytest.raises(TaskTimeoutError) as info:
+            late.result(30)
+        err = info.value
+        assert err.task == late.key and err.worker == "worker-0" and err.timeout == 0.5 and err.elapsed >= 0.5
+        assert f"Task {late.key!r} ran for" in str(err) and "seceded_past_timeout" in str(err), str(err)
+        (death,) = cluster.deaths
+        assert death.cause == "timeout" and late.key in death.tasks
+        assert client.submit(inc, 1).result(30) == 2            # its replacement runs the next ones
+
+
+def whoami(tag):
+    return get_worker().name, os.getpid(), tag
+
+
+def runs_everywhere():
+    """Not seceded: the worker's one slot stays this task's while the calls run, its own too."""
+    return get_client().run(whoami, "t")
+
+
+@pytest.mark.timeout(60)
+def test_run_from_a_task_answers_from_every_worker_its_own_too(client, cluster):
+    got = client.submit(runs_everywhere, pure=False).result(30)
+    assert got == {name: (name, w.pid, "t") for name, w in cluster.workers.items()}
+
+
+def runs_on(workers, on_error):
+    def boom():
+        raise ValueError(f"boom on {get_worker().name}")
+    c = get_client()
+    try:
+        out = c.run(boom, workers=workers, on_error=on_error)
+    except ValueError as e:
+        return "raised", str(e)
+    return {name: (type(v).__name__, str(v)) for name, v in out.items()}
+
+
+@pytest.mark.timeout(60)
+def test_run_from_a_task_on_named_workers_with_errors(client):
+    assert client.submit(runs_on, ["worker-1"], "raise", pure=False).result(30) == ("raised", "boom on worker-1")
+    assert client.submit(runs_on, ["worker-0"], "return", pure=False).result(30) == {
+        "worker-0": ("ValueError", "boom on worker-0")}
+    assert client.submit(runs_on, None, "ignore", pure=False).result(30) == {}
+    kind, msg = client.submit(runs_on, ["worker-9"], "raise", pure=False).result(30)
+    assert kind == "raised" and "no running worker is called 'worker-9'" in msg and "worker-0" in msg
+
+
+def cancels_its_child(log, go):
+    c = get_client()
+    f = c.submit(in_slot, log, "child", go, pure=False)
+    block_until(log)                       # the child started, on the other worker
+    assert f.cancel()                      # Future.cancel too (then Client.cancel again: no-op)
+    c.cancel([f])
+    try:
+        f.result()
+    except Exception as e:                 # noqa: BLE001 - the answer is the exception
+        return f.cancelled(), f.status, type(e).__name__, f.key
+    return "not cancelled"
+
+
+@pytest.mark.timeout(60)
+def test_cancel_from_a_task_cancels_for_everyone(client, cluster, tmp_path):
+    log, go = str(tmp_path / "log"), str(tmp_path / "go")
+    cancelled, status, error, key = client.submit(cancels_its_child, log, go).result(30)
+    assert (cancelled, status, error) == (True, "cancelled", "CancelledError")
+    wait_for(lambda: key not in cluster.scheduler.tasks, 10)
+    release(go)
+
+
+def holds_and_asks():
+    c = get_client()
+    [y] = c.scatter([5])
+    z = c.submit(inc, 1, workers=["worker-1"])          # worker-0's one thread runs this task
+    z.result()
+    info = c.scheduler_info()
+    return (y.key, z.key, c.who_has([y, z]), c.who_has(), sorted(info["workers"]), info["total_threads"],
+            {n: w["nthreads"] for n, w in info["workers"].items()})
+
+
+@pytest.mark.timeout(60)
+def test_who_has_and_scheduler_info_from_a_task(client):
+    [x] = client.scatter([1], workers=["worker-1"])
+    y, z, has, every, names, threads, each = client.submit(holds_and_asks, workers=["worker-0"]).result(30)
+    assert has[z] == ("worker-1",) and len(has[y]) == 1 and set(has) == {y, z}
+    assert every[x.key] == ("worker-1",) and {y, z} <= set(every)
+    assert names == ["worker-0", "worker-1"] and threads == 2 and each == {"worker-0": 1, "worker-1": 1}
+
+
+def cancels_an_ended_one():
+    c = get_client()
+    f = c.submit(inc, 1, pure=False)
+    f.result()
+    return f.cancel(), f.status, f.result()
+
+
+def test_cancel_from_a_task_leaves_an_ended_future_as_it_was(client):
+    assert client.submit(cancels_an_ended_one, pure=False).result(30) == (False, "finished", 2)

@@ -151,15 +151,16 @@ class Dispatcher:
         outlet = self._outlets.get(worker)
         if not msgs and (outlet is None or not outlet.cork):
             return
-        key_of, record = self._scheduler.key_of, self._history.task
+        key_of, record, spec_of = self._scheduler.key_of, self._history.task, self._scheduler.spec_of
         with self._lock:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key
                 t = type(m)
                 if t is P.Finished or t is P.Failed:
                     key = key_of(m.seq)
                     if key is not None:
+                        spec = spec_of(key)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
-                               "finished" if t is P.Finished else "error")
+                               "finished" if t is P.Finished else "error", spec.submitter if spec else None)
             post = self.apply(self._scheduler.handle_messages(worker, msgs) if msgs else [])
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])

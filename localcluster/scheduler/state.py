@@ -293,7 +293,7 @@ class Scheduler:
                 self._to(ts, "released", "worker-died: lost data nobody needs")
                 out += self.forgetting.forget(ts)
         out += self._runs_interrupted(ws, death, timed_out, recompute)
-        if self.asking.seceded or self.asking.holds:
+        if self.asking.seceded or self.asking.offboard or self.asking.holds:
             out += self._holds_died(death.worker)
         for ts in lost:
             out += self._pull_back_dependents(ts)
@@ -594,8 +594,8 @@ class Scheduler:
         key = ws.processing.pop(seq, None)
         if ws.claims:                   # most workers: no run holds resources, no call
             ws.release(seq)
-        if self.asking.seceded:         # most clusters: no task ever seceded, no call
-            self.asking.rejoined(seq, ws)
+        if self.asking.seceded or self.asking.offboard:     # most clusters: no task ever seceded, no call
+            self.asking.ended(seq, ws)
         self.placement.ended(seq)
         ts = self.tasks.get(key) if key is not None else None
         if ts is None or ts.seq != seq or ts.state != "processing":
@@ -668,7 +668,8 @@ class Scheduler:
     def called(self, request: int, data: Optional[P.Payload], error: Optional[bytes]) -> list:
         """A worker answered a Call."""
         entry = self.calls.pop(request, None)
-        return [Deliver(request, entry[1], data, error)] if entry is not None else []
+        out = [Deliver(request, entry[1], data, error)] if entry is not None else []
+        return self.asking.answering(out) if self.asking.calls else out      # a task's run: its Answer
 
     def _calls_died(self, death: WorkerDeath) -> list:
         """The calls a dead worker never answered fail with KilledWorker, naming the death."""
@@ -677,14 +678,14 @@ class Scheduler:
             if worker == death.worker:
                 del self.calls[req]
                 out.append(Deliver(req, what, error=KilledWorker(what, worker, (death,), 0)))
-        return out
+        return self.asking.answering(out, death.worker) if self.asking.calls else out
 
     # --- tasks that submit tasks (get_client on a worker; asking.py keeps the books) ------
 
     def asked(self, worker: str, asks: list) -> list:
         """Requests from tasks on ``worker`` (Ask): submit, scatter, hold and drop futures,
-        secede, rejoin, states. ``Results`` waits on fetches: the dispatcher's (dispatch.py).
-        Placement runs once for them all."""
+        secede, rejoin, states; cancel, run, who_has, scheduler_info. ``Results`` waits on
+        fetches: the dispatcher's (dispatch.py). Placement runs once for them all."""
         out: list = []
         self._deferring = True
         try:
@@ -717,7 +718,7 @@ class Scheduler:
             books.held(worker, [k for k, _ in body.items], self.key_of(ask.seq))
             return out
         if t is P.Secede:
-            books.seceded_on(ask.seq, self.workers.get(worker))
+            books.seceded_on(ask.seq, self.workers.get(worker), body.thread, body.started)
             # a word back: an executor reading the channel since before the secession wakes,
             # and reads from then on with an ear for the worker's own nudges (process.py)
             return [Send(worker, P.Answer(0, None))]
@@ -728,6 +729,18 @@ class Scheduler:
             return [Send(worker, P.Answer(ask.request, tuple(self.whereabouts(k).state for k in body.keys)))]
         if t is P.Results:
             return []
+        # --- cancel, run, who_has, scheduler_info from a task (asking.py gathers run's calls)
+        if t is P.CancelKeys:
+            out = self.forgetting.cancel(list(body.keys))
+            return out + self._orphans_settled() if books.orphans else out
+        if t is P.RunOn:
+            return books.run_asked(worker, ask.request, body, self.key_of(ask.seq), self.workers.__contains__,
+                                   sorted(w for w, ws in self.workers.items() if not ws.closing),
+                                   lambda name, what: self.call(name, body.fn, body.args, what))
+        if t is P.WhoHas:
+            return [Send(worker, P.Answer(ask.request, self.who_has(None if body.keys is None else list(body.keys))))]
+        if t is P.Info:
+            return [Send(worker, P.Answer(ask.request, books.workers_info(list(self.workers.values()))))]
         if t in P.COORDINATION:
             return self.coordination.asked(Asker(worker, ask.request, ask.seq), body)
         raise TypeError(f"not a request a task can make: {body!r}")

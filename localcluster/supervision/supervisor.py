@@ -294,7 +294,8 @@ class Supervisor:
             if n is None or n.board is None:
                 continue
             if slot.ready:
-                runs = {seq: (now - started, timeout_of(seq)) for seq, (_ident, started) in n.board.running().items()}
+                runs = {seq: (now - started, timeout_of(seq))
+                        for seq, (_ident, started) in self._running(n, False).items()}
                 beat = n.board.heartbeat() / 1e9
                 # most ticks the board shows nothing for the policy: then no lock is taken
                 if policy.late_run(runs) is not None or policy.silent(beat, now):
@@ -400,7 +401,7 @@ class Supervisor:
         slot = self.policy.slots.get(n.name)
         reason = slot.reason if slot is not None else None
         timed_out = slot.timed_out if slot is not None else None
-        running = n.board.running()
+        running = self._running(n, False)
         lines = list(n.log)
         stack = self._death_stack(reason, timed_out, exitcode, running, lines)
         oom = n.oom.evidence() if exitcode == -signal.SIGKILL and reason is None and n.oom is not None else None
@@ -445,7 +446,9 @@ class Supervisor:
         for seq, (_tid, started) in sorted(running.items()):
             key = self._scheduler.key_of(seq)
             if key is not None:
-                self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost")
+                spec = self._scheduler.spec_of(key)
+                self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost",
+                                   spec.submitter if spec else None)
         self._history.died(n.name)
 
     def _death_stack(self, reason: Optional[str], timed_out: Optional[tuple], exitcode: Optional[int],
@@ -495,16 +498,30 @@ class Supervisor:
                     history.get(name, []), unmanaged)
         return out
 
+    def _running(self, n: Nanny, locked: bool = True) -> dict:
+        """seq -> (thread ident, start in monotonic seconds) of each run on ``n``'s threads: the
+        rows of its status board, and the runs that seceded, which left their row (the
+        scheduler has them from their Secede). ``locked``: the caller holds the lock."""
+        running = n.board.running()
+        books = self._scheduler.asking
+        if books.offboard:          # most clusters: no task ever seceded, no lock
+            if locked:
+                running.update(books.off_board(n.name))
+            else:
+                with self._lock:
+                    running.update(books.off_board(n.name))
+        return running
+
     def running_since(self, worker: Optional[str], seq: int) -> Optional[float]:
         """Caller holds the lock. When run ``seq`` started on ``worker`` (monotonic), if it has."""
         n = self.nannies.get(worker) if worker else None
-        started = n.board.running().get(seq) if n is not None and n.board is not None else None
+        started = self._running(n).get(seq) if n is not None and n.board is not None else None
         return started[1] if started else None
 
     def running_keys(self) -> dict[str, str]:
         """Caller holds the lock. Key -> worker for every run a worker thread has taken up."""
         return {key: n.name for n in self.nannies.values() if n.board is not None
-                for key in map(self._scheduler.key_of, n.board.running()) if key}
+                for key in map(self._scheduler.key_of, self._running(n)) if key}
 
     def versions(self) -> dict[str, dict]:
         with self._lock:
@@ -540,7 +557,7 @@ class Supervisor:
 
     def _label_threads(self, n: Nanny, text: str) -> str:
         """Say which task each executor thread is running, from the status board."""
-        for seq, (ident, _started) in n.board.running().items():
+        for seq, (ident, _started) in self._running(n).items():
             key = self._scheduler.key_of(seq)
             if key:
                 text = text.replace(f"0x{ident:016x} (most recent call first):",

@@ -26,13 +26,15 @@ DEAD_WORKERS = 64        # dead workers whose memory series are kept
 
 
 class TaskRecord(NamedTuple):
-    """One run of a task: where, on which executor thread (1..n), when (unix seconds), how it ended."""
+    """One run of a task: where, on which executor thread (1..n), when (unix seconds), how it
+    ended, and the task that submitted it from a worker (get_client in a task), if one did."""
     key: str
     worker: str
     thread: int
     start: float
     stop: float
     status: str          # "finished", "error", or "lost" (its worker died under it)
+    submitter: Optional[str] = None
 
 
 class Series:
@@ -78,9 +80,12 @@ class History:
         self._dead: deque = deque()               # names of dead workers, oldest first
         self.ended = 0                            # runs that finished or failed (not lost): progress
 
-    def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str) -> None:
-        """One run ended (the fields of ``TaskRecord``)."""
-        self._tasks.append((key, worker, thread, start, stop, status))
+    def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
+             submitter: Optional[str] = None) -> None:
+        """One run ended (the fields of ``TaskRecord``). A run no task submitted keeps no
+        field for it (most runs: 8 bytes each of 100,000 kept)."""
+        self._tasks.append((key, worker, thread, start, stop, status) if submitter is None
+                           else (key, worker, thread, start, stop, status, submitter))
         if status != "lost":
             self.ended += 1
 

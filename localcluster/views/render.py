@@ -275,7 +275,8 @@ def _hexish(s: str) -> bool:
 def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900) -> str:
     """Each task as a bar on the lane of its worker thread, coloured by function; an error
     outlined red, a run its worker's death cut short hatched, each death a line across its
-    worker's lanes. ``lanes``: [(worker, thread)] top to bottom; ``records``: TaskRecords."""
+    worker's lanes. A task submitted by a task says which (its tooltip, ``data-submitter``).
+    ``lanes``: [(worker, thread)] top to bottom; ``records``: TaskRecords."""
     t0, t1 = span
     t1 = max(t1, t0 + 1e-3)
     lane_h, left, top = 16, 150, 6
@@ -314,9 +315,11 @@ def _task_bar(r: Any, x: Any, yy: float, lane_h: int, groups: dict) -> str:
     fill = "url(#lc-hatch)" if r.status == "lost" else colour
     stroke = ' stroke="#c62828" stroke-width="1.5"' if r.status == "error" else ""
     w = max(1.0, x(r.stop) - x(r.start))
-    return (f'<rect class="lc-task" data-status="{r.status}" data-group="{e(group)}" x="{x(r.start):.1f}" '
+    by, submitted = ("", "") if r.submitter is None else (
+        f' data-submitter="{e(r.submitter)}"', f", submitted by task {e(r.submitter)}")
+    return (f'<rect class="lc-task" data-status="{r.status}" data-group="{e(group)}"{by} x="{x(r.start):.1f}" '
             f'y="{yy + 1}" width="{w:.1f}" height="{lane_h - 4}" fill="{fill}"{stroke}>'
-            f'<title>{e(r.key)}: {r.status}, {r.stop - r.start:.3f} s</title></rect>')
+            f'<title>{e(r.key)}: {r.status}, {r.stop - r.start:.3f} s{submitted}</title></rect>')
 
 
 def _stream_death(d: Any, xx: float, y0: float, y1: float) -> str:

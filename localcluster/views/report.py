@@ -94,6 +94,7 @@ def _cluster_section(cluster: LocalCluster, number: int, span: tuple) -> tuple:
              _deaths_table(deaths), "</section>"]
     counts = Counter(r.status for r in records)
     facts = {"tasks": counts, "workers": len(workers), "deaths": Counter(d.cause for d in deaths),
+             "submitted": Counter(r.submitter for r in records if r.submitter is not None),
              "busy": sum(r.stop - max(r.start, t0) for r in records), "threads": len(lanes) or 1}
     return "".join(parts), facts
 
@@ -114,17 +115,28 @@ def _deaths_table(deaths: list) -> str:
 
 
 def _summary(facts: list, span: tuple) -> str:
-    tasks, deaths = Counter(), Counter()
+    tasks, deaths, submitted = Counter(), Counter(), Counter()
     for f in facts:
         tasks.update(f["tasks"])
         deaths.update(f["deaths"])
+        submitted.update(f["submitted"])
     wall = span[1] - span[0]
     lanes = sum(f["threads"] for f in facts) or 1
     busy = sum(f["busy"] for f in facts)
     causes = ", ".join(f"{n} {c}" for c, n in deaths.most_common()) or "none"
     rows = [["tasks finished", str(tasks["finished"])], ["tasks failed", str(tasks["error"])],
-            ["tasks lost with a worker", str(tasks["lost"])], ["clusters", str(len(facts))],
+            ["tasks lost with a worker", str(tasks["lost"])],
+            ["runs of tasks submitted by tasks", _submitted(submitted)], ["clusters", str(len(facts))],
             ["workers", str(sum(f["workers"] for f in facts))],
             ["worker deaths", f"{sum(deaths.values())} ({html.escape(causes)})"],
             ["wall time", f"{wall:.2f} s"], ["thread utilisation", f"{100 * busy / (wall * lanes):.0f} %" if wall else "-"]]
     return '<h2>Summary</h2>' + render.table(("", ""), rows, "lc-summary")
+
+
+def _submitted(submitted: Counter) -> str:
+    """How many runs tasks submitted (get_client in a task), and the busiest submitters."""
+    if not submitted:
+        return "0"
+    top = ", ".join(f"{html.escape(key)}: {n}" for key, n in submitted.most_common(3))
+    more = f", and {len(submitted) - 3} more" if len(submitted) > 3 else ""
+    return f"{sum(submitted.values())} (by {len(submitted)} task{'s' if len(submitted) != 1 else ''}: {top}{more})"

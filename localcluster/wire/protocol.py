@@ -358,12 +358,50 @@ class Drop:
 
 @_dc
 class Secede:
-    """Body: the asking run gave its thread slot back (secede()). No answer."""
+    """Body: the asking run gave its thread slot back (secede()). No answer. ``started``
+    (monotonic seconds) and ``thread`` (its ident) are its row of the status board, which it
+    leaves: the parent watches its timeout and names its thread from them instead."""
+    started: float = 0.0
+    thread: int = 0
 
 
 @_dc
 class Rejoin:
     """Body: the asking run took a thread slot again (rejoin()). No answer."""
+
+
+# --- a task's cancel, run, who_has and scheduler_info (TaskClient, worker/client.py) -------
+
+@_dc
+class CancelKeys:
+    """Body: cancel these keys' tasks and let go of their data, for every holder (dask's
+    ``cancel``, as ``Client.cancel`` does it: force). No answer."""
+    keys: tuple
+
+
+@_dc
+class RunOn:
+    """Body: ``Client.run`` from a task: ``fn`` (pickled) with ``args`` (the pickled ``(args,
+    kwargs)``) on each worker, or those named (None: every open one). Answered once every
+    worker has, with ``((worker, (status, Payload or None, pickled error or None)), ...)``;
+    request 0 (``wait=False``): not answered. ``name``: the function's, for errors."""
+    fn: bytes
+    args: Payload
+    workers: Optional[tuple] = None
+    name: str = "function"
+
+
+@_dc
+class WhoHas:
+    """Body: the workers holding each key's data (None: every key). Answered with a dict of
+    key -> sorted tuple of worker names."""
+    keys: Optional[tuple] = None
+
+
+@_dc
+class Info:
+    """Body: the workers, for ``scheduler_info``. Answered with ``((name, threads, resources
+    dict), ...)`` of each open worker, by name."""
 
 
 # --- the fixed layout of a lone Run or Finished -----------------------------------------

@@ -20,6 +20,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Mapping
+from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator, Optional
 
 from ..config import check_resources
@@ -197,6 +198,17 @@ class TaskFuture:
     def done(self) -> bool:
         return self._outcome is not None or self.status in ("finished", "error", "lost", "cancelled")
 
+    def cancel(self, **kwargs: Any) -> bool:
+        """As ``Future.cancel``: ``client.cancel([self])``; whether it is cancelled now (False:
+        it had ended already)."""
+        if self.done():
+            return False
+        self.client.cancel([self])
+        return self.cancelled()
+
+    def cancelled(self) -> bool:
+        return self._outcome is not None and self._outcome[0] == "cancelled"
+
     @property
     def status(self) -> str:
         if self._outcome is not None:
@@ -226,8 +238,9 @@ class TaskFuture:
 
 
 class TaskClient:
-    """The client of a task (``get_client()`` in a worker): dask's submit, map, gather and
-    scatter, each a message to the parent's scheduler over the worker's channel."""
+    """The client of a task (``get_client()`` in a worker): dask's submit, map, gather,
+    scatter, cancel, run, who_has and scheduler_info, each a message to the parent's
+    scheduler over the worker's channel."""
 
     def __init__(self, worker: "process.Worker"):
         self.worker = worker
@@ -289,6 +302,72 @@ class TaskClient:
         futures = [TaskFuture(k, self) for k, _ in items]
         return futures[0] if single else futures
 
+    def cancel(self, futures: Any, force: bool = False, **kwargs: Any) -> None:
+        """As ``Client.cancel``: these futures' tasks are cancelled and their data let go
+        of, for every holder (what dask calls ``force=True``, as ``Client.cancel`` does)."""
+        fs = list(dict.fromkeys(_walk(futures)))
+        if fs:
+            self.worker.tell(P.CancelKeys(tuple(f.key for f in fs)), _seq())
+        for f in fs:
+            if f.outcome is None or f.outcome[0] not in ("finished", "error", "lost"):
+                f.settle(("cancelled", None, None))
+
+    def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
+            on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
+        """As ``Client.run``: ``function(*args, **kwargs)`` on every worker (or those named)
+        now, outside the task slots, on a thread of its own there (this worker's too: no
+        deadlock); ``{worker name: result}``. Errors as ``on_error`` says; a worker that dies
+        meanwhile gives KilledWorker. ``wait=False``: None at once, the calls go on."""
+        if on_error not in ("raise", "return", "ignore"):
+            raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
+        if not callable(function):
+            raise TypeError(f"run() needs a callable first, got {serialize.describe(function)}")
+        if nanny:
+            raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of the client's "
+                                      "process, not a process of its own; call the function there instead")
+        fn_bytes, name, _ = self._function(function)
+        payload, found = serialize.dumps_collecting((tuple(args), dict(kwargs)))
+        if found:
+            raise TypeError(f"run({name}, ...): its arguments hold futures ({next(iter(found))!r}), which "
+                            f"client.run does not resolve; pass their result() instead")
+        names = None if workers is None else tuple((workers,) if isinstance(workers, str) else workers)
+        body = P.RunOn(fn_bytes, payload, names, name)
+        if not wait:
+            self.worker.tell(body, _seq())
+            return None
+        answer = self.worker.ask(body, _seq())
+        if answer.error is not None:
+            raise serialize.loads_exception(answer.error, f"run({name})")
+        out: dict = {}
+        for worker, (status, data, error) in answer.data:
+            try:
+                if status != "finished":
+                    raise serialize.loads_exception(error, f"run({name}) on {worker!r}")
+                out[worker] = serialize.loads(data)
+            except Exception as e:
+                if on_error == "raise":
+                    raise
+                if on_error == "return":
+                    out[worker] = e
+        return out
+
+    def who_has(self, futures: Any = None, **kwargs: Any) -> dict:
+        """As ``Client.who_has``: key -> the names of the workers holding its data (every key
+        the cluster knows when ``futures`` is None)."""
+        keys = None if futures is None else tuple(dict.fromkeys(f.key for f in _walk(futures)))
+        return dict(self.worker.ask(P.WhoHas(keys), _seq()).data)
+
+    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
+        """As ``Client.scheduler_info``, with what a task can know: each open worker (keyed by
+        name) with its name, threads and resources; ``n_workers``: at most that many (-1: all)."""
+        workers = self.worker.ask(P.Info(), _seq()).data
+        shown = workers if n_workers == -1 else workers[:n_workers]
+        return {"type": "Scheduler", "address": f"localcluster://{os.getppid()}", "n_workers": len(workers),
+                "total_threads": sum(threads for _, threads, _ in workers),
+                "workers": {name: {"type": "Worker", "id": name, "name": name, "host": "localhost",
+                                   "nthreads": threads, "resources": resources}
+                            for name, threads, resources in shown}}
+
     # --- the messages -------------------------------------------------------------------
 
     def outcomes(self, futures: list, timeout: Optional[float]) -> list:
@@ -314,6 +393,8 @@ class TaskClient:
         status, payload, error = outcome
         if status == "finished":
             return serialize.loads(payload)
+        if status == "cancelled":
+            raise CancelledError(f"{fut.key!r} was cancelled (client.cancel in a task)")
         raise serialize.loads_exception(error, fut.key)
 
     def _send(self, tasks: list) -> list:

@@ -359,6 +359,7 @@ class Worker:
         if run is None or _here.seceded:
             return
         _here.seceded = True
+        thread, started = self.board.running().get(run.seq, (0, 0.0))
         self.board.stop(_here.row)
         with self._lock:
             self._busy -= 1
@@ -367,7 +368,7 @@ class Worker:
                 self._work.notify()
         threading.Thread(target=self._execute, args=(_here.row,), name=f"localcluster-exec-{next(self._rows)}",
                          daemon=True).start()
-        self.tell(P.Secede(), run.seq)
+        self.tell(P.Secede(started, thread), run.seq)
 
     def rejoin(self) -> None:
         """The calling task, seceded, takes a thread slot again: it waits for one (before

@@ -14,7 +14,7 @@ from .version import __version__
 # public name -> the module that defines it
 _WHERE = {
     "LocalCluster": "cluster", "WorkerInfo": "cluster",
-    "Client": "client", "Future": "client", "wait": "client", "as_completed": "client",
+    "Client": "client", "Future": "future", "wait": "waiting", "as_completed": "waiting",
     "fire_and_forget": "future",
     "get_client": "worker.client", "worker_client": "worker.client", "secede": "worker.client",
     "rejoin": "worker.client", "get_worker": "worker.client",
@@ -51,8 +51,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
-    from .client import Client, Future, as_completed, wait
-    from .future import fire_and_forget
+    from .client import Client
+    from .future import Future, fire_and_forget
+    from .waiting import as_completed, wait
     from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo
     from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,

@@ -1,4 +1,4 @@
-"""Client: the user's side of the cluster (Future, wait and as_completed live in future.py).
+"""Client: the user's side of the cluster (Future lives in future.py; wait and as_completed in waiting.py).
 
 A :class:`Future` is a ``concurrent.futures.Future``: ``concurrent.futures.wait``,
 ``as_completed`` and ``asyncio.wrap_future`` work on it. It becomes done when
@@ -27,12 +27,14 @@ from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_resources, check_seconds
 from .engine.lifecycle import Phase
-from .future import Future, as_completed, wait  # noqa: F401 - re-exported
+from .future import Future
 from .future import walk as _walk
 from .scheduler.records import Spec
+from . import waiting as _waiting
+from .waiting import as_completed, wait  # noqa: F401 - re-exported
 from .worker import client as _in_tasks
 
-__all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
+__all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
 
 _fn_ids = itertools.count(1)
 
@@ -354,12 +356,12 @@ class Client:
             raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
         if not isinstance(asynchronous, bool):
             raise TypeError(f"gather(asynchronous={asynchronous!r}): expected True or False")
-        _future.check_timeout("gather", timeout)
+        _waiting.check_timeout("gather", timeout)
         if asynchronous:
             return self._gather_async(futures, errors, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
-        _future.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
+        _waiting.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
         if errors == "raise":
             # The first error in _rebuild's order, raised from here: the caller's traceback then
             # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
@@ -396,7 +398,7 @@ class Client:
                 except BaseException:  # noqa: BLE001 - gather below raises it, or skips it
                     if not f.done() and deadline is not None and loop.time() >= deadline:
                         # why it is late takes the cluster's lock: not on the event loop's thread
-                        raise await loop.run_in_executor(None, _future.timed_out, "gather", flat, timeout) \
+                        raise await loop.run_in_executor(None, _waiting.timed_out, "gather", flat, timeout) \
                             from None
                     if not f.done():
                         raise       # this coroutine was cancelled

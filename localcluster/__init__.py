@@ -1,7 +1,7 @@
 """localcluster: a cluster on one machine that tells you why a worker died.
 
 The public names are loaded on first use (PEP 562): a worker process imports only
-``localcluster.worker.process`` and what it needs, not the client and the parent's machinery,
+``localcluster.worker.boot`` and what it needs, not the client and the parent's machinery,
 so every worker starts sooner.
 """
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The worker process (imports only ``wire``, ``system`` and these modules: it starts fast).
 
-- ``process.py``: ``BOOT`` and ``main``: its channel, executor threads, memory monitor.
+- ``boot.py``: ``BOOT`` and ``main``: the process's start (dies with its parent, authkey,
+  initializer) and its end when its own machinery fails.
+- ``process.py``: ``Worker``: its channel, executor threads, flusher, heartbeat, memory monitor.
 - ``store.py``: the results it holds, spilled to disk past ``memory_target``.
 - ``logs.py``: its ``logging`` records, forwarded to the parent's ``localcluster.worker`` logger.
 """

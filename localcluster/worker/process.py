@@ -37,6 +37,7 @@ from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, encode
 from ..system.machine import rss
+from . import calls
 from .store import Store, StoreError
 
 FLUSH_DELAY = 0.002
@@ -247,28 +248,8 @@ class Worker:
         self.chan.send_frame(*frame)
 
     def _call(self, msg: P.Call) -> None:
-        """``Client.run``'s function, on this thread; answer Called with its result or error."""
-        step = "unpickling the function"
-        try:
-            fn = pickle.loads(msg.fn)
-            step = "unpickling the arguments"
-            args, kwargs = serialize.loads(msg.args)
-            step = "running the function"
-            result = fn(*args, **kwargs)
-            if _awaitable(result):         # dask runs an async function to its end
-                import asyncio
-                result = asyncio.run(_awaited(result))
-            step = "pickling the result"
-            reply = P.Called(msg.request, serialize.dumps_result(result), None)
-        except BaseException as e:  # noqa: B902 - any error of the function is its answer
-            e.__traceback__ = remote.strip_own_frames(e.__traceback__)
-            what = "" if step == "running the function" else f"{step} of client.run() failed on worker {self.name!r}"
-            if what:
-                e = serialize.restate(e, what)
-            remote.note_origin(e, self.name, os.getpid(), f"client.run({getattr(fn, '__name__', '?')})"
-                               if step != "unpickling the function" else "client.run")
-            reply = P.Called(msg.request, None, serialize.dumps_exception(e, what))
-        self.chan.send(reply)
+        """``Client.run``'s function, on this thread (calls.py); answer Called."""
+        self.chan.send(calls.answer(msg, self.name))
 
     # --- requests from tasks (client.py: get_client, secede, rejoin) -------------------
 
@@ -539,14 +520,6 @@ class Worker:
             if self.spill_at is not None:
                 self.store.spill_for_rss(self.spill_at)
             time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)
-
-
-def _awaitable(obj: Any) -> bool:
-    return hasattr(obj, "__await__") and not isinstance(obj, type)
-
-
-async def _awaited(obj: Any) -> Any:
-    return await obj
 
 
 def versions() -> dict:

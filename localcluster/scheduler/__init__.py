@@ -4,7 +4,8 @@
   checked against ``records.TRANSITIONS``), and the events it takes.
 - ``records.py``: ``Task``, ``WorkerState``, ``Spec``, the actions (Send, Resolve, Retire,
   Deliver, FailAll) and the table of allowed transitions.
-- its parts, each with narrow methods: ``placement.py`` (where a run goes), ``readiness.py``
+- its parts, each with narrow methods: ``admission.py`` (the tasks' way in: submit,
+  scatter), ``placement.py`` (where a run goes), ``readiness.py``
   (a task's way to ready or to erred), ``outcomes.py`` (the ends of runs), ``deaths.py``
   (what a worker's death does to the tasks), ``transfers.py`` (data moved between workers),
   ``forgetting.py`` (what is let go of), ``roster.py`` (what workers could run, when a closing

@@ -40,7 +40,7 @@ all keys: ``story(key)`` prints a key's, and a broken invariant is reported with
 
 The Scheduler takes the events and owns the tasks and workers; each role is a part of it
 (composition: the Scheduler makes them, handing each what it needs by name; they talk
-through public methods): ``Placement`` (which ready task runs where), ``Readiness`` (a
+through public methods): ``Admission`` (the tasks' way in: submit, scatter), ``Placement`` (which ready task runs where), ``Readiness`` (a
 task's way to ready, or to erred with its dependents), ``Outcomes`` (the ends of runs as
 workers report them), ``Deaths`` (what a worker's death does to the tasks), ``Transfers``
 (data on the move: relays between workers, fetches for the client, replicas), ``Forgetting``
@@ -62,6 +62,7 @@ from typing import Any, Callable, Optional
 
 from ..wire import protocol as P
 from ..death import WorkerDeath
+from .admission import Admission
 from .asking import Asking
 from .calls import Calls
 from .deaths import Deaths
@@ -73,8 +74,6 @@ from .readiness import FAILED, Readiness
 from .roster import Roster
 from .records import Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState
 from .transfers import Transfers, gone as _gone
-
-ENDED = frozenset({"memory", "erred", "lost"})               # its futures are done
 
 
 def _placing(event: Callable) -> Callable:
@@ -97,7 +96,7 @@ class Scheduler:
         #: the abstract resources a worker declares unless ``add_worker`` says otherwise
         #: (LocalCluster(resources=)); what ``unsatisfiable`` measures against with no worker
         self.resources: dict = dict(resources or {})
-        #: key -> Task: every key a future, a dependent or a run still needs; only this class adds
+        #: key -> Task: every key a future, a dependent or a run still needs; only Admission adds
         #: tasks, and Forgetting drops them (``drop``) once released with no dependent linked
         self.tasks: dict[str, Task] = {}
         #: name -> WorkerState of each worker running now (closing ones too, until they die)
@@ -107,8 +106,6 @@ class Scheduler:
         #: the only writer of ``Task.state`` (records.TRANSITIONS) and the story of each key
         self.transitions = Transitions()
         self._to = self.transitions.apply           # the writer itself, handed to the parts too
-        #: submission order of tasks (Task.order)
-        self._order = itertools.count()
         #: request ids of fetches and replicates, and ack ids of Puts (shared with Transfers)
         self._request = itertools.count(1)
         tasks, workers = self.tasks, self.workers
@@ -127,6 +124,9 @@ class Scheduler:
         #: what a worker's death does to the tasks: copies lost, runs interrupted, dependents pulled back
         self.deaths = Deaths(tasks.get, workers.get, self.placement.run_of, self.placement.unassigned,
                              self.forgetting, self.readiness, self._to, allowed_failures)
+        #: the tasks' way in: submitted, scattered, held by one more Future
+        self.admission = Admission(tasks.get, tasks.__setitem__, workers.values, self.forgetting.forget,
+                                   self.readiness.make_ready_or_wait, self._to)
         #: inside handle_messages: placement waits for the end of the frame
         self._deferring = False
         #: Client.run's calls not answered yet (request ids from the same counter)
@@ -167,13 +167,8 @@ class Scheduler:
         return ts.spec if ts is not None else None
 
     def acquire(self, key: str) -> list:
-        """One more Future of ``key`` (one unpickled in the parent) holds it like any other;
-        if its task has ended, the new Future is resolved at once."""
-        ts = self.tasks.get(key)
-        if ts is None:
-            return []
-        ts.wanted += 1
-        return [self._resolution(ts)] if ts.state in ENDED else []
+        """One more Future of ``key`` holds it like any other (``Admission.acquire``)."""
+        return self.admission.acquire(key)
 
     def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
         """Key -> the names of the workers holding its data (sorted; empty while it has none),
@@ -278,67 +273,11 @@ class Scheduler:
 
     @_placing
     def submit(self, specs: list) -> list:
-        out: list = []
-        for spec in specs:
-            ts = self.tasks.get(spec.key)
-            if ts is not None and ts.state != "released":
-                ts.wanted += 1
-                if ts.state in ENDED:
-                    out.append(self._resolution(ts))
-                continue
-            if ts is not None:
-                # Released but kept for its dependents, which stay linked to the new
-                # run. The new spec may name other dependencies (a finished one now
-                # travels as a value), so the old links go before the new are made.
-                for d in set(ts.deps).difference(spec.deps):
-                    dts = self.tasks.get(d)
-                    if dts is not None:
-                        dts.drop_dependent(spec.key)
-                        if dts.state == "released":
-                            out += self.forgetting.forget(dts)
-            kept = ts.dependents if ts is not None else None
-            ts = self.tasks[spec.key] = Task(spec.key, spec, next(self._order))
-            if kept:
-                ts.dependents = kept
-            ts.wanted = 1
-            missing = [d for d in spec.deps if d not in self.tasks] if spec.deps else None
-            if missing:
-                ts.error = _gone(missing[0])
-                # never linked to its inputs, so it lists none: an input submitted again later
-                # must not be taken for one of its inputs (it would not list it as a dependent)
-                ts.deps = ()
-                self._to(ts, "erred", "submit: an input is forgotten")
-                out.append(self._resolution(ts))
-                continue
-            for d in spec.deps:
-                self.tasks[d].add_dependent(spec.key)
-            out += self.readiness.make_ready_or_wait(ts)
-        return out
+        return self.admission.submit(specs)
 
     def scatter(self, items: list, workers: Optional[frozenset] = None, broadcast: bool = False) -> list:
-        """Data from the client: ``items`` is [(key, Payload)]. Each goes to the open worker
-        (among ``workers``, if given) holding the fewest keys, or to all of them with
-        ``broadcast``. Small values also stay here, and so does anything scattered while
-        no worker runs: it is sent to a worker when a task needs it."""
-        targets = sorted((w for w in self.workers.values() if not w.closing
-                          and (workers is None or w.name in workers)), key=lambda w: (len(w.has), w.name))
-        out: list = []
-        for i, (key, data) in enumerate(items):
-            ts = self.tasks.get(key)
-            if ts is None or ts.state == "released":
-                ts = self.tasks[key] = Task(key, None, next(self._order))
-            ts.wanted += 1
-            if ts.state == "memory":
-                continue
-            self._to(ts, "memory", "scatter")
-            ts.nbytes = data.nbytes
-            ts.data = data if data.nbytes <= P.INLINE_RESULT or not targets else None
-            for ws in (targets if broadcast or not targets else [targets[i % len(targets)]]):
-                ts.add_holder(ws.name)
-                ws.has.add(key)
-                out.append(Send(ws.name, P.Put(key, data)))
-            out.append(Resolve(key, "finished", ts.data))
-        return out
+        """Data from the client: ``items`` is [(key, Payload)], placed by ``Admission.scatter``."""
+        return self.admission.scatter(items, workers, broadcast)
 
     def replicate(self, keys: list, n: Optional[int]) -> tuple[int, list]:
         """Copies of each key's data on ``n`` open workers (all when None): (request id,
@@ -401,11 +340,6 @@ class Scheduler:
     def unqueued(self, worker: str, asked: tuple, taken: tuple) -> list:
         """The answer to a steal: the runs ``taken`` back before they started are placed again."""
         return self.outcomes.unqueued(worker, asked, taken)
-
-    def _resolution(self, ts: Task) -> Resolve:
-        if ts.state == "memory":
-            return Resolve(ts.key, "finished", ts.data)
-        return Resolve(ts.key, "lost" if ts.state == "lost" else "error", ts.error)
 
     # --- Client.run: a function on a worker, outside the tasks ---------------------------
 

@@ -40,15 +40,15 @@ all keys: ``story(key)`` prints a key's, and a broken invariant is reported with
 
 The Scheduler takes the events and owns the tasks and workers; each role is a part of it
 (composition: the Scheduler makes them, handing each what it needs by name; they talk
-through public methods): ``Admission`` (the tasks' way in: submit, scatter), ``Placement`` (which ready task runs where), ``Readiness`` (a
-task's way to ready, or to erred with its dependents), ``Outcomes`` (the ends of runs as
-workers report them), ``Deaths`` (what a worker's death does to the tasks), ``Transfers``
-(data on the move: relays between workers, fetches for the client, replicas), ``Forgetting``
-(letting go: release, cancel, and freeing what cancelled runs left on workers), ``Roster``
-(what workers could run; when a closing one may go), ``Calls`` (``Client.run``) and
-``Asking`` (the books of tasks that submit tasks). Small results travel with their
-``Finished`` message and are kept here, so relaying them, and answering ``result()``,
-costs no extra round trip.
+through public methods): ``Admission`` (the tasks' way in: submit, scatter), ``Placement``
+(which ready task runs where), ``Readiness`` (a task's way to ready, or to erred with its
+dependents), ``Outcomes`` (the ends of runs as workers report them), ``Deaths`` (what a
+worker's death does to the tasks), ``Transfers`` (data on the move: relays between workers,
+fetches for the client, replicas), ``Forgetting`` (letting go: release, cancel, and freeing
+what cancelled runs left on workers), ``Roster`` (what workers could run; when a closing one
+may go), ``Calls`` (``Client.run``) and ``Asking`` (the books of tasks that submit tasks).
+Small results travel with their ``Finished`` message and are kept here, so relaying them,
+and answering ``result()``, costs no extra round trip.
 
 Every public event runs placement (``_assign``) once at its end; a frame of worker
 messages goes through ``handle_messages``, which runs placement once for all of them.
@@ -106,7 +106,7 @@ class Scheduler:
         #: the only writer of ``Task.state`` (records.TRANSITIONS) and the story of each key
         self.transitions = Transitions()
         self._to = self.transitions.apply           # the writer itself, handed to the parts too
-        #: request ids of fetches and replicates, and ack ids of Puts (shared with Transfers)
+        #: request ids of fetches, replicates and calls, and ack ids of Puts (shared with Transfers, Calls)
         self._request = itertools.count(1)
         tasks, workers = self.tasks, self.workers
         #: data on the move (relays, fetches, replicas); looks tasks and workers up, writes no Task.state

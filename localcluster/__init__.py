@@ -1,7 +1,7 @@
 """localcluster: a cluster on one machine that tells you why a worker died.
 
 The public names are loaded on first use (PEP 562): a worker process imports only
-``localcluster.worker.process`` and what it needs, not the client and the parent's machinery,
+``localcluster.worker.boot`` and what it needs, not the client and the parent's machinery,
 so every worker starts sooner.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .version import __version__
 # public name -> the module that defines it
 _WHERE = {
     "LocalCluster": "cluster", "WorkerInfo": "cluster",
-    "Client": "client", "Future": "client", "wait": "client", "as_completed": "client",
+    "Client": "client", "Future": "future", "wait": "waiting", "as_completed": "waiting",
     "fire_and_forget": "future",
     "get_client": "worker.client", "worker_client": "worker.client", "secede": "worker.client",
     "rejoin": "worker.client", "get_worker": "worker.client",
@@ -54,8 +54,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
-    from .client import Client, Future, as_completed, wait
-    from .future import fire_and_forget
+    from .client import Client
+    from .future import Future, fire_and_forget
+    from .waiting import as_completed, wait
     from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo
     from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,

@@ -1,4 +1,4 @@
-"""Client: the user's side of the cluster (Future, wait and as_completed live in future.py).
+"""Client: the user's side of the cluster (Future lives in future.py; wait and as_completed in waiting.py).
 
 A :class:`Future` is a ``concurrent.futures.Future``: ``concurrent.futures.wait``,
 ``as_completed`` and ``asyncio.wrap_future`` work on it. It becomes done when
@@ -13,28 +13,28 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import gc
-import hashlib
 import itertools
-import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import future as _future
 from .wire import serialize
 from .cluster import LocalCluster
-from .config import check_int, check_resources, check_seconds
+from .config import check_int, check_resources
+from .client_dask import DaskCalls
+from .client_specs import PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
 from .engine.lifecycle import Phase
-from .future import Future, as_completed, wait  # noqa: F401 - re-exported
+from .future import Future
 from .future import walk as _walk
-from .scheduler.records import Spec
+from . import waiting as _waiting
+from .waiting import as_completed, wait  # noqa: F401 - re-exported
 from .worker import client as _in_tasks
 
-__all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported from future.py
+__all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
 
-_fn_ids = itertools.count(1)
+_client_numbers = itertools.count()
 
 
 def _lookup(client_id: Optional[str]) -> Optional["Client"]:
@@ -43,8 +43,6 @@ def _lookup(client_id: Optional[str]) -> Optional["Client"]:
         return Client.current(allow_none=True)
     client = _future.client_by_id(client_id)
     return client if isinstance(client, Client) else None
-_unique = itertools.count()
-_PREFIX = os.urandom(4).hex()
 
 
 class Client:
@@ -69,14 +67,15 @@ class Client:
             raise TypeError("pass either a LocalCluster or LocalCluster keyword arguments, not both")
         self._owns_cluster = cluster is None
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
-        self.id = f"client-{_PREFIX}-{next(_unique)}"
+        self.id = f"client-{PREFIX}-{next(_client_numbers)}"
         self._closed = False
         self._futures: dict[str, Any] = {}      # key -> a weakref of its Future, or a list of them
         self._refs: dict[str, int] = {}
         # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
         self._refs_lock = threading.RLock()
-        self._fn_cache: OrderedDict = OrderedDict()   # id(fn) -> (ref to fn, fn_id, fn_bytes)
+        self._specs = Specs(self.id)                  # functions pickled once, arguments, keys
         self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
+        self._dask = DaskCalls(self, self._check, self._specs, self._options)    # run, compute, who_has...
         _future.register_client(self)
 
     @property
@@ -156,81 +155,6 @@ class Client:
 
     # --- submitting -------------------------------------------------------------------
 
-    def _function(self, fn: Callable) -> tuple[int, bytes]:
-        # Weakly held where the callable allows it: a cached bound method must not keep
-        # its object alive (CPython's test_no_stale_references), nor a closure its data.
-        entry = self._fn_cache.get(id(fn))
-        if entry is not None and entry[0]() is fn:
-            self._fn_cache.move_to_end(id(fn))
-            return entry[1], entry[2]
-        try:
-            data = serialize.pickle_function(fn)
-        except Exception as e:
-            raise TypeError(f"could not pickle the function {serialize.describe(fn)}: "
-                            f"{type(e).__name__}: {e}") from e
-        fn_id = next(_fn_ids)
-        try:
-            ref: Callable = weakref.ref(fn)
-        except TypeError:          # builtins, callable instances without __weakref__
-            ref = _Strong(fn)
-        self._fn_cache[id(fn)] = (ref, fn_id, data)
-        if len(self._fn_cache) > 512:
-            self._fn_cache.popitem(last=False)
-        return fn_id, data
-
-    def _pickle_args(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
-        try:
-            return serialize.dumps_collecting((args, kwargs))
-        except Exception as e:
-            where = "the arguments"
-            for i, a in enumerate(args):
-                try:
-                    serialize.dumps(a)
-                except Exception:
-                    where = f"argument {i} ({serialize.describe(a)})"
-                    break
-            else:
-                for k, a in kwargs.items():
-                    try:
-                        serialize.dumps(a)
-                    except Exception:
-                        where = f"keyword argument {k!r} ({serialize.describe(a)})"
-                        break
-            raise TypeError(f"could not pickle {where} of {_name(fn)}(): {type(e).__name__}: {e}. "
-                            f"Pass something picklable, or create it inside the task.") from e
-
-    def _spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: "_Options",
-              how: "Optional[_Function]" = None) -> Spec:
-        """``how``: the function pickled, named and hashed once, for a whole ``map``."""
-        how = how or self._how(fn, opts.pure)
-        payload, found = self._pickle_args(fn, args, kwargs)
-        if found:
-            foreign = [k for k, owner in found.items() if owner != self.id]
-            if foreign:
-                raise ValueError(f"the arguments of {how.name}() hold future {foreign[0]!r} of another "
-                                 f"Client (closed or not this one): its data is not on this cluster. "
-                                 f"Pass its result() instead, or submit from the client that made it.")
-        deps = tuple(found)
-        if key is None:
-            if opts.pure:
-                h = how.hashed.copy()
-                meta = payload.meta
-                h.update(meta.raw() if not isinstance(meta, bytes) else meta)
-                for b in payload.buffers:
-                    h.update(b.raw())
-                key = f"{how.name}-{h.hexdigest()}"
-            else:
-                key = f"{how.name}-{_PREFIX}{next(_unique):x}"
-        return Spec(key, how.fn_id, how.fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
-                    opts.workers, opts.loose, opts.resources)
-
-    def _how(self, fn: Callable, pure: bool) -> "_Function":
-        fn_id, fn_bytes = self._function(fn)
-        # sha1 runs on the CPU's SHA instructions: ~2 GB/s, three times blake2b here. A
-        # key is an identity, not a security boundary.
-        hashed = hashlib.sha1(fn_bytes, usedforsecurity=False) if pure else None
-        return _Function(fn_id, fn_bytes, _name(fn), hashed)
-
     def _check(self) -> None:
         if self.status == "forked":
             self.gateway.check_open()       # says what a fork means
@@ -247,8 +171,8 @@ class Client:
         ``allow_other_workers=True`` they are only preferred. ``resources``: what one run
         holds on its worker, ``{"MEM": 1}``, out of what each worker declares
         (``LocalCluster(resources=)``); a ValueError if no worker ever could. dask's
-        ``fifo_timeout`` and ``actor`` are never passed to ``fn`` (see ``_dask_keywords``)."""
-        _dask_keywords("submit", kwargs, ("fifo_timeout",))
+        ``fifo_timeout`` and ``actor`` are never passed to ``fn`` (client_specs.dask_keywords)."""
+        dask_keywords("submit", kwargs, ("fifo_timeout",))
         return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
                                 priority=priority, workers=workers, allow_other_workers=allow_other_workers,
                                 resources=resources)
@@ -265,7 +189,7 @@ class Client:
             raise TypeError(f"key must be a string, got {type(key).__name__}")
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "submit"))
-        spec = self._spec(fn, tuple(args), dict(kwargs or {}), key, opts)
+        spec = self._specs.spec(fn, tuple(args), dict(kwargs or {}), key, opts)
         return self._submit([spec], opts.resources)[0]
 
     def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
@@ -276,7 +200,7 @@ class Client:
             raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
         if not iterables:
             raise TypeError("map() needs at least one iterable")
-        _dask_keywords("map", kwargs, ("fifo_timeout", "batch_size"))   # batches are sized here
+        dask_keywords("map", kwargs, ("fifo_timeout", "batch_size"))   # batches are sized here
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "map"))
         with _no_collection():
@@ -290,22 +214,22 @@ class Client:
             else:
                 raise TypeError("map(key=...) takes a list of keys, or a string prefix")
             specs = []
-            how = self._how(fn, opts.pure)
+            specs_of, how = self._specs.spec, self._specs.how(fn, opts.pure)
             for args, k in zip(items, keys):
-                spec = self._spec(fn, args, kwargs, k, opts, how)
+                spec = specs_of(fn, args, kwargs, k, opts, how)
                 if isinstance(key, str):
                     spec = dataclasses.replace(spec, key=f"{key}-{spec.key.rsplit('-', 1)[-1]}")
                 specs.append(spec)
             return self._submit(specs, opts.resources)
 
     def _options(self, pure: Any, retries: Any, timeout: Any, priority: Any, workers: Any,
-                 allow_other_workers: Any, resources: Optional[tuple] = None) -> "_Options":
-        _check_submit_options(retries, timeout, priority)
+                 allow_other_workers: Any, resources: Optional[tuple] = None) -> Options:
+        check_submit_options(retries, timeout, priority)
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
         self._check()
         names = self.gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
-        return _Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
+        return Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
 
     def _submit(self, specs: list, resources: Optional[tuple] = None) -> list[Future]:
         if resources is not None and specs:      # the same for each: one check
@@ -340,7 +264,7 @@ class Client:
             return dict(zip(data, self.scatter(list(data.values()), broadcast, names)))
         single = not isinstance(data, (list, tuple, set, frozenset))
         values = [data] if single else list(data)
-        items = [(f"{type(v).__name__}-{_PREFIX}{next(_unique):x}", serialize.dumps(v)) for v in values]
+        items = [(fresh_key(type(v).__name__), serialize.dumps(v)) for v in values]
         futures = self.gateway.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
         return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
 
@@ -354,12 +278,12 @@ class Client:
             raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
         if not isinstance(asynchronous, bool):
             raise TypeError(f"gather(asynchronous={asynchronous!r}): expected True or False")
-        _future.check_timeout("gather", timeout)
+        _waiting.check_timeout("gather", timeout)
         if asynchronous:
             return self._gather_async(futures, errors, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
-        _future.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
+        _waiting.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
         if errors == "raise":
             # The first error in _rebuild's order, raised from here: the caller's traceback then
             # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
@@ -396,7 +320,7 @@ class Client:
                 except BaseException:  # noqa: BLE001 - gather below raises it, or skips it
                     if not f.done() and deadline is not None and loop.time() >= deadline:
                         # why it is late takes the cluster's lock: not on the event loop's thread
-                        raise await loop.run_in_executor(None, _future.timed_out, "gather", flat, timeout) \
+                        raise await loop.run_in_executor(None, _waiting.timed_out, "gather", flat, timeout) \
                             from None
                     if not f.done():
                         raise       # this coroutine was cancelled
@@ -434,22 +358,9 @@ class Client:
         self.cluster.wait_for_workers(n_workers, timeout)
 
     def get_versions(self, check: bool = False) -> dict:
-        from .worker.process import versions
-        mine = versions()
-        theirs = self.gateway.worker_versions()
-        if check:
-            bad = []
-            for name, v in theirs.items():
-                for pkg in sorted(set(mine) | set(v)):
-                    if pkg == "numpy" and (pkg not in mine or pkg not in v):
-                        continue
-                    if mine.get(pkg) != v.get(pkg):
-                        bad.append(f"{pkg}: client {mine.get(pkg)} vs {name} {v.get(pkg)}")
-            if bad:
-                raise ValueError("Mismatched versions between the client and workers:\n  " + "\n  ".join(bad)
-                                 + "\nInstall the same versions everywhere (workers use the client's "
-                                 "interpreter; a package upgraded while the cluster runs needs client.restart()).")
-        return {"client": mine, "workers": theirs}
+        """The versions of Python and of localcluster's packages here and on each worker;
+        ``check=True``: a ValueError if they differ."""
+        return self._dask.get_versions(check)
 
     def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
             on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
@@ -459,64 +370,21 @@ class Client:
         "raise"``), put in the dict (``"return"``), or left out (``"ignore"``); a worker that
         dies meanwhile gives KilledWorker, naming the death. An async function is run to its
         end there. ``wait=False``: return None at once, the calls go on (dask's meaning)."""
-        if on_error not in ("raise", "return", "ignore"):
-            raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
-        if not callable(function):
-            raise TypeError(f"run() needs a callable first, got {serialize.describe(function)}")
-        if nanny:
-            raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of this process, "
-                                      "not a process of its own; call the function here instead")
-        self._check()
-        names = self.gateway.check_worker_names(workers) if workers is not None else None
-        _, fn_bytes = self._function(function)
-        payload, found = self._pickle_args(function, args, kwargs)
-        if found:
-            raise TypeError(f"run({_name(function)}, ...): its arguments hold futures ({next(iter(found))!r}), "
-                            f"which client.run does not resolve; pass their result() instead")
-        answers = self.gateway.run(fn_bytes, payload, names, f"client.run({_name(function)})")
-        if not wait:
-            return None
-        out: dict = {}
-        for name, answer in answers.items():
-            try:
-                out[name] = serialize.loads(answer.result())
-            except Exception as e:
-                if on_error == "raise":
-                    raise
-                if on_error == "return":
-                    out[name] = e
-        return out
+        return self._dask.run(function, args, kwargs, workers, wait, nanny, on_error)
 
     def who_has(self, futures: Any = None, **kwargs: Any) -> dict[str, tuple]:
         """The workers holding each future's data: key -> tuple of worker names (every key
         the cluster knows when ``futures`` is None), as dask's ``who_has``."""
-        self._check()
-        keys = None if futures is None else list(dict.fromkeys(f.key for f in _future.futures_of(futures)))
-        return self.gateway.who_has(keys)
+        return self._dask.who_has(futures)
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
         """dask's ``scheduler_info()``: the cluster and each worker, keyed by worker name.
         ``n_workers``: at most that many workers (-1: all)."""
-        self._check()
-        check_int(n_workers, "scheduler_info", "n_workers", lo=-1)
-        workers = self.cluster.workers
-        shown = list(workers.values()) if n_workers == -1 else list(workers.values())[:n_workers]
-        return {
-            "type": "Scheduler", "id": os.path.basename(self.cluster.local_directory),
-            "address": f"localcluster://{os.getpid()}", "services": {}, "started": self.gateway.started,
-            "n_workers": len(workers), "total_threads": sum(w.nthreads for w in workers.values()),
-            "total_memory": sum(w.memory_limit or 0 for w in workers.values()),
-            "workers": {w.name: _worker_identity(w, self.cluster.local_directory, self.cluster.config["resources"])
-                        for w in shown},
-        }
+        return self._dask.scheduler_info(n_workers)
 
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
-        logs = self.cluster.get_logs(n)
-        if workers is None:
-            return logs
-        wanted = {workers} if isinstance(workers, str) else set(workers)
-        return {name: lines for name, lines in logs.items() if name in wanted}
+        return self._dask.get_worker_logs(n, workers)
 
     def dump_stacks(self, worker: Optional[str] = None) -> dict[str, str]:
         """Live stacks of every thread of every worker (or one), without stopping them."""
@@ -539,46 +407,16 @@ class Client:
         for each (a list for a list), or their values with ``sync=True``. ``traverse``: lists,
         tuples, sets and dicts are wrapped in ``dask.delayed`` (dask's meaning); ``kwargs`` go
         to dask's graph optimizations, as in dask."""
-        import dask
-        from .integrations.daskgraph import compute
-        options = self._graph_options("compute", kwargs, workers, allow_other_workers, retries, priority)
-        single = not isinstance(collections, (list, tuple, set, frozenset))
-        items = [collections] if single else list(collections)
-        if traverse:
-            items = [dask.delayed(c) if isinstance(c, (list, tuple, set, dict, Iterator)) else c for c in items]
-        futures = compute(self, items, optimize_graph, options, **kwargs)
-        result = self.gather(futures) if sync else futures
-        return result[0] if single else result
+        options = dict(workers=workers, allow_other_workers=allow_other_workers, retries=retries, priority=priority)
+        return self._dask.compute(collections, sync, optimize_graph, options, traverse, kwargs)
 
     def persist(self, collections: Any, optimize_graph: bool = True, workers: Any = None,
                 allow_other_workers: bool = False, retries: int = 0, priority: int = 0, **kwargs: Any) -> Any:
         """dask collections computing on the cluster in the background: each the same collection,
         now backed by Futures of its keys (a list for a list); its data stays on the workers
         for as long as it lives. ``kwargs`` go to dask's graph optimizations, as in dask."""
-        import dask
-        from .integrations.daskgraph import persist
-        options = self._graph_options("persist", kwargs, workers, allow_other_workers, retries, priority)
-        single = not isinstance(collections, (list, tuple, set, frozenset))
-        items = [collections] if single else list(collections)
-        for c in items:
-            if not dask.is_dask_collection(c):
-                raise TypeError(f"persist() takes dask collections, got {serialize.describe(c)}")
-        result = persist(self, items, optimize_graph, options, **kwargs)
-        return result[0] if single else result
-
-    def _graph_options(self, call: str, kwargs: dict, workers: Any, allow_other_workers: Any, retries: Any,
-                       priority: Any) -> dict:
-        """submit's options for every task of a graph; dask's scheduling keywords out of ``kwargs``."""
-        _dask_keywords(call, kwargs, ("fifo_timeout",))
-        resources = kwargs.pop("resources", None)
-        self._options(True, retries or 0, None, priority, workers, allow_other_workers,
-                      check_resources(resources, call))           # checked as submit's
-        options: dict = {"retries": retries or 0, "priority": priority}
-        if workers is not None:
-            options.update(workers=workers, allow_other_workers=allow_other_workers)
-        if resources:
-            options["resources"] = resources
-        return options
+        options = dict(workers=workers, allow_other_workers=allow_other_workers, retries=retries, priority=priority)
+        return self._dask.persist(collections, optimize_graph, options, kwargs)
 
     def get_executor(self, **submit_kwargs: Any) -> Any:
         from .integrations.executor import ClusterExecutor
@@ -622,70 +460,6 @@ class Client:
     def _repr_html_(self) -> str:
         head = f'<div style="font-weight:600">Client {self.id} ({self.status})</div>'
         return head + self.cluster._repr_html_()
-
-
-class _Strong:
-    """A strong stand-in for ``weakref.ref`` (callables that cannot be weakly referenced)."""
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
-
-
-class _Function(NamedTuple):
-    """A task function as ``_spec`` needs it: its id and bytes, its name for keys, and the
-    sha1 of its bytes for pure keys (copied, then fed each task's arguments)."""
-    fn_id: int
-    fn_bytes: bytes
-    name: str
-    hashed: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    pure: bool
-    retries: int
-    timeout: Optional[float]
-    priority: int
-    workers: Optional[frozenset]
-    loose: bool
-    resources: Optional[tuple] = None      # config.check_resources: ((name, amount), ...)
-
-
-def _worker_identity(w: Any, directory: str, resources: Optional[dict]) -> dict:
-    """One worker as dask's ``scheduler_info()["workers"][...]`` shows it (a WorkerInfo in)."""
-    return {"type": "Worker", "id": w.name, "name": w.name, "host": "localhost", "pid": w.pid,
-            "nthreads": w.nthreads, "memory_limit": w.memory_limit or 0, "status": w.status, "resources": dict(resources or {}),
-            "local_directory": directory, "last_seen": time.time(), "services": {}, "nanny": None,
-            "metrics": {"executing": len(w.processing), "memory": w.memory, "managed_bytes": w.managed,
-                        "spilled_bytes": {"memory": w.managed, "disk": w.spilled}}}
-
-
-def _check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
-    check_int(retries, "", "retries")
-    check_seconds(timeout, "", "timeout")
-    check_int(priority, "", "priority", lo=None)
-
-
-# dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
-# Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
-_DASK_REFUSED = {"actor": "actors", "actors": "actors"}
-
-
-def _dask_keywords(call: str, kwargs: dict, hints: tuple) -> None:
-    for name in hints:
-        kwargs.pop(name, None)
-    for name, what in _DASK_REFUSED.items():
-        if kwargs.pop(name, None):
-            raise NotImplementedError(f"{call}({name}=...) is dask's {what}, which localcluster does not have")
-
-
-def _name(fn: Any) -> str:
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return "lambda" if name == "<lambda>" else name
 
 
 _SKIP = object()

@@ -63,7 +63,7 @@ def test_a_tasks_run_is_answered_once_every_worker_has():
     [answer] = answers(last, a.worker)
     assert answer.request == 5 and answer.error is None
     assert dict(answer.data) == {"w1": ("error", None, b"pickled error"), "w2": ("finished", dumps(2), None)}
-    assert not s.asking.calls and not s.calls
+    assert not s.asking.calls and not s.calls.calls
 
 
 def test_a_tasks_run_names_a_worker_that_died_meanwhile():

@@ -60,8 +60,8 @@ def test_failure_on_the_scheduler_thread_fails_everyone_at_once(monkeypatch, tmp
         blocked = client.submit(block_until, str(tmp_path / "never"), pure=False)
 
         def boom(*args, **kwargs):
-            raise RuntimeError("injected failure in Scheduler.finished")
-        monkeypatch.setattr(cluster.scheduler, "finished", boom)
+            raise RuntimeError("injected failure in Outcomes.finished")
+        monkeypatch.setattr(cluster.scheduler.outcomes, "finished", boom)     # what a frame of Finished calls
         with pytest.raises(ClusterBroken) as info:
             client.submit(inc, 1).result(timeout=30)
         assert_broken(info.value)

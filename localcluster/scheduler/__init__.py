@@ -4,7 +4,11 @@
   checked against ``records.TRANSITIONS``), and the events it takes.
 - ``records.py``: ``Task``, ``WorkerState``, ``Spec``, the actions (Send, Resolve, Retire,
   Deliver, FailAll) and the table of allowed transitions.
-- ``placement.py``, ``transfers.py``, ``forgetting.py``: its parts (where a run goes, data
-  moved between workers, what is let go of), each with narrow methods.
+- its parts, each with narrow methods: ``admission.py`` (the tasks' way in: submit,
+  scatter), ``placement.py`` (where a run goes), ``readiness.py``
+  (a task's way to ready or to erred), ``outcomes.py`` (the ends of runs), ``deaths.py``
+  (what a worker's death does to the tasks), ``transfers.py`` (data moved between workers),
+  ``forgetting.py`` (what is let go of), ``roster.py`` (what workers could run, when a closing
+  one may go), ``calls.py`` (``Client.run``), ``asking.py`` (tasks that submit tasks).
 - ``invariants.py``: ``validate()``, run after every event in the tests.
 """

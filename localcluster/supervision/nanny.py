@@ -35,7 +35,7 @@ from ..system.machine import open_statm, rss_of
 from ..system.machine import rss as read_rss
 from ..system.oom import OomWatch
 from .output import OutputStream
-from ..worker.process import BOOT
+from ..worker.boot import BOOT
 
 logger = logging.getLogger("localcluster")
 

@@ -15,19 +15,14 @@ Threads::
     heartbeat        stamps the board every second (a GIL held by C code stops it: that is
                      how the parent tells "unresponsive"), and spills when RSS passes target
 
-The process is started with ``python -c`` (see nanny.py), so the user's
-``__main__`` is never re-executed here; it dies with its parent (PR_SET_PDEATHSIG,
-and EOF on the channel); faulthandler writes fatal-signal stacks, with every
-thread's ident, into the captured stderr.
+The process starts in boot.py (``BOOT``, ``main``), which makes the ``Worker`` and serves.
 """
 from __future__ import annotations
 
-import faulthandler
 import itertools
 import os
 import pickle
 import select
-import signal
 import socket
 import sys
 import threading
@@ -36,13 +31,13 @@ import traceback
 from collections import deque
 from typing import Any, Optional
 
-from . import logs
 from ..wire import protocol as P
 from ..wire import remote, serialize
 from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, encode
 from ..system.machine import rss
+from . import calls
 from .store import Store, StoreError
 
 FLUSH_DELAY = 0.002
@@ -52,6 +47,15 @@ FLUSH_DELAY = 0.002
 _here = threading.local()
 _worker: "Optional[Worker]" = None        # this process's Worker, once main() made it
 _in_worker = False
+
+
+def started(worker: "Optional[Worker]" = None) -> None:
+    """This process is a worker (boot.py's ``main`` says so first), and ``worker`` its Worker
+    once made: what ``in_worker``, ``current`` and ``cancelled`` read."""
+    global _in_worker, _worker
+    _in_worker = True
+    if worker is not None:
+        _worker = worker
 
 
 def current() -> tuple:
@@ -70,51 +74,6 @@ def cancelled() -> bool:
     work made of steps, such as a joblib batch of calls, stops at the next one."""
     run = getattr(_here, "run", None)
     return _worker is not None and run is not None and run.seq in _worker.cancelled
-
-
-def take_authkey(fd: int) -> None:
-    """The parent's ``multiprocessing`` authkey, so that a Manager proxy (or any connection
-    to the parent's multiprocessing servers) a task receives authenticates as it would in
-    the parent or in a loky worker. It precedes every message on the channel (4 bytes of
-    length, then the key), never in argv, which ``ps`` shows to every user (SECURITY.md)."""
-    size = int.from_bytes(_read_exact(fd, 4), "big")
-    key = _read_exact(fd, size)
-    from multiprocessing import current_process
-    current_process().authkey = key
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = os.read(fd, n - len(out))
-        if not chunk:
-            raise EOFError("the parent closed the channel before sending the worker's authkey")
-        out += chunk
-    return out
-
-BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
-        "from localcluster.worker.process import main; main(cfg)")
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
-            PR_SET_PDEATHSIG = 1
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except Exception:  # pragma: no cover - the channel EOF still ends us
-            pass
-    if os.getppid() != parent_pid:   # the parent died before prctl took effect
-        os._exit(0)
-
-
-def _raise_oom_score() -> None:
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("500")
-    except OSError:  # pragma: no cover - not Linux
-        pass
 
 
 class Worker:
@@ -289,28 +248,8 @@ class Worker:
         self.chan.send_frame(*frame)
 
     def _call(self, msg: P.Call) -> None:
-        """``Client.run``'s function, on this thread; answer Called with its result or error."""
-        step = "unpickling the function"
-        try:
-            fn = pickle.loads(msg.fn)
-            step = "unpickling the arguments"
-            args, kwargs = serialize.loads(msg.args)
-            step = "running the function"
-            result = fn(*args, **kwargs)
-            if _awaitable(result):         # dask runs an async function to its end
-                import asyncio
-                result = asyncio.run(_awaited(result))
-            step = "pickling the result"
-            reply = P.Called(msg.request, serialize.dumps_result(result), None)
-        except BaseException as e:  # noqa: B902 - any error of the function is its answer
-            e.__traceback__ = remote.strip_own_frames(e.__traceback__)
-            what = "" if step == "running the function" else f"{step} of client.run() failed on worker {self.name!r}"
-            if what:
-                e = serialize.restate(e, what)
-            remote.note_origin(e, self.name, os.getpid(), f"client.run({getattr(fn, '__name__', '?')})"
-                               if step != "unpickling the function" else "client.run")
-            reply = P.Called(msg.request, None, serialize.dumps_exception(e, what))
-        self.chan.send(reply)
+        """``Client.run``'s function, on this thread (calls.py); answer Called."""
+        self.chan.send(calls.answer(msg, self.name))
 
     # --- requests from tasks (client.py: get_client, secede, rejoin) -------------------
 
@@ -460,7 +399,7 @@ class Worker:
                 try:
                     self._read_as_executor()
                 except BaseException:
-                    _fatal(self, traceback.format_exc())
+                    fatal(self, traceback.format_exc())
                 finally:
                     with self._lock:
                         self._reader = None     # this thread decides next, in _next_run
@@ -590,14 +529,6 @@ class Worker:
             time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)
 
 
-def _awaitable(obj: Any) -> bool:
-    return hasattr(obj, "__await__") and not isinstance(obj, type)
-
-
-async def _awaited(obj: Any) -> Any:
-    return await obj
-
-
 def versions() -> dict:
     import platform
     out = {"python": platform.python_version(), "platform": sys.platform}
@@ -611,39 +542,7 @@ def versions() -> dict:
     return out
 
 
-def main(cfg: dict) -> None:
-    _die_with_parent(cfg["parent_pid"])
-    _raise_oom_score()
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    if hasattr(faulthandler, "register"):
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
-    if hasattr(signal, "pthread_sigmask"):          # blocked by the parent's thread that started us
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    # pass_fds hands them over inheritable: a program a task starts with close_fds=False
-    # would get our channel to the parent and the board (SECURITY.md).
-    for fd in (cfg["sock_fd"], cfg["board_fd"]):
-        os.set_inheritable(fd, False)
-    global _in_worker, _worker
-    _in_worker = True
-    worker = None
-    try:
-        take_authkey(cfg["sock_fd"])
-        worker = _worker = Worker(cfg)
-        if cfg.get("log_level") is not None:
-            logs.install(worker.log, cfg["log_level"])
-        if cfg.get("initializer") is not None:
-            with open(cfg["initializer"], "rb") as f:       # 0600 in the cluster's 0700 directory
-                init, initargs = pickle.load(f)
-            init(*initargs)
-        worker.serve()
-    except SystemExit:
-        raise
-    except BaseException:
-        _fatal(worker, traceback.format_exc(), cfg.get("name"))
-
-
-def _fatal(worker: Any, tb: str, name: Any = None) -> None:
+def fatal(worker: Any, tb: str, name: Any = None) -> None:
     """The worker's own machinery failed: say so on stderr and to the parent, exit 1."""
     name = name if name is not None else getattr(worker, "name", "?")
     sys.stderr.write(f"localcluster worker {name!r} failed:\n{tb}")

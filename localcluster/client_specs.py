@@ -1,0 +1,172 @@
+"""A call made a task: the ``Spec`` of ``Client.submit`` and ``map``, with its key.
+
+``Specs`` (one per Client) pickles a task's function once and caches it, weakly where the
+callable allows it (a cached bound method must not keep its object alive, nor a closure its
+data); pickles the arguments, naming the one that cannot be pickled; and makes the key: the
+function's name and a hash of the function and arguments for a pure task, a fresh name
+otherwise. ``Options`` are submit's checked options, the same for every task of a ``map``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple, Optional
+
+from .wire import serialize
+from .config import check_int, check_seconds
+from .scheduler.records import Spec
+
+_fn_ids = itertools.count(1)         # function ids of this process, for every Client
+_unique = itertools.count()          # the numbers of fresh keys (impure tasks, scattered data)
+PREFIX = os.urandom(4).hex()         # this process's part of every fresh key and Client id
+FN_CACHE = 512                       # functions each Client keeps pickled
+
+# dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
+# Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
+_DASK_REFUSED = {"actor": "actors", "actors": "actors"}
+
+
+def fresh_key(name: str) -> str:
+    """A key never made before in any process: ``name``, this process's prefix, a number."""
+    return f"{name}-{PREFIX}{next(_unique):x}"
+
+
+def name_of(fn: Any) -> str:
+    """A function's name, for its tasks' keys and for messages."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+def dask_keywords(call: str, kwargs: dict, hints: tuple) -> None:
+    """Take dask's scheduling keywords out of ``kwargs``: ``hints`` dropped, the others refused."""
+    for name in hints:
+        kwargs.pop(name, None)
+    for name, what in _DASK_REFUSED.items():
+        if kwargs.pop(name, None):
+            raise NotImplementedError(f"{call}({name}=...) is dask's {what}, which localcluster does not have")
+
+
+def check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
+    check_int(retries, "", "retries")
+    check_seconds(timeout, "", "timeout")
+    check_int(priority, "", "priority", lo=None)
+
+
+class Function(NamedTuple):
+    """A task function as ``Specs.spec`` needs it: its id and bytes, its name for keys, and the
+    sha1 of its bytes for pure keys (copied, then fed each task's arguments)."""
+    fn_id: int
+    fn_bytes: bytes
+    name: str
+    hashed: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    pure: bool
+    retries: int
+    timeout: Optional[float]
+    priority: int
+    workers: Optional[frozenset]
+    loose: bool
+    resources: Optional[tuple] = None      # config.check_resources: ((name, amount), ...)
+
+
+class Specs:
+    # Used by the user threads that submit through its Client, without a lock.
+    def __init__(self, client_id: str):
+        self._client_id = client_id    # futures among the arguments must be this client's
+        #: id(fn) -> (ref to fn, fn_id, fn_bytes), least recently used first; at most FN_CACHE
+        self._fn_cache: OrderedDict = OrderedDict()
+
+    def function(self, fn: Callable) -> tuple[int, bytes]:
+        """(id, pickled bytes) of a task's function, pickled once while it is cached."""
+        entry = self._fn_cache.get(id(fn))
+        if entry is not None and entry[0]() is fn:
+            self._fn_cache.move_to_end(id(fn))
+            return entry[1], entry[2]
+        try:
+            data = serialize.pickle_function(fn)
+        except Exception as e:
+            raise TypeError(f"could not pickle the function {serialize.describe(fn)}: "
+                            f"{type(e).__name__}: {e}") from e
+        fn_id = next(_fn_ids)
+        try:
+            ref: Callable = weakref.ref(fn)
+        except TypeError:          # builtins, callable instances without __weakref__
+            ref = _Strong(fn)
+        self._fn_cache[id(fn)] = (ref, fn_id, data)
+        if len(self._fn_cache) > FN_CACHE:
+            self._fn_cache.popitem(last=False)
+        return fn_id, data
+
+    def pickle_args(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
+        """(payload, {future key: its client id}) of ``fn``'s arguments; a TypeError naming the
+        argument that cannot be pickled."""
+        try:
+            return serialize.dumps_collecting((args, kwargs))
+        except Exception as e:
+            where = "the arguments"
+            for i, a in enumerate(args):
+                try:
+                    serialize.dumps(a)
+                except Exception:
+                    where = f"argument {i} ({serialize.describe(a)})"
+                    break
+            else:
+                for k, a in kwargs.items():
+                    try:
+                        serialize.dumps(a)
+                    except Exception:
+                        where = f"keyword argument {k!r} ({serialize.describe(a)})"
+                        break
+            raise TypeError(f"could not pickle {where} of {name_of(fn)}(): {type(e).__name__}: {e}. "
+                            f"Pass something picklable, or create it inside the task.") from e
+
+    def spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: Options,
+             how: Optional[Function] = None) -> Spec:
+        """The task of ``fn(*args, **kwargs)``. ``how``: the function pickled, named and hashed
+        once, for a whole ``map``."""
+        how = how or self.how(fn, opts.pure)
+        payload, found = self.pickle_args(fn, args, kwargs)
+        if found:
+            foreign = [k for k, owner in found.items() if owner != self._client_id]
+            if foreign:
+                raise ValueError(f"the arguments of {how.name}() hold future {foreign[0]!r} of another "
+                                 f"Client (closed or not this one): its data is not on this cluster. "
+                                 f"Pass its result() instead, or submit from the client that made it.")
+        deps = tuple(found)
+        if key is None:
+            if opts.pure:
+                h = how.hashed.copy()
+                meta = payload.meta
+                h.update(meta.raw() if not isinstance(meta, bytes) else meta)
+                for b in payload.buffers:
+                    h.update(b.raw())
+                key = f"{how.name}-{h.hexdigest()}"
+            else:
+                key = fresh_key(how.name)
+        return Spec(key, how.fn_id, how.fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
+                    opts.workers, opts.loose, opts.resources)
+
+    def how(self, fn: Callable, pure: bool) -> Function:
+        fn_id, fn_bytes = self.function(fn)
+        # sha1 runs on the CPU's SHA instructions: ~2 GB/s, three times blake2b here. A
+        # key is an identity, not a security boundary.
+        hashed = hashlib.sha1(fn_bytes, usedforsecurity=False) if pure else None
+        return Function(fn_id, fn_bytes, name_of(fn), hashed)
+
+
+class _Strong:
+    """A strong stand-in for ``weakref.ref`` (callables that cannot be weakly referenced)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj

@@ -1,0 +1,99 @@
+"""A worker process's start and its end by failure: ``BOOT``, the ``python -c`` program the
+nanny runs (nanny.py), and ``main``, which makes the ``Worker`` (process.py) and serves.
+
+The process is started with ``python -c``, so the user's ``__main__`` is never re-executed
+here; it dies with its parent (PR_SET_PDEATHSIG, and EOF on the channel); faulthandler
+writes fatal-signal stacks, with every thread's ident, into the captured stderr. Before any
+message, the channel brings the parent's ``multiprocessing`` authkey (``take_authkey``); then
+the user's initializer runs once. If the worker's own machinery fails, ``fatal`` (process.py)
+says so on stderr and to the parent and the process exits 1.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+
+from . import logs, process
+from .process import Worker
+
+
+def take_authkey(fd: int) -> None:
+    """The parent's ``multiprocessing`` authkey, so that a Manager proxy (or any connection
+    to the parent's multiprocessing servers) a task receives authenticates as it would in
+    the parent or in a loky worker. It precedes every message on the channel (4 bytes of
+    length, then the key), never in argv, which ``ps`` shows to every user (SECURITY.md)."""
+    size = int.from_bytes(_read_exact(fd, 4), "big")
+    key = _read_exact(fd, size)
+    from multiprocessing import current_process
+    current_process().authkey = key
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise EOFError("the parent closed the channel before sending the worker's authkey")
+        out += chunk
+    return out
+
+
+BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
+        "from localcluster.worker.boot import main; main(cfg)")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except Exception:  # pragma: no cover - the channel EOF still ends us
+            pass
+    if os.getppid() != parent_pid:   # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _raise_oom_score() -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+def main(cfg: dict) -> None:
+    _die_with_parent(cfg["parent_pid"])
+    _raise_oom_score()
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    if hasattr(signal, "pthread_sigmask"):          # blocked by the parent's thread that started us
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # pass_fds hands them over inheritable: a program a task starts with close_fds=False
+    # would get our channel to the parent and the board (SECURITY.md).
+    for fd in (cfg["sock_fd"], cfg["board_fd"]):
+        os.set_inheritable(fd, False)
+    process.started()
+    worker = None
+    try:
+        take_authkey(cfg["sock_fd"])
+        worker = Worker(cfg)
+        process.started(worker)
+        if cfg.get("log_level") is not None:
+            logs.install(worker.log, cfg["log_level"])
+        if cfg.get("initializer") is not None:
+            with open(cfg["initializer"], "rb") as f:       # 0600 in the cluster's 0700 directory
+                init, initargs = pickle.load(f)
+            init(*initargs)
+        worker.serve()
+    except SystemExit:
+        raise
+    except BaseException:
+        process.fatal(worker, traceback.format_exc(), cfg.get("name"))

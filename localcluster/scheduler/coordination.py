@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..wire import protocol as P
-from .records import Reply, Send
+from .records import Reply, Send, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +72,12 @@ _TIMED_OUT = {"semaphore": False, "event": False, "put": False, "get": None, "va
 
 
 class Coordination:
-    def __init__(self, hold: Callable[[tuple], tuple], let_go: Callable[[list], list],
-                 hand_over: Callable[[Asker, tuple, bool], tuple]):
-        #: keys -> tokens of one more reference to each known key
-        self._hold = hold
-        #: tokens -> the actions of releasing those references
-        self._let_go = let_go
-        #: (asker, tokens, again) -> the keys whose reference (``again``: one more) is the
-        #: asker's now (a task's worker holds them in Asking's books); a stale token's is gone
-        self._hand_over = hand_over
+    def __init__(self, task: Callable[[str], Optional[Task]], release: Callable[[list], list],
+                 held: Callable[[str, list, Optional[str]], None], key_of: Callable[[int], Optional[str]]):
+        self._task = task              # the scheduler's tasks.get
+        self._release_keys = release   # the scheduler's release_many: one reference less to each key
+        self._held = held              # Asking.held: a task's worker holds these references
+        self._key_of = key_of          # the key a run (seq) runs
         #: (kind, name) -> _Semaphore; a Lock is kind "lock". Dropped when nothing is held or waits
         self.semaphores: dict[tuple, _Semaphore] = {}
         #: name -> _Event; dropped when down with no waiter
@@ -308,6 +305,35 @@ class Coordination:
         more, for the asker."""
         return (value[0], self._hand_over(asker, value[1], True) if value[1] else ())
 
+    # --- references to the futures inside values ------------------------------------------
+
+    def _hold(self, keys: tuple) -> tuple:
+        """One more reference to each known key; its Task is the token, so that a task
+        cancelled meanwhile (every reference dropped), or submitted again, is told apart."""
+        held = []
+        for key in keys:
+            ts = self._task(key)
+            if ts is not None and ts.state != "released":
+                ts.wanted += 1
+                held.append(ts)
+        return tuple(held)
+
+    def _let_go(self, held: list) -> list:
+        """Release the references ``_hold`` took, of tasks still known as they were."""
+        return self._release_keys([ts.key for ts in held if self._task(ts.key) is ts])
+
+    def _hand_over(self, asker: Asker, held: tuple, again: bool) -> tuple:
+        """The references ``held`` (``again``: one more of each) are ``asker``'s now: a task's
+        worker keeps them in Asking's books until it drops them. Returns their keys."""
+        keys = [ts.key for ts in held if self._task(ts.key) is ts]
+        if again:
+            for ts in held:
+                if self._task(ts.key) is ts:
+                    ts.wanted += 1
+        if asker.worker is not None and keys:
+            self._held(asker.worker, keys, self._key_of(asker.seq))
+        return tuple(keys)
+
     # --- deaths and restarts ------------------------------------------------------------
 
     def _waiting(self, asker: Asker, what: str, name: Any) -> None:
@@ -355,9 +381,11 @@ class Coordination:
 
     # --- invariants ---------------------------------------------------------------------
 
-    def validate(self, counted: Callable[[Any], bool]) -> None:
-        """AssertionError naming the first broken rule. ``counted(token)``: the reference is
-        counted in its task's wanted (or its task is gone: cancelled, forgotten)."""
+    def validate(self) -> None:
+        """AssertionError naming the first broken rule."""
+        def counted(ts: Task) -> bool:      # in its task's wanted, or its task is gone (cancelled)
+            return self._task(ts.key) is not ts or ts.wanted > 0
+
         waiting: dict = {}
         for name, sem in self.semaphores.items():
             assert sem.held or sem.waiting, f"semaphore {name} kept with nothing held or waiting"

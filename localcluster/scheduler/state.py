@@ -141,14 +141,13 @@ class Scheduler:
                                  self._to)
         #: Lock, Semaphore, Event, Queue and Variable (coordination.py): what is held, set,
         #: queued, and who waits for it
-        self.coordination = Coordination(self._hold, self._let_go_held, self._hand_over)
+        self.coordination = Coordination(tasks.get, self.release_many, self.asking.held, self.key_of)
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant, with the story of the key
         concerned (tests call it after every event)."""
         check(self)
-        tasks = self.tasks
-        self.coordination.validate(lambda ts: tasks.get(ts.key) is not ts or ts.wanted > 0)
+        self.coordination.validate()
 
     def story(self, key: str) -> str:
         """The last transitions of ``key`` (what happened to it), for an error about it."""
@@ -441,32 +440,6 @@ class Scheduler:
     def withdraw(self, request: int) -> list:
         """The parent's thread stopped waiting for ``request``: answered now if still waiting."""
         return self.coordination.withdraw(Asker(None, request))
-
-    def _hold(self, keys: tuple) -> tuple:
-        """One more reference to each known key: its Task is the token (coordination.py)."""
-        held = []
-        for key in keys:
-            ts = self.tasks.get(key)
-            if ts is not None and ts.state != "released":
-                ts.wanted += 1
-                held.append(ts)
-        return tuple(held)
-
-    def _let_go_held(self, held: list) -> list:
-        """Release the references ``_hold`` took, of tasks still known as they were (a task
-        cancelled meanwhile dropped every reference; one submitted again is another)."""
-        return self.release_many([ts.key for ts in held if self.tasks.get(ts.key) is ts])
-
-    def _hand_over(self, asker: Asker, held: tuple, again: bool) -> tuple:
-        """The references ``held`` (``again``: one more of each) are ``asker``'s now: a task's
-        worker keeps them in the books until it drops them. Returns their keys."""
-        keys = [ts.key for ts in held if self.tasks.get(ts.key) is ts]
-        if again:
-            for key in keys:
-                self.tasks[key].wanted += 1
-        if asker.worker is not None and keys:
-            self.asking.held(asker.worker, keys, self.key_of(asker.seq))
-        return tuple(keys)
 
     def _holds_died(self, worker: str) -> list:
         """The futures tasks held on a dead worker: those of a task that runs again are kept

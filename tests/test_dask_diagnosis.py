@@ -1,0 +1,154 @@
+"""localcluster.dask on a real dask.distributed cluster: ``dask scheduler`` and ``dask worker
+--nworkers 2 --nanny`` processes on 127.0.0.1 (allowed-failures 0), one cluster per test,
+all stopped at its end. The user's side runs in tests/_dask_driver.py, a process of its own,
+which prints what the user sees; the same script without ``install()`` shows dask's plain text.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import localcluster
+from _cgroups import memory_group
+from _util import wait_for
+
+pytest.importorskip("distributed")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+REPO = Path(localcluster.__file__).resolve().parent.parent
+DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
+MiB = 1 << 20
+
+
+def _env() -> dict:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
+            "DASK_DISTRIBUTED__WORKER__DAEMON": "True"}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (dask closes its nannies and their workers), then SIGKILL to what is left of
+    its process group (its own session: the worker processes are in it too)."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+@contextlib.contextmanager
+def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" = None):
+    """A scheduler and one ``dask worker --nworkers 2 --nanny``; yields the scheduler file.
+    ``cgroup``: the worker command (nannies and workers) starts in that cgroup."""
+    scheduler_file = tmp_path / "scheduler.json"
+    py = sys.executable
+    logs = [open(tmp_path / "scheduler.log", "w"), open(tmp_path / "worker.log", "w")]
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(scheduler_file)], env=_env(), stdout=logs[0], stderr=subprocess.STDOUT,
+            start_new_session=True))
+        wait_for(lambda: scheduler_file.exists() or procs[0].poll() is not None, 60)   # a file another process writes
+        assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
+        worker = [py, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
+                  "--nthreads", "1", "--nanny", "--memory-limit", memory_limit, "--no-dashboard", "--host", "127.0.0.1"]
+        if cgroup is not None:      # join the group, then become the worker command: all it starts is in it
+            worker = ["sh", "-c", f'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *worker]
+        procs.append(subprocess.Popen(worker, env=_env(), stdout=logs[1], stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        yield scheduler_file
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        for log in logs:
+            log.close()
+
+
+def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(DRIVER), str(scheduler_file), scenario, mode, str(workdir)],
+                          capture_output=True, text=True, timeout=150, env=_env(), cwd=str(DRIVER.parent))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def logs(tmp_path: Path) -> str:
+    return "\n".join((tmp_path / n).read_text()[-3000:] for n in ("scheduler.log", "worker.log"))
+
+
+def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_says_nothing(tmp_path):
+    with dask_cluster(tmp_path) as scheduler_file:
+        plain = drive(scheduler_file, "segfault", "plain", tmp_path)
+        ours = drive(scheduler_file, "segfault", "install", tmp_path)
+    # without install(): dask's own text, which says nothing of why
+    assert plain["type"] == "distributed.scheduler.KilledWorker", plain
+    assert "Inspecting worker logs is often a good next step" in plain["text"]
+    assert "SIGSEGV" not in plain["text"] and "crash" not in plain["text"]
+    # with it: still a distributed.KilledWorker (except clauses keep working), localcluster's text
+    assert ours["killed_worker"] and ours["type"].endswith("DaskKilledWorker"), (ours, logs(tmp_path))
+    assert ours["deaths"] == ["crash"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "SIGSEGV" in text and "crash" in text and "in segfault_here" in text, text
+    assert "This is a bug in compiled code" in text
+    print(text)
+
+
+def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_path):
+    with dask_cluster(tmp_path, memory_limit="400MiB") as scheduler_file:
+        ours = drive(scheduler_file, "memory", "install", tmp_path)
+    assert ours.get("deaths") == ["memory-limit"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "memory-limit" in text and "of 400.00 MiB limit" in text and "MiB" in text, text
+    assert "--memory-limit" in text       # the advice speaks dask's terms
+    assert "killed by its nanny for exceeding the memory budget" in ours["messages"][0]
+    print(text)
+
+
+def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_listed(tmp_path):
+    with dask_cluster(tmp_path) as scheduler_file:
+        ours = drive(scheduler_file, "kill", "install", tmp_path)
+    assert ours.get("deaths") == ["signal"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "SIGKILL" in text and "outside" in text, text
+    # deaths(client): the task's death with its task, and an idle worker's, with none
+    by_pid = {pid: (cause, tasks) for pid, cause, tasks in ours["all_deaths"]}
+    assert by_pid[ours["idle_pid"]] == ("signal", []), ours["all_deaths"]
+    assert any(cause == "signal" and any("wait_here" in str(t) for t in tasks) for cause, tasks in by_pid.values())
+    print(text)
+
+
+def test_the_kernels_oom_killer_is_told_from_a_kill(tmp_path):
+    # no --memory-limit: the cgroup's limit is what runs out, and the kernel kills the biggest process
+    with memory_group("dask-oom", 900 * MiB) as (group, _version):
+        with dask_cluster(tmp_path, cgroup=group) as scheduler_file:
+            ours = drive(scheduler_file, "oom", "install", tmp_path)
+    assert ours.get("deaths") == ["oom-killer"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "oom-killer" in text and "SIGKILL" in text, text
+    print(text)
+
+
+def test_install_fails_loudly_where_distributed_lacks_what_it_wraps():
+    from localcluster.integrations.dask_nanny import NANNY_NAMES, require
+
+    class OldNanny:
+        log_event = kill = memory_manager = pid = worker_address = periodic_callbacks = status = address = None
+    with pytest.raises(RuntimeError, match="has no _on_worker_exit, _on_worker_exit_sync") as info:
+        require(OldNanny(), NANNY_NAMES, "Nanny")
+    assert "distributed>=" in str(info.value)
+
+
+def test_import_localcluster_never_imports_distributed():
+    code = "import sys, localcluster, localcluster.dask; assert 'distributed' not in sys.modules, 'imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=_env())
+    assert proc.returncode == 0, proc.stderr

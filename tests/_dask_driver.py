@@ -30,9 +30,9 @@ def grow(limit_bytes: int):
 
 
 def wait_here(workdir: str):
-    """Write this worker's pid, then wait (bounded) for the kill."""
+    """Write this worker's pid and its nanny's, then wait (bounded) for the kill."""
     with open(os.path.join(workdir, "pid.tmp"), "w") as f:
-        f.write(str(os.getpid()))
+        f.write(f"{os.getpid()} {os.getppid()}")
     os.rename(os.path.join(workdir, "pid.tmp"), os.path.join(workdir, "pid"))
     time.sleep(60)
     return "never killed"
@@ -53,9 +53,13 @@ def run(client, scenario: str, workdir: str):
         return client.submit(segfault_here, pure=False).result(timeout=60)
     if scenario in ("memory", "oom"):
         return client.submit(grow, 8 << 30, pure=False).result(timeout=90)
-    if scenario == "kill":
+    if scenario in ("kill", "machine"):
         future = client.submit(wait_here, workdir, pure=False)
-        os.kill(int(_wait_file(os.path.join(workdir, "pid"))), signal.SIGKILL)
+        pid, nanny = map(int, _wait_file(os.path.join(workdir, "pid")).split())
+        if scenario == "kill":
+            os.kill(pid, signal.SIGKILL)
+        else:       # the machine dies: its nannies with their workers (the test's `dask worker` session)
+            os.killpg(os.getpgid(nanny), signal.SIGKILL)
         return future.result(timeout=60)
     raise ValueError(scenario)
 
@@ -83,7 +87,7 @@ def main():
         client.wait_for_workers(2, timeout=60)
         if mode == "install":
             import localcluster.dask
-            localcluster.dask.install(client)
+            localcluster.dask.install(client, wait=2.0 if scenario == "machine" else 5.0)
         try:
             out["result"] = repr(run(client, scenario, workdir))
         except KilledWorker as e:

@@ -127,6 +127,16 @@ def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_list
     print(text)
 
 
+def test_a_death_no_nanny_reports_is_said_so_not_guessed(tmp_path):
+    """The whole machine dies (here: the nannies with their workers): no word comes, and the
+    error says that after its wait (2 s here), with dask's KilledWorker type all the same."""
+    with dask_cluster(tmp_path) as scheduler_file:
+        ours = drive(scheduler_file, "machine", "install", tmp_path)
+    assert ours.get("killed_worker") and ours["deaths"] == [], (ours, logs(tmp_path))
+    assert "no word from its nanny within 2 s" in ours["text"] and "its machine" in ours["text"], ours["text"]
+    print(ours["text"])
+
+
 def test_the_kernels_oom_killer_is_told_from_a_kill(tmp_path):
     # no --memory-limit: the cgroup's limit is what runs out, and the kernel kills the biggest process
     with memory_group("dask-oom", 900 * MiB) as (group, _version):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 import localcluster
 from _cgroups import memory_group
 from _util import wait_for
+from test_readme import README, matches
 
 pytest.importorskip("distributed")
 
@@ -82,6 +84,10 @@ def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def readme_text_blocks() -> list:
+    return re.findall(r"^```text\n(.*?)^```", README, flags=re.S | re.M)
+
+
 def logs(tmp_path: Path) -> str:
     return "\n".join((tmp_path / n).read_text()[-3000:] for n in ("scheduler.log", "worker.log"))
 
@@ -100,6 +106,10 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
     text = ours["text"]
     assert "SIGSEGV" in text and "crash" in text and "in segfault_here" in text, text
     assert "This is a bug in compiled code" in text
+    # the README shows both, side by side: they are what a user sees
+    for shown in (plain, ours):
+        (block,) = [b for b in readme_text_blocks() if shown["type"] + ":" in b]
+        assert matches(block, f"{shown['type']}: {shown['text']}"), f"README:\n{block}\nreal:\n{shown['text']}"
     print(text)
 
 

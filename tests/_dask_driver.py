@@ -30,7 +30,9 @@ def grow(limit_bytes: int):
 
 
 def wait_here(workdir: str):
-    """Write this worker's pid and its nanny's, then wait (bounded) for the kill."""
+    """Dump this worker's stacks (SIGUSR1: as a user would of a hung worker), write its pid and
+    its nanny's, then wait (bounded) for the kill."""
+    os.kill(os.getpid(), signal.SIGUSR1)
     with open(os.path.join(workdir, "pid.tmp"), "w") as f:
         f.write(f"{os.getpid()} {os.getppid()}")
     os.rename(os.path.join(workdir, "pid.tmp"), os.path.join(workdir, "pid"))
@@ -93,7 +95,8 @@ def main():
         except KilledWorker as e:
             out.update(type=f"{type(e).__module__}.{type(e).__qualname__}", killed_worker=True, text=str(e),
                        deaths=[d.cause for d in getattr(e, "deaths", ())],
-                       messages=[d.message for d in getattr(e, "deaths", ())])
+                       messages=[d.message for d in getattr(e, "deaths", ())],
+                       log_tails=[list(d.log_tail) for d in getattr(e, "deaths", ())])
         if mode == "install" and scenario == "kill":
             import localcluster.dask
             idle = kill_an_idle_worker(client)

@@ -30,10 +30,19 @@ DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
 MiB = 1 << 20
 
 
-def _env() -> dict:
+def _env(tmp: "Path | None" = None) -> dict:
+    """``tmp``: the cluster's TMPDIR (worker directories, the nannies' records), the test's own."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
-            "DASK_DISTRIBUTED__WORKER__DAEMON": "True"}
+    env = {**os.environ, "PYTHONPATH": path, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    if tmp is not None:
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+    return env
+
+
+def records_left(tmp_path: Path) -> list:
+    """What the nannies' and workers' records left in the cluster's TMPDIR (a clean stop: nothing)."""
+    return sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "tmp").glob("localcluster-dask-*/*"))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -59,16 +68,16 @@ def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" =
     try:
         procs.append(subprocess.Popen(
             [py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)], env=_env(), stdout=logs[0], stderr=subprocess.STDOUT,
-            start_new_session=True))
+             "--scheduler-file", str(scheduler_file)], env=_env(tmp_path / "tmp"), stdout=logs[0],
+            stderr=subprocess.STDOUT, start_new_session=True))
         wait_for(lambda: scheduler_file.exists() or procs[0].poll() is not None, 60)   # a file another process writes
         assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
         worker = [py, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
                   "--nthreads", "1", "--nanny", "--memory-limit", memory_limit, "--no-dashboard", "--host", "127.0.0.1"]
         if cgroup is not None:      # join the group, then become the worker command: all it starts is in it
             worker = ["sh", "-c", f'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *worker]
-        procs.append(subprocess.Popen(worker, env=_env(), stdout=logs[1], stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(subprocess.Popen(worker, env=_env(tmp_path / "tmp"), stdout=logs[1],
+                                      stderr=subprocess.STDOUT, start_new_session=True))
         yield scheduler_file
     finally:
         for proc in reversed(procs):
@@ -96,6 +105,7 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
     with dask_cluster(tmp_path) as scheduler_file:
         plain = drive(scheduler_file, "segfault", "plain", tmp_path)
         ours = drive(scheduler_file, "segfault", "install", tmp_path)
+    assert records_left(tmp_path) == []
     # without install(): dask's own text, which says nothing of why
     assert plain["type"] == "distributed.scheduler.KilledWorker", plain
     assert "Inspecting worker logs is often a good next step" in plain["text"]
@@ -116,6 +126,7 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
 def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_path):
     with dask_cluster(tmp_path, memory_limit="400MiB") as scheduler_file:
         ours = drive(scheduler_file, "memory", "install", tmp_path)
+    assert records_left(tmp_path) == []
     assert ours.get("deaths") == ["memory-limit"], (ours, logs(tmp_path))
     text = ours["text"]
     assert "memory-limit" in text and "of 400.00 MiB limit" in text and "MiB" in text, text
@@ -127,9 +138,12 @@ def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_pa
 def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_listed(tmp_path):
     with dask_cluster(tmp_path) as scheduler_file:
         ours = drive(scheduler_file, "kill", "install", tmp_path)
+    assert records_left(tmp_path) == []
     assert ours.get("deaths") == ["signal"], (ours, logs(tmp_path))
     text = ours["text"]
     assert "SIGKILL" in text and "outside" in text, text
+    # the stacks SIGUSR1 dumped before the kill are the death's log_tail
+    assert any(line.strip().endswith("in wait_here") for line in ours["log_tails"][0]), ours["log_tails"]
     # deaths(client): the task's death with its task, and an idle worker's, with none
     by_pid = {pid: (cause, tasks) for pid, cause, tasks in ours["all_deaths"]}
     assert by_pid[ours["idle_pid"]] == ("signal", []), ours["all_deaths"]
@@ -152,6 +166,7 @@ def test_the_kernels_oom_killer_is_told_from_a_kill(tmp_path):
     with memory_group("dask-oom", 900 * MiB) as (group, _version):
         with dask_cluster(tmp_path, cgroup=group) as scheduler_file:
             ours = drive(scheduler_file, "oom", "install", tmp_path)
+        assert records_left(tmp_path) == []
     assert ours.get("deaths") == ["oom-killer"], (ours, logs(tmp_path))
     text = ours["text"]
     assert "oom-killer" in text and "SIGKILL" in text, text

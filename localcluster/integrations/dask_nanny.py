@@ -226,12 +226,14 @@ class DeathRecorder(NannyPlugin):
         finally:
             w.oom.close()
         cause = classify(exitcode, reason, evidence)
-        stack = crash_stack(self.read_faults(w.pid)) if cause != "requested" else None
+        faults = self.read_faults(w.pid)       # a crash's report, or the stacks SIGUSR1 asked for
+        stack = crash_stack(faults) if cause != "requested" else None
         memory = w.memory_kill if w.memory_kill is not None else w.rss
         return WorkerDeath(
             worker=w.address or f"the worker of nanny {self.nanny.address}", pid=w.pid, cause=cause,
             exitcode=exitcode, signal=exit_signal(exitcode), memory=memory,
-            peak_memory=w.peak or None, memory_limit=w.limit, stack=stack, time=time.time(),
+            peak_memory=w.peak or None, memory_limit=w.limit, stack=stack, log_tail=tuple(faults[-200:]),
+            time=time.time(),
             detail=evidence if cause == "oom-killer" else None).explained(replay_hint=False)
 
     def read_faults(self, pid: int) -> list:
@@ -261,10 +263,16 @@ class FaultHandler(WorkerPlugin):
         faulthandler.register(signal.SIGUSR1, file=self.file, all_threads=True)
 
     def teardown(self, worker) -> None:
+        """A worker that stops in order leaves nothing behind (its nanny may be gone already)."""
         if self.file is not None:
             faulthandler.unregister(signal.SIGUSR1)
             faulthandler.disable()
             self.file.close()
+            for remove, path in ((os.unlink, self.file.name), (os.rmdir, os.path.dirname(self.file.name))):
+                try:
+                    remove(path)
+                except OSError:        # already gone, or the directory holds another worker's file
+                    pass
 
 
 class RemovalRecorder(SchedulerPlugin):

@@ -4,7 +4,7 @@ leaves threads behind in the process that made it): connect to the cluster, mayb
 user sees as JSON: the exception's type, whether it is a ``distributed.KilledWorker``, its
 text, its ``.deaths`` and ``localcluster.dask.deaths(client)``.
 
-    python _dask_driver.py SCHEDULER_FILE SCENARIO install|plain WORKDIR
+    python _dask_driver.py SCHEDULER_FILE SCENARIO install|plain WORKDIR gather|result
 """
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import os
 import signal
 import sys
 import time
+
+from dask import delayed
+from distributed import KilledWorker
 
 
 def segfault_here():
@@ -52,7 +55,15 @@ def _wait_file(path: str, timeout: float = 60) -> str:
 
 def run(client, scenario: str, workdir: str):
     if scenario == "segfault":
-        return client.submit(segfault_here, pure=False).result(timeout=60)
+        future = client.submit(segfault_here, pure=False)
+        try:
+            return future.result(timeout=60)
+        except KilledWorker as e:       # gather and compute raise the same
+            if sys.argv[5] != "gather":
+                raise
+            e.by_gather = _raised(lambda: client.gather([future]))
+            e.by_compute = _raised(lambda: client.compute(delayed(segfault_here)()).result(60))
+            raise
     if scenario in ("memory", "oom"):
         return client.submit(grow, 8 << 30, pure=False).result(timeout=90)
     if scenario in ("kill", "machine"):
@@ -64,6 +75,14 @@ def run(client, scenario: str, workdir: str):
             os.killpg(os.getpgid(nanny), signal.SIGKILL)
         return future.result(timeout=60)
     raise ValueError(scenario)
+
+
+def _raised(call) -> str:
+    try:
+        call()
+    except KilledWorker as e:
+        return f"{type(e).__name__} {'SIGSEGV' in str(e)}"
+    return "nothing"
 
 
 def kill_an_idle_worker(client) -> int:
@@ -83,7 +102,7 @@ def kill_an_idle_worker(client) -> int:
 
 def main():
     scheduler_file, scenario, mode, workdir = sys.argv[1:5]
-    from distributed import Client, KilledWorker
+    from distributed import Client
     out = {}
     with Client(scheduler_file=scheduler_file, timeout=60) as client:
         client.wait_for_workers(2, timeout=60)
@@ -96,7 +115,8 @@ def main():
             out.update(type=f"{type(e).__module__}.{type(e).__qualname__}", killed_worker=True, text=str(e),
                        deaths=[d.cause for d in getattr(e, "deaths", ())],
                        messages=[d.message for d in getattr(e, "deaths", ())],
-                       log_tails=[list(d.log_tail) for d in getattr(e, "deaths", ())])
+                       log_tails=[list(d.log_tail) for d in getattr(e, "deaths", ())],
+                       gather=getattr(e, "by_gather", None), compute=getattr(e, "by_compute", None))
         if mode == "install" and scenario == "kill":
             import localcluster.dask
             idle = kill_an_idle_worker(client)

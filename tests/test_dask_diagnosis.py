@@ -30,10 +30,10 @@ DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
 MiB = 1 << 20
 
 
-def _env(tmp: "Path | None" = None) -> dict:
+def _env(tmp: "Path | None" = None, allowed_failures: int = 0) -> dict:
     """``tmp``: the cluster's TMPDIR (worker directories, the nannies' records), the test's own."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    env = {**os.environ, "PYTHONPATH": path, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures)}
     if tmp is not None:
         tmp.mkdir(exist_ok=True)
         env["TMPDIR"] = str(tmp)
@@ -58,7 +58,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" = None):
+def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" = None, allowed_failures: int = 0):
     """A scheduler and one ``dask worker --nworkers 2 --nanny``; yields the scheduler file.
     ``cgroup``: the worker command (nannies and workers) starts in that cgroup."""
     scheduler_file = tmp_path / "scheduler.json"
@@ -68,7 +68,7 @@ def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" =
     try:
         procs.append(subprocess.Popen(
             [py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)], env=_env(tmp_path / "tmp"), stdout=logs[0],
+             "--scheduler-file", str(scheduler_file)], env=_env(tmp_path / "tmp", allowed_failures), stdout=logs[0],
             stderr=subprocess.STDOUT, start_new_session=True))
         wait_for(lambda: scheduler_file.exists() or procs[0].poll() is not None, 60)   # a file another process writes
         assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
@@ -86,8 +86,9 @@ def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" =
             log.close()
 
 
-def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(DRIVER), str(scheduler_file), scenario, mode, str(workdir)],
+def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path, gather: bool = True) -> dict:
+    args = [str(scheduler_file), scenario, mode, str(workdir), "gather" if gather else "result"]
+    proc = subprocess.run([sys.executable, str(DRIVER), *args],
                           capture_output=True, text=True, timeout=150, env=_env(), cwd=str(DRIVER.parent))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -116,11 +117,26 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
     text = ours["text"]
     assert "SIGSEGV" in text and "crash" in text and "in segfault_here" in text, text
     assert "This is a bug in compiled code" in text
+    # gather and compute raise the same (they wait on the same futures)
+    assert (ours["gather"], ours["compute"]) == ("DaskKilledWorker True",) * 2, ours
+    assert (plain["gather"], plain["compute"]) == ("KilledWorker False",) * 2, plain
     # the README shows both, side by side: they are what a user sees
     for shown in (plain, ours):
         (block,) = [b for b in readme_text_blocks() if shown["type"] + ":" in b]
         assert matches(block, f"{shown['type']}: {shown['text']}"), f"README:\n{block}\nreal:\n{shown['text']}"
     print(text)
+
+
+def test_a_task_that_killed_two_workers_names_both_deaths(tmp_path):
+    """allowed-failures 1: the first death's tasks come from the scheduler's record of what the
+    removed worker was running, the last one's from KilledWorker itself."""
+    with dask_cluster(tmp_path, allowed_failures=1) as scheduler_file:
+        ours = drive(scheduler_file, "segfault", "install", tmp_path, gather=False)
+    assert ours.get("deaths") == ["crash", "crash"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "was running on 2 workers that died (allowed_failures=1)" in text, text
+    assert text.count("crash, SIGSEGV") == 2 and text.count("in segfault_here") == 2, text
+    assert all("while running 'segfault_here-" in m for m in ours["messages"]), ours["messages"]
 
 
 def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_path):

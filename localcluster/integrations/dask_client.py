@@ -75,8 +75,7 @@ class Diagnosis:
     """One client's view of the cluster's deaths, fed by its event subscriptions."""
 
     def __init__(self, client, wait: float):
-        self.client = client
-        self.wait = wait
+        self.wait = wait          # (the client is not kept: it keeps this, in its handlers)
         self.by_worker: dict = {}          # worker address -> its latest WorkerDeath
         self.removed: dict = {}            # worker address -> the tasks it was running when removed
         self.waiters: list = []

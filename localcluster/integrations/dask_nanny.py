@@ -203,18 +203,20 @@ class DeathRecorder(NannyPlugin):
     async def on_worker_exit(self, exitcode):
         try:
             death = await asyncio.get_running_loop().run_in_executor(None, self.death, exitcode)
-            if death is not None:
-                msg = as_event(death)
-                msg["nanny"] = self.nanny.address
-                self.wrapped["log_event"](TOPIC_DEATH, msg)
+            msg = as_event(death)
+            msg["nanny"] = self.nanny.address
+            self.wrapped["log_event"](TOPIC_DEATH, msg)
         except Exception:       # never in the way of dask's own restart
             logger.exception("localcluster could not record the death of a worker process")
         return await self.wrapped["_on_worker_exit"](exitcode)
 
-    def death(self, exitcode: Optional[int]) -> Optional[WorkerDeath]:
+    def death(self, exitcode: Optional[int]) -> WorkerDeath:
         w, self.watch = self.watch, None
-        if w is None:
-            return None
+        if w is None:       # it died before the first sample (within SAMPLE_MS of its start)
+            return WorkerDeath(
+                worker=self.nanny.worker_address or f"the worker of nanny {self.nanny.address}", pid=0,
+                cause=classify(exitcode, "requested" if exitcode == 0 else None), exitcode=exitcode,
+                signal=exit_signal(exitcode), time=time.time()).explained(replay_hint=False)
         try:
             if w.memory_kill is not None:
                 reason: Optional[str] = "memory-limit"

@@ -23,7 +23,7 @@ from test_readme import README, matches
 
 pytest.importorskip("distributed")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 REPO = Path(localcluster.__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
@@ -102,6 +102,7 @@ def logs(tmp_path: Path) -> str:
     return "\n".join((tmp_path / n).read_text()[-3000:] for n in ("scheduler.log", "worker.log"))
 
 
+@pytest.mark.slow
 def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_says_nothing(tmp_path):
     with dask_cluster(tmp_path) as scheduler_file:
         plain = drive(scheduler_file, "segfault", "plain", tmp_path)
@@ -127,6 +128,7 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
     print(text)
 
 
+@pytest.mark.slow
 def test_a_task_that_killed_two_workers_names_both_deaths(tmp_path):
     """allowed-failures 1: the first death's tasks come from the scheduler's record of what the
     removed worker was running, the last one's from KilledWorker itself."""
@@ -139,6 +141,7 @@ def test_a_task_that_killed_two_workers_names_both_deaths(tmp_path):
     assert all("while running 'segfault_here-" in m for m in ours["messages"]), ours["messages"]
 
 
+@pytest.mark.slow
 def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_path):
     with dask_cluster(tmp_path, memory_limit="400MiB") as scheduler_file:
         ours = drive(scheduler_file, "memory", "install", tmp_path)
@@ -151,6 +154,7 @@ def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_pa
     print(text)
 
 
+@pytest.mark.slow
 def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_listed(tmp_path):
     with dask_cluster(tmp_path) as scheduler_file:
         ours = drive(scheduler_file, "kill", "install", tmp_path)
@@ -167,6 +171,7 @@ def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_list
     print(text)
 
 
+@pytest.mark.slow
 def test_a_death_no_nanny_reports_is_said_so_not_guessed(tmp_path):
     """The whole machine dies (here: the nannies with their workers): no word comes, and the
     error says that after its wait (2 s here), with dask's KilledWorker type all the same."""
@@ -177,6 +182,7 @@ def test_a_death_no_nanny_reports_is_said_so_not_guessed(tmp_path):
     print(ours["text"])
 
 
+@pytest.mark.slow
 def test_the_kernels_oom_killer_is_told_from_a_kill(tmp_path):
     # no --memory-limit: the cgroup's limit is what runs out, and the kernel kills the biggest process
     with memory_group("dask-oom", 900 * MiB) as (group, _version):
@@ -203,3 +209,22 @@ def test_import_localcluster_never_imports_distributed():
     code = "import sys, localcluster, localcluster.dask; assert 'distributed' not in sys.modules, 'imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=_env())
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_explained_error_is_dasks_killedworker_and_survives_pickling():
+    import pickle
+    import distributed
+    from localcluster import WorkerDeath
+    from localcluster.integrations.dask_client import DaskKilledWorker
+    death = WorkerDeath("tcp://10.0.0.5:40123", 4242, "crash", -11, "SIGSEGV", ("f-1",), stack=(
+        'Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n'
+        '  File "/home/u/job.py", line 3 in f'))
+    e = DaskKilledWorker("f-1", "tcp://10.0.0.5:40123", 1, (death,), (("tcp://10.0.0.6:40999", 5.0),))
+    again = pickle.loads(pickle.dumps(e))
+    assert isinstance(again, distributed.KilledWorker) and again.deaths == (death,)
+    assert str(again) == str(e)
+    text = str(e)
+    assert "was running on 2 workers that died (allowed_failures=1)" in text
+    assert "crash, SIGSEGV" in text and "line 3 in f" in text
+    assert "tcp://10.0.0.6:40999: no word from its nanny within 5 s" in text and "its machine" in text
+    assert "recreate_error_locally" not in text      # dask's would run the crash in the user's own process

@@ -274,11 +274,12 @@ class WorkerDeath:
     def __str__(self) -> str:
         return self.message
 
-    def explained(self, replay_hint: bool = True) -> "WorkerDeath":
-        """This death with its ``message`` written from its own fields (``death_message``)."""
+    def explained(self, replay_hint: bool = True, advice: Optional[dict] = None) -> "WorkerDeath":
+        """This death with its ``message`` written from its own fields (``death_message``);
+        ``advice``: what to do, by topic, in another cluster's terms (dask's)."""
         return replace(self, message=death_message(
             self.worker, self.pid, self.cause, self.exitcode, self.tasks, self.memory, self.peak_memory,
-            self.memory_limit, self.stack, self.detail, replay_hint, self.managed))
+            self.memory_limit, self.stack, self.detail, replay_hint, self.managed, advice))
 
     def _facts(self) -> list[str]:
         parts = [self.cause]
@@ -335,7 +336,7 @@ _MEMORY_CAUSES = ("memory-limit", "memory-leak", "oom-killer")
 def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], tasks: tuple,
                   memory: Optional[int], peak: Optional[int], limit: Optional[int],
                   stack: Optional[str], detail: Optional[str] = None, replay_hint: bool = True,
-                  managed: Optional[int] = None) -> str:
+                  managed: Optional[int] = None, advice_by_topic: Optional[dict] = None) -> str:
     """The one-paragraph explanation stored in ``WorkerDeath.message``. ``replay_hint``: whether
     to suggest ``recreate_error_locally`` (not when the replay itself is what died)."""
     who = f"Worker {worker!r} (pid {pid})"
@@ -380,7 +381,7 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
     if detail:
         head += " " + detail
     topic = advice_topic(cause, tasks)
-    advice = _ADVICE[topic]
+    advice = (advice_by_topic or _ADVICE)[topic]
     if replay_hint and topic in REPLAY_HINT:
         advice += " " + REPLAY_HINT[topic]
     return head + mem + " " + advice
@@ -393,33 +394,48 @@ def advice_topic(cause: str, tasks: tuple) -> str:
 # --- errors a task (or its future) can end with --------------------------------------
 
 class KilledWorker(Exception):
-    """A task was running on too many workers that died; it is blamed and given up."""
+    """A task was running on too many workers that died; it is blamed and given up.
+
+    ``unheard``: (worker, seconds) of deaths nobody reported within that time (on a dask
+    cluster, a nanny that said nothing: its machine may have died). ``ADVICE``, ``REPLAY``
+    and ``KEPT`` say what to do and where the deaths are kept; another cluster (dask) says
+    it in its own terms."""
+
+    ADVICE = _ADVICE
+    REPLAY = REPLAY_HINT
+    KEPT = "Each death is in cluster.deaths and KilledWorker.deaths, with the log tail."
 
     def __init__(self, task: str, last_worker: Optional[str], deaths: tuple = (), allowed_failures: int = 0,
-                 submitter: Optional[str] = None):
+                 submitter: Optional[str] = None, unheard: tuple = ()):
         self.task = task
         self.last_worker = last_worker
         self.deaths = tuple(deaths)
         self.allowed_failures = allowed_failures
         self.submitter = submitter      #: the task that submitted it from a worker (get_client), if one did
+        self.unheard = tuple(unheard)
         super().__init__(task, last_worker, self.deaths, allowed_failures)
 
     def __str__(self) -> str:
-        n = len(self.deaths)
+        n = len(self.deaths) + len(self.unheard)
         by = f" (submitted by task {self.submitter!r})" if self.submitter else ""
         lines = [f"Task {self.task!r}{by} was running on {n} worker{'s' if n != 1 else ''} that died "
                  f"(allowed_failures={self.allowed_failures}), so it is given up:"]
         for i, d in enumerate(self.deaths, 1):
             lines.append(f"  {i}. {d.summary()}")
+        for i, (worker, seconds) in enumerate(self.unheard, len(self.deaths) + 1):
+            lines.append(f"  {i}. {worker}: no word from its nanny within {seconds:g} s of the scheduler's "
+                         f"decision, so why it died is not known: its machine (or its nanny) may have died too.")
         topics = list(dict.fromkeys(advice_topic(d.cause, d.tasks) for d in self.deaths if d.cause != "requested"))
-        advice = [_ADVICE[t] for t in topics] + list(dict.fromkeys(REPLAY_HINT[t] for t in topics if t in REPLAY_HINT))
+        advice = [self.ADVICE[t] for t in topics] + list(dict.fromkeys(
+            self.REPLAY[t] for t in topics if t in self.REPLAY))
         if advice:
             lines.append(" ".join(advice))
-        lines.append("Each death is in cluster.deaths and KilledWorker.deaths, with the log tail.")
+        lines.append(self.KEPT)
         return "\n".join(lines)
 
     def __reduce__(self):
-        return (KilledWorker, (self.task, self.last_worker, self.deaths, self.allowed_failures, self.submitter))
+        return (type(self), (self.task, self.last_worker, self.deaths, self.allowed_failures, self.submitter,
+                             self.unheard))
 
     def _repr_html_(self) -> str:
         from .views.render import killed_worker

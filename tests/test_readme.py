@@ -76,7 +76,9 @@ def _run(path: Path, cwd: Path, timeout: float = 100) -> subprocess.CompletedPro
 
 
 def test_every_printed_block_of_the_readme_has_its_test():
-    known = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError")
+    # dask's plain KilledWorker and localcluster.dask's: tests/test_dask_diagnosis.py compares them
+    known = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError",
+             "Attempted to run task", "DaskKilledWorker")
     for block in _text_blocks():
         assert sum(marker in block for marker in known) == 1, f"a README block without a test here:\n{block}"
 

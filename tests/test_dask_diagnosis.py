@@ -1,0 +1,230 @@
+"""localcluster.dask on a real dask.distributed cluster: ``dask scheduler`` and ``dask worker
+--nworkers 2 --nanny`` processes on 127.0.0.1 (allowed-failures 0), one cluster per test,
+all stopped at its end. The user's side runs in tests/_dask_driver.py, a process of its own,
+which prints what the user sees; the same script without ``install()`` shows dask's plain text.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import localcluster
+from _cgroups import memory_group
+from _util import wait_for
+from test_readme import README, matches
+
+pytest.importorskip("distributed")
+
+pytestmark = pytest.mark.timeout(180)
+
+REPO = Path(localcluster.__file__).resolve().parent.parent
+DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
+MiB = 1 << 20
+
+
+def _env(tmp: "Path | None" = None, allowed_failures: int = 0) -> dict:
+    """``tmp``: the cluster's TMPDIR (worker directories, the nannies' records), the test's own."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures)}
+    if tmp is not None:
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+    return env
+
+
+def records_left(tmp_path: Path) -> list:
+    """What the nannies' and workers' records left in the cluster's TMPDIR (a clean stop: nothing)."""
+    return sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "tmp").glob("localcluster-dask-*/*"))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (dask closes its nannies and their workers), then SIGKILL to what is left of
+    its process group (its own session: the worker processes are in it too)."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+@contextlib.contextmanager
+def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" = None, allowed_failures: int = 0):
+    """A scheduler and one ``dask worker --nworkers 2 --nanny``; yields the scheduler file.
+    ``cgroup``: the worker command (nannies and workers) starts in that cgroup."""
+    scheduler_file = tmp_path / "scheduler.json"
+    py = sys.executable
+    logs = [open(tmp_path / "scheduler.log", "w"), open(tmp_path / "worker.log", "w")]
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(scheduler_file)], env=_env(tmp_path / "tmp", allowed_failures), stdout=logs[0],
+            stderr=subprocess.STDOUT, start_new_session=True))
+        wait_for(lambda: scheduler_file.exists() or procs[0].poll() is not None, 60)   # a file another process writes
+        assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
+        worker = [py, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
+                  "--nthreads", "1", "--nanny", "--memory-limit", memory_limit, "--no-dashboard", "--host", "127.0.0.1"]
+        if cgroup is not None:      # join the group, then become the worker command: all it starts is in it
+            worker = ["sh", "-c", f'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *worker]
+        procs.append(subprocess.Popen(worker, env=_env(tmp_path / "tmp"), stdout=logs[1],
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+        yield scheduler_file
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        for log in logs:
+            log.close()
+
+
+def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path, gather: bool = True) -> dict:
+    args = [str(scheduler_file), scenario, mode, str(workdir), "gather" if gather else "result"]
+    proc = subprocess.run([sys.executable, str(DRIVER), *args],
+                          capture_output=True, text=True, timeout=150, env=_env(), cwd=str(DRIVER.parent))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def readme_text_blocks() -> list:
+    return re.findall(r"^```text\n(.*?)^```", README, flags=re.S | re.M)
+
+
+def logs(tmp_path: Path) -> str:
+    return "\n".join((tmp_path / n).read_text()[-3000:] for n in ("scheduler.log", "worker.log"))
+
+
+@pytest.mark.slow
+def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_says_nothing(tmp_path):
+    with dask_cluster(tmp_path) as scheduler_file:
+        plain = drive(scheduler_file, "segfault", "plain", tmp_path)
+        ours = drive(scheduler_file, "segfault", "install", tmp_path)
+    assert records_left(tmp_path) == []
+    # without install(): dask's own text, which says nothing of why
+    assert plain["type"] == "distributed.scheduler.KilledWorker", plain
+    assert "Inspecting worker logs is often a good next step" in plain["text"]
+    assert "SIGSEGV" not in plain["text"] and "crash" not in plain["text"]
+    # with it: still a distributed.KilledWorker (except clauses keep working), localcluster's text
+    assert ours["killed_worker"] and ours["type"].endswith("DaskKilledWorker"), (ours, logs(tmp_path))
+    assert ours["deaths"] == ["crash"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "SIGSEGV" in text and "crash" in text and "in segfault_here" in text, text
+    assert "This is a bug in compiled code" in text
+    # gather and compute raise the same (they wait on the same futures)
+    assert (ours["gather"], ours["compute"]) == ("DaskKilledWorker True",) * 2, ours
+    assert (plain["gather"], plain["compute"]) == ("KilledWorker False",) * 2, plain
+    # the README shows both, side by side: they are what a user sees
+    for shown in (plain, ours):
+        (block,) = [b for b in readme_text_blocks() if shown["type"] + ":" in b]
+        assert matches(block, f"{shown['type']}: {shown['text']}"), f"README:\n{block}\nreal:\n{shown['text']}"
+    print(text)
+
+
+@pytest.mark.slow
+def test_a_task_that_killed_two_workers_names_both_deaths(tmp_path):
+    """allowed-failures 1: the first death's tasks come from the scheduler's record of what the
+    removed worker was running, the last one's from KilledWorker itself."""
+    with dask_cluster(tmp_path, allowed_failures=1) as scheduler_file:
+        ours = drive(scheduler_file, "segfault", "install", tmp_path, gather=False)
+    assert ours.get("deaths") == ["crash", "crash"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "was running on 2 workers that died (allowed_failures=1)" in text, text
+    assert text.count("crash, SIGSEGV") == 2 and text.count("in segfault_here") == 2, text
+    assert all("while running 'segfault_here-" in m for m in ours["messages"]), ours["messages"]
+
+
+@pytest.mark.slow
+def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_path):
+    with dask_cluster(tmp_path, memory_limit="400MiB") as scheduler_file:
+        ours = drive(scheduler_file, "memory", "install", tmp_path)
+    assert records_left(tmp_path) == []
+    assert ours.get("deaths") == ["memory-limit"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "memory-limit" in text and "of 400.00 MiB limit" in text and "MiB" in text, text
+    assert "--memory-limit" in text       # the advice speaks dask's terms
+    assert "killed by its nanny for exceeding the memory budget" in ours["messages"][0]
+    print(text)
+
+
+@pytest.mark.slow
+def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_listed(tmp_path):
+    with dask_cluster(tmp_path) as scheduler_file:
+        ours = drive(scheduler_file, "kill", "install", tmp_path)
+    assert records_left(tmp_path) == []
+    assert ours.get("deaths") == ["signal"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "SIGKILL" in text and "outside" in text, text
+    # the stacks SIGUSR1 dumped before the kill are the death's log_tail
+    assert any(line.strip().endswith("in wait_here") for line in ours["log_tails"][0]), ours["log_tails"]
+    # deaths(client): the task's death with its task, and an idle worker's, with none
+    by_pid = {pid: (cause, tasks) for pid, cause, tasks in ours["all_deaths"]}
+    assert by_pid[ours["idle_pid"]] == ("signal", []), ours["all_deaths"]
+    assert any(cause == "signal" and any("wait_here" in str(t) for t in tasks) for cause, tasks in by_pid.values())
+    print(text)
+
+
+@pytest.mark.slow
+def test_a_death_no_nanny_reports_is_said_so_not_guessed(tmp_path):
+    """The whole machine dies (here: the nannies with their workers): no word comes, and the
+    error says that after its wait (2 s here), with dask's KilledWorker type all the same."""
+    with dask_cluster(tmp_path) as scheduler_file:
+        ours = drive(scheduler_file, "machine", "install", tmp_path)
+    assert ours.get("killed_worker") and ours["deaths"] == [], (ours, logs(tmp_path))
+    assert "no word from its nanny within 2 s" in ours["text"] and "its machine" in ours["text"], ours["text"]
+    print(ours["text"])
+
+
+@pytest.mark.slow
+def test_the_kernels_oom_killer_is_told_from_a_kill(tmp_path):
+    # no --memory-limit: the cgroup's limit is what runs out, and the kernel kills the biggest process
+    with memory_group("dask-oom", 900 * MiB) as (group, _version):
+        with dask_cluster(tmp_path, cgroup=group) as scheduler_file:
+            ours = drive(scheduler_file, "oom", "install", tmp_path)
+        assert records_left(tmp_path) == []
+    assert ours.get("deaths") == ["oom-killer"], (ours, logs(tmp_path))
+    text = ours["text"]
+    assert "oom-killer" in text and "SIGKILL" in text, text
+    print(text)
+
+
+def test_install_fails_loudly_where_distributed_lacks_what_it_wraps():
+    from localcluster.integrations.dask_nanny import NANNY_NAMES, require
+
+    class OldNanny:
+        log_event = kill = memory_manager = pid = worker_address = periodic_callbacks = status = address = None
+    with pytest.raises(RuntimeError, match="has no _on_worker_exit, _on_worker_exit_sync") as info:
+        require(OldNanny(), NANNY_NAMES, "Nanny")
+    assert "distributed>=" in str(info.value)
+
+
+def test_import_localcluster_never_imports_distributed():
+    code = "import sys, localcluster, localcluster.dask; assert 'distributed' not in sys.modules, 'imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=_env())
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_explained_error_is_dasks_killedworker_and_survives_pickling():
+    import pickle
+    import distributed
+    from localcluster import WorkerDeath
+    from localcluster.integrations.dask_client import DaskKilledWorker
+    death = WorkerDeath("tcp://10.0.0.5:40123", 4242, "crash", -11, "SIGSEGV", ("f-1",), stack=(
+        'Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n'
+        '  File "/home/u/job.py", line 3 in f'))
+    e = DaskKilledWorker("f-1", "tcp://10.0.0.5:40123", 1, (death,), (("tcp://10.0.0.6:40999", 5.0),))
+    again = pickle.loads(pickle.dumps(e))
+    assert isinstance(again, distributed.KilledWorker) and again.deaths == (death,)
+    assert str(again) == str(e)
+    text = str(e)
+    assert "was running on 2 workers that died (allowed_failures=1)" in text
+    assert "crash, SIGSEGV" in text and "line 3 in f" in text
+    assert "tcp://10.0.0.6:40999: no word from its nanny within 5 s" in text and "its machine" in text
+    assert "recreate_error_locally" not in text      # dask's would run the crash in the user's own process

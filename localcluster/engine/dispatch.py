@@ -157,8 +157,10 @@ class Dispatcher:
                 if t is P.Finished or t is P.Failed:
                     key = key_of(m.seq)
                     if key is not None:
-                        record(key, worker, m.thread, m.start, m.start + m.duration,
-                               "finished" if t is P.Finished else "error")
+                        if t is P.Finished:
+                            record(key, worker, m.thread, m.start, m.start + m.duration, "finished", m.serde)
+                        else:
+                            record(key, worker, m.thread, m.start, m.start + m.duration, "error")
             post = self.apply(self._scheduler.handle_messages(worker, msgs) if msgs else [])
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])

@@ -78,6 +78,7 @@ class WorkerInfo:
     nthreads: int
     memory_history: list = field(repr=False, default_factory=list)   # [(unix time, rss)]
     unmanaged: Optional[int] = None   # RSS less the results held: what the tasks' own code keeps
+    running: dict = field(default_factory=dict)   # key -> seconds it has run, for the runs started
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,7 @@ class Supervisor:
             else:
                 n.fatal = m.traceback
         if ready:
+            self._history.up(n.name, time.time(), time.monotonic() - n.started)
             rss = n.sample(time.monotonic())
             self._decide(lambda: self.policy.ready(n.name, time.monotonic(), rss))
         if pressed:     # a sample now, not at the next tick: its prefetch is asked back at once
@@ -480,7 +482,9 @@ class Supervisor:
     def snapshot(self) -> dict[str, WorkerInfo]:
         out = {}
         history = self._history.memory()
+        key_of = self._scheduler.key_of
         with self._lock:
+            now = time.monotonic()
             for name, n in self.nannies.items():
                 slot = self.policy.slots.get(name)
                 if slot is None:
@@ -492,7 +496,9 @@ class Supervisor:
                     name, n.pid, self.policy.status(name), slot.memory, slot.peak_memory,
                     self._settings.memory_limit, managed, spilled,
                     tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
-                    history.get(name, []), unmanaged)
+                    history.get(name, []), unmanaged,
+                    {key_of(seq): now - t for seq, (_ident, t) in n.board.running().items()
+                     if key_of(seq)} if n.board is not None else {})
         return out
 
     def running_since(self, worker: Optional[str], seq: int) -> Optional[float]:

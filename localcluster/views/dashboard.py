@@ -70,6 +70,7 @@ def mimebundle(cluster: Any, include: Any, exclude: Any) -> Optional[dict]:
         return None
     bundle = widget._repr_mimebundle_()
     bundle["text/html"] = cluster._repr_html_()
+    bundle["text/plain"] = repr(cluster)
     return bundle
 
 

@@ -29,6 +29,7 @@ __all__ = ["dashboard", "mimebundle", "Snapshot", "StaticView", "WIDGET_MIME"]
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STREAM_SECONDS = 60.0
+KEYS_KEPT = 1_000_000      # finished keys remembered so that a task run again counts once
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
 _open: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()     # cluster -> its live widget
@@ -162,6 +163,8 @@ class Snapshot:
         self._ended = 0                      # history.ended when last read
         self._recent: list = []              # TaskRecords of the last STREAM_SECONDS
         self._groups: dict = {}              # key's head -> group (key_group is a little slow)
+        self._finished: set = set()          # keys counted done (the history's strings, shared)
+        self._failed: set = set()            # keys counted failed
 
     def take(self, with_insights: bool) -> Optional[tuple]:
         cluster = self._cluster()
@@ -178,6 +181,8 @@ class Snapshot:
         for key, state in pending:
             if state in ("waiting", "ready", "processing") and key not in running:
                 waiting[self.group(key)] += 1
+            elif state == "erred":               # KilledWorker too: its runs were lost, none erred
+                self._fail(key)
         running_by = Counter(self.group(k) for k in running)
         fractions = {k: cluster.config[k] for k in FRACTIONS}
         head = _header(repr(cluster).strip("<>"), workers, sum(self.done.values()), len(running),
@@ -188,6 +193,12 @@ class Snapshot:
                  insights(cluster.history.tasks(), cluster.history.startups(), deaths,
                           cluster.threads_per_worker).html() if with_insights else None]
         return head, parts, status not in ("closed", "stopped", "broken", "forked")
+
+    def _fail(self, key: str) -> None:
+        if key not in self._failed:
+            if len(self._failed) < KEYS_KEPT:
+                self._failed.add(key)
+            self.failed[self.group(key)] += 1
 
     def group(self, key: str) -> str:
         head = key.rpartition("-")[0] or key
@@ -204,9 +215,13 @@ class Snapshot:
         self._ended = ended
         for r in new:
             if r.status == "finished":
+                if r.key in self._finished:       # run again (its result was lost with a worker): one task
+                    continue
+                if len(self._finished) < KEYS_KEPT:
+                    self._finished.add(r.key)
                 self.done[self.group(r.key)] += 1
             elif r.status == "error":
-                self.failed[self.group(r.key)] += 1
+                self._fail(r.key)
         cut = now - STREAM_SECONDS
         self._recent = [r for r in self._recent + new if r.stop >= cut]
 

@@ -40,8 +40,9 @@ def test_the_dashboard_is_a_widget_that_redraws_itself(cluster, client):
         workers = view.parts[0].value
         assert all(name in workers for name in cluster.workers) and "lc-splitbar" in workers
         assert re.search(r"<code>nap</code>.*?<td[^>]*>6</td>", view.parts[1].value)       # progress row
-        assert view.parts[2].value.count('class="lc-task"') == 6                           # task stream
-        assert view.parts[3].value == ""                                                   # insights: on demand
+        assert view.parts[2].value == view.parts[3].value == ""        # stream, insights: drawn when shown
+        view.tabs.selected_index = dash.TABS.index("task stream")
+        wait_for(lambda: view.parts[2].value.count('class="lc-task"') == 6, timeout=2.5)
         view.tabs.selected_index = dash.TABS.index("insights")
         wait_for(lambda: "lc-insights" in view.parts[3].value, timeout=2.5)
     finally:

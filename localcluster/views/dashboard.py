@@ -3,7 +3,8 @@
 An ipywidgets widget (HTML parts in tabs) whose values a thread of its own
 (``localcluster-dashboard``) sets about once a second; the kernel sends each change over
 its comm channel, so the view moves while the kernel runs other cells or waits in
-``gather``. Each refresh reads the cluster once: ``cluster.workers`` (one take of the
+``gather``. The task stream and the insights are drawn only while their tab is shown.
+Each refresh reads the cluster once: ``cluster.workers`` (one take of the
 cluster's lock, as any user call), the task records that ended since the last refresh
 (the history's tail) and the states of the pending tasks (a copy of a dict, no lock); the
 scheduler thread does nothing more for it. The HTML of a part is sent only when it changed.
@@ -19,19 +20,34 @@ import sys
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
+from itertools import starmap
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Optional
 
 from . import render
+from .history import TaskRecord
 from .insights import insights
 
 __all__ = ["dashboard", "mimebundle", "Snapshot", "StaticView", "WIDGET_MIME"]
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STREAM_SECONDS = 60.0
+STREAM_BARS = 1000         # the newest task bars drawn live: ~150 kB of SVG a second at most
 KEYS_KEPT = 1_000_000      # finished keys remembered so that a task run again counts once
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
+_KEY, _STATE = attrgetter("key"), attrgetter("state")
+
+
+_FIRST, _SPLIT = itemgetter(0), methodcaller("rpartition", "-")
+
+
+def _heads(keys: Any) -> Any:
+    """``key.rpartition("-")[0]`` of each key, in C (no Python call per key)."""
+    return map(_FIRST, map(_SPLIT, keys))
+
+
 _open: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()     # cluster -> its live widget
 _open_lock = threading.Lock()
 
@@ -121,7 +137,7 @@ class _Live:
 
     def refresh(self) -> bool:
         """Read the cluster once and update the parts that changed; False once it is gone."""
-        drawn = self.snapshot.take(self.tabs.selected_index == TABS.index("insights"))
+        drawn = self.snapshot.take(TABS[self.tabs.selected_index or 0])
         if drawn is None:
             return False
         head, parts, open_ = drawn
@@ -161,12 +177,14 @@ class Snapshot:
         self.done: Counter = Counter()       # group -> finished
         self.failed: Counter = Counter()     # group -> failed
         self._ended = 0                      # history.ended when last read
-        self._recent: list = []              # TaskRecords of the last STREAM_SECONDS
+        self._recent: deque = deque(maxlen=STREAM_BARS)   # the newest records (tuples) of the last STREAM_SECONDS
         self._groups: dict = {}              # key's head -> group (key_group is a little slow)
         self._finished: set = set()          # keys counted done (the history's strings, shared)
         self._failed: set = set()            # keys counted failed
 
-    def take(self, with_insights: bool) -> Optional[tuple]:
+    def take(self, tab: str = "workers") -> Optional[tuple]:
+        """(header, the parts' HTML, still open) or None once the cluster is gone; the task
+        stream and insights are drawn only while their tab is the one shown (None: unchanged)."""
         cluster = self._cluster()
         if cluster is None:
             return None
@@ -175,63 +193,70 @@ class Snapshot:
         workers = list(cluster.workers.values())
         deaths = list(cluster.deaths)
         self._read_records(cluster.history, now)
-        pending = [(t.key, t.state) for t in list(cluster.scheduler.tasks.values())]
         running = {k for w in workers for k in w.running}
+        running_by: Counter = Counter()
+        for head, n in Counter(_heads(running)).items():
+            running_by[self.group(head)] += n
+        # one pass in C over the tasks the scheduler knows: (key's head, state) -> count
+        tasks = list(cluster.scheduler.tasks.values())
+        by = Counter(zip(_heads(map(_KEY, tasks)), map(_STATE, tasks)))
         waiting: Counter = Counter()
-        for key, state in pending:
-            if state in ("waiting", "ready", "processing") and key not in running:
-                waiting[self.group(key)] += 1
-            elif state == "erred":               # KilledWorker too: its runs were lost, none erred
-                self._fail(key)
-        running_by = Counter(self.group(k) for k in running)
+        erred: Counter = Counter()
+        for (head, state), n in by.items():
+            if state in ("waiting", "ready", "processing"):
+                waiting[self.group(head)] += n
+            elif state == "erred":           # KilledWorker too: its runs were lost, none erred
+                erred[self.group(head)] += n
+        waiting -= running_by                # what runs is processing too
+        failed = self.failed | erred         # the larger of the errors seen and those held now
         fractions = {k: cluster.config[k] for k in FRACTIONS}
         head = _header(repr(cluster).strip("<>"), workers, sum(self.done.values()), len(running),
-                       sum(waiting.values()), sum(self.failed.values()), deaths, now)
+                       sum(waiting.values()), sum(failed.values()), deaths, now)
         parts = [_workers_part(workers, fractions, deaths, cluster.memory_limit),
-                 _progress_part(self.done, running_by, waiting, self.failed),
-                 self._stream_part(cluster, workers, deaths, now),
+                 _progress_part(self.done, running_by, waiting, failed),
+                 self._stream_part(cluster, workers, deaths, now) if tab == "task stream" else None,
                  insights(cluster.history.tasks(), cluster.history.startups(), deaths,
-                          cluster.threads_per_worker).html() if with_insights else None]
+                          cluster.threads_per_worker).html() if tab == "insights" else None]
         return head, parts, status not in ("closed", "stopped", "broken", "forked")
 
-    def _fail(self, key: str) -> None:
-        if key not in self._failed:
-            if len(self._failed) < KEYS_KEPT:
-                self._failed.add(key)
-            self.failed[self.group(key)] += 1
-
-    def group(self, key: str) -> str:
-        head = key.rpartition("-")[0] or key
+    def group(self, head: str) -> str:
+        """The group of a key, from its head (``key.rpartition("-")[0]``): few distinct heads."""
         group = self._groups.get(head)
         if group is None:
-            group = self._groups[head] = render.key_group(key)
+            group = self._groups[head] = render.key_group(head) or "(other)"
             if len(self._groups) > 10_000:
                 self._groups.clear()
         return group
 
     def _read_records(self, history: Any, now: float) -> None:
         ended = history.ended
-        new = history.tail(ended - self._ended)
+        new = history.tail(ended - self._ended, raw=True)     # tuples: key, worker, thread, start, stop, status
         self._ended = ended
-        for r in new:
-            if r.status == "finished":
-                if r.key in self._finished:       # run again (its result was lost with a worker): one task
-                    continue
-                if len(self._finished) < KEYS_KEPT:
-                    self._finished.add(r.key)
-                self.done[self.group(r.key)] += 1
-            elif r.status == "error":
-                self._fail(r.key)
+        seen = self._finished
+        fresh = {r[0] for r in new if r[5] == "finished"} - seen      # a task run again counts once
+        if len(seen) < KEYS_KEPT:
+            seen |= fresh
+        for head, n in Counter(_heads(fresh)).items():
+            self.done[self.group(head)] += n
+        failed = {r[0] for r in new if r[5] == "error"} - self._failed
+        if len(self._failed) < KEYS_KEPT:
+            self._failed |= failed
+        for head, n in Counter(_heads(failed)).items():
+            self.failed[self.group(head)] += n
+        recent = self._recent
+        recent.extend(new)
         cut = now - STREAM_SECONDS
-        self._recent = [r for r in self._recent + new if r.stop >= cut]
+        while recent and recent[0][4] < cut:      # in the order their ends were seen
+            recent.popleft()
 
     def _stream_part(self, cluster: Any, workers: list, deaths: list, now: float) -> str:
         span = (now - STREAM_SECONDS, now)
-        names = sorted({w.name for w in workers} | {r.worker for r in self._recent}, key=_order)
+        records = list(starmap(TaskRecord, list(self._recent)))
+        names = sorted({w.name for w in workers} | {r.worker for r in records}, key=_order)
         lanes = [(n, t) for n in names for t in range(1, cluster.threads_per_worker + 1)]
         recent = [d for d in deaths if d.time >= span[0]]
         return (f'<div style="{render.FONT}">the last {STREAM_SECONDS:.0f} s</div>'
-                + render.task_stream(lanes, self._recent, recent, span))
+                + render.task_stream(lanes, records, recent, span, limit=STREAM_BARS))
 
 
 def _order(name: str) -> tuple:

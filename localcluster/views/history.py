@@ -116,10 +116,10 @@ class History:
         """Every kept TaskRecord, in the order their ends were seen."""
         return list(starmap(TaskRecord, list(self._tasks)))
 
-    def tail(self, ended: int) -> list:
+    def tail(self, ended: int, raw: bool = False) -> list:
         """The newest TaskRecords, back to the ``ended``-th newest run that finished or failed
         (lost runs among them come too): what a live view has not read yet. One copy of the
-        stream's references; records are made only for the tail."""
+        stream's references; records are made only for the tail (``raw``: plain tuples)."""
         if ended <= 0:
             return []
         kept = list(self._tasks)
@@ -128,7 +128,7 @@ class History:
             i -= 1
             if kept[i][5] != "lost":
                 seen += 1
-        return list(starmap(TaskRecord, kept[i:]))
+        return kept[i:] if raw else list(starmap(TaskRecord, kept[i:]))
 
     def memory(self) -> dict[str, list]:
         """Worker name -> [(unix time, rss bytes)], for live and recently dead workers."""

@@ -318,14 +318,15 @@ def _hexish(s: str) -> bool:
     return all(c in "0123456789abcdef" for c in s.lower())
 
 
-def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900) -> str:
+def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900,
+                limit: int = STREAM_LIMIT) -> str:
     """Each task as a bar on the lane of its worker thread, coloured by function; an error
     outlined red, a run its worker's death cut short hatched, each death a line across its
     worker's lanes. ``lanes``: [(worker, thread)] top to bottom; ``records``: TaskRecords."""
     t0, t1 = span
     t1 = max(t1, t0 + 1e-3)
     lane_h, left, top = 16, 150, 6
-    shown = records[-STREAM_LIMIT:]
+    shown = records[-limit:]
     index = {lane: i for i, lane in enumerate(lanes)}
     height = top + lane_h * len(lanes) + 30
     pw = width - left - 10

@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
-from itertools import starmap
+from itertools import compress, filterfalse, starmap
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Optional
 
@@ -38,6 +38,7 @@ KEYS_KEPT = 1_000_000      # finished keys remembered so that a task run again c
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
 _KEY, _STATE = attrgetter("key"), attrgetter("state")
+_PENDING = frozenset(("waiting", "ready", "processing"))
 
 
 _FIRST, _SPLIT = itemgetter(0), methodcaller("rpartition", "-")
@@ -181,6 +182,7 @@ class Snapshot:
         self._groups: dict = {}              # key's head -> group (key_group is a little slow)
         self._finished: set = set()          # keys counted done (the history's strings, shared)
         self._failed: set = set()            # keys counted failed
+        self._group_of: dict = {}            # key -> its group, for the keys the scheduler knows
 
     def take(self, tab: str = "workers") -> Optional[tuple]:
         """(header, the parts' HTML, still open) or None once the cluster is gone; the task
@@ -197,16 +199,7 @@ class Snapshot:
         running_by: Counter = Counter()
         for head, n in Counter(_heads(running)).items():
             running_by[self.group(head)] += n
-        # one pass in C over the tasks the scheduler knows: (key's head, state) -> count
-        tasks = list(cluster.scheduler.tasks.values())
-        by = Counter(zip(_heads(map(_KEY, tasks)), map(_STATE, tasks)))
-        waiting: Counter = Counter()
-        erred: Counter = Counter()
-        for (head, state), n in by.items():
-            if state in ("waiting", "ready", "processing"):
-                waiting[self.group(head)] += n
-            elif state == "erred":           # KilledWorker too: its runs were lost, none erred
-                erred[self.group(head)] += n
+        waiting, erred = self._pending(cluster.scheduler.tasks)
         waiting -= running_by                # what runs is processing too
         failed = self.failed | erred         # the larger of the errors seen and those held now
         fractions = {k: cluster.config[k] for k in FRACTIONS}
@@ -218,6 +211,24 @@ class Snapshot:
                  insights(cluster.history.tasks(), cluster.history.startups(), deaths,
                           cluster.threads_per_worker).html() if tab == "insights" else None]
         return head, parts, status not in ("closed", "stopped", "broken", "forked")
+
+    def _pending(self, known: dict) -> tuple:
+        """(group -> tasks waiting or processing, group -> tasks erred) of the tasks the
+        scheduler knows, in one pass in C: each key's group is worked out once, when first seen."""
+        tasks = list(known.values())
+        keys = list(map(_KEY, tasks))
+        group_of = self._group_of
+        new = list(filterfalse(group_of.__contains__, keys)) if group_of else keys
+        if new:
+            if len(group_of) > 2 * len(keys) + 10_000:      # forget the keys long gone
+                group_of = self._group_of = {k: group_of[k] for k in keys if k in group_of}
+            heads = list(_heads(new))
+            groups = {head: self.group(head) for head in set(heads)}     # few distinct heads
+            group_of.update(zip(new, map(groups.__getitem__, heads)))
+        states = list(map(_STATE, tasks))
+        waiting = Counter(map(group_of.__getitem__, compress(keys, map(_PENDING.__contains__, states))))
+        erred = Counter(map(group_of.__getitem__, compress(keys, map("erred".__eq__, states))))
+        return waiting, erred        # erred: KilledWorker too (its runs were lost, none erred)
 
     def group(self, head: str) -> str:
         """The group of a key, from its head (``key.rpartition("-")[0]``): few distinct heads."""
@@ -288,7 +299,7 @@ def _workers_part(workers: list, fractions: dict, deaths: list, limit: Optional[
     parts = [f'<div class="lc-live-workers" style="{render.FONT}">',
              render.table(("worker", "pid", "state", "memory: results · other · spilled", "running now"), rows,
                           "lc-workers"),
-             render.memory_timeline({w.name: w.memory_history for w in workers}, limit, fractions, deaths)]
+             render.memory_timeline({w.name: thin(w.memory_history) for w in workers}, limit, fractions, deaths)]
     if deaths:
         parts.append(f"<div><b>{len(deaths)} death{'s' if len(deaths) != 1 else ''}</b>"
                      + (" (last 5)" if len(deaths) > 5 else "") + "</div>")
@@ -298,6 +309,18 @@ def _workers_part(workers: list, fractions: dict, deaths: list, limit: Optional[
                          f'</details>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def thin(points: list, most: int = 300) -> list:
+    """At most about ``most`` (time, value) points: the largest of each run of neighbours,
+    so that a peak (the climb to a memory kill) survives."""
+    if len(points) <= most:
+        return points
+    step = -(-len(points) // most)
+    return [max(points[i:i + step], key=_VALUE) for i in range(0, len(points), step)]
+
+
+_VALUE = itemgetter(1)
 
 
 def split_bar(w: Any, fractions: dict, width: int = 200) -> str:

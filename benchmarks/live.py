@@ -7,7 +7,8 @@ open and refreshing once a second, for ``--minutes`` (10 by default). One run, o
 
 Each round runs submit (5,000 no-ops, one by one, then their results) and map (20,000
 no-ops); a metric's figure per mode is the median of its rounds, and the ratio is
-with / without (1.0: no cost; above 0.95 is within this machine's noise). It also times
+with / without (1.0: no cost), also as the median of each pair of neighbouring rounds;
+the spread of the rounds without the dashboard says how much is noise. It also times
 the refreshes themselves (on the widget's thread) and ``cluster.workers``, the one take
 of the cluster's lock a refresh makes. The widget needs ipywidgets (no kernel: its
 messages go nowhere, the drawing is the same). Results: a table on stdout and
@@ -83,7 +84,10 @@ def main(argv=None) -> int:
     for metric in ("submit_tps", "map_tps"):
         without = statistics.median(r[metric] for r in rounds["without"])
         with_ = statistics.median(r[metric] for r in rounds["with"])
+        pairs = [w[metric] / o[metric] for o, w in zip(rounds["without"], rounds["with"])]
         table[metric] = {"without": without, "with": with_, "ratio": with_ / without,
+                         "pair_ratio_median": statistics.median(pairs),
+                         "cv_without": statistics.pstdev(r[metric] for r in rounds["without"]) / without,
                          "raw": {m: [r[metric] for r in rounds[m]] for m in rounds}}
     result = {"minutes": args.minutes, "rounds": {m: len(r) for m, r in rounds.items()}, "metrics": table,
               "refreshes_during_rounds": refreshes, "refresh_ms_median": statistics.median(refresh_ms),
@@ -97,7 +101,8 @@ def main(argv=None) -> int:
           f"dashboard ({refreshes} refreshes during them)")
     for metric, row in table.items():
         print(f"  {metric:11s} without {row['without']:9.0f}/s   with {row['with']:9.0f}/s   "
-              f"ratio {row['ratio']:.3f}")
+              f"ratio {row['ratio']:.3f} (round by round: {row['pair_ratio_median']:.3f}; "
+              f"spread of the rounds without: {row['cv_without']:.0%})")
     print(f"  one refresh: {result['refresh_cpu_ms_median']:.2f} ms of CPU median, {result['refresh_ms_median']:.2f} ms "
           f"wall ({result['refresh_ms_max']:.2f} max), on the widget's thread; cluster.workers (its one take of the lock): "
           f"{result['cluster_workers_us_median']:.0f} µs")

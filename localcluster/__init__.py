@@ -24,14 +24,14 @@ _WHERE = {
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
     "ClusterBroken": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
-    "report": "views.report",
+    "report": "views.report", "live": "views.live",
 }
 
 __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
     "LostDataError", "TaskError", "WorkerStartupError", "ReplayedDeath", "ClusterRestarted", "ClusterClosed",
     "ClusterBroken", "RemoteTraceback", "StoreError", "WorkerInfo",
-    "wait", "as_completed", "fire_and_forget", "progress", "report", "config", "__version__",
+    "wait", "as_completed", "fire_and_forget", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
     "Lock", "Semaphore", "Event", "Queue", "Variable",
 ]
@@ -63,5 +63,6 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
                         TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)
     from .views.progress import progress
     from .views.report import report
+    from .views.live import live
     from .integrations.replay import ReplayedDeath
     from .worker.store import StoreError

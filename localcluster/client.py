@@ -461,6 +461,10 @@ class Client:
         head = f'<div style="font-weight:600">Client {self.id} ({self.status})</div>'
         return head + self.cluster._repr_html_()
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Optional[dict]:
+        """In a Jupyter kernel with ipywidgets: the cluster's live dashboard."""
+        return self.cluster._repr_mimebundle_(include, exclude)
+
 
 _SKIP = object()
 

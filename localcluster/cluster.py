@@ -169,6 +169,36 @@ class LocalCluster:
         """Every worker death since start, oldest first."""
         return self._supervisor.deaths
 
+    @property
+    def status(self) -> str:
+        """starting, running, closing, closed (or refused, broken, stopped, forked)."""
+        return self._life.phase.value
+
+    def insights(self, slowest: int = 10) -> Any:
+        """Per worker: tasks run, seconds busy, idle, (un)pickling, its start-up and the time
+        its death cut short; and the ``slowest`` slowest tasks with their arguments. ``str()``
+        is a text table; in a notebook, an HTML one (views/insights.py)."""
+        from .views.insights import insights, summarize_args
+
+        def args_of(key: str) -> str:
+            task = self.scheduler.tasks.get(key)
+            return summarize_args(task.spec.args if task is not None and task.spec is not None else None)
+        history = self.history
+        return insights(history.tasks(), history.startups(), self.deaths, self.threads_per_worker, args_of,
+                        slowest=slowest)
+
+    def dashboard(self, interval: float = 1.0) -> Any:
+        """A live view for Jupyter: an ipywidgets widget redrawn every ``interval`` seconds by
+        a thread of its own (workers, memory, what runs, deaths, progress, task stream,
+        insights). Without ipywidgets, the static view (views/dashboard.py)."""
+        from .views.dashboard import dashboard
+        return dashboard(self, interval)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Optional[dict]:
+        """In a Jupyter kernel with ipywidgets: the live dashboard, with the static HTML beside it."""
+        from .views.dashboard import mimebundle
+        return mimebundle(self, include, exclude)
+
     def scale(self, n: int, timeout: float = 60.0) -> None:
         """Grow or shrink to ``n`` workers; returns when they are up (or gone). Stops adapt()."""
         check_int(n, "scale", "n")

@@ -24,7 +24,7 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 # library's documented ones (os._exit; sys._getframe and sys._current_frames, in sys's docs),
 # and IPython's display protocol, a protocol name like a dunder (Client shows its cluster's).
 STDLIB_PRIVATE = {"os._exit", "sys._getframe", "sys._current_frames"}
-PROTOCOL_NAMES = {"_repr_html_"}
+PROTOCOL_NAMES = {"_repr_html_", "_repr_mimebundle_"}
 
 
 def test_the_import_layers_hold():

@@ -160,7 +160,8 @@ class Dispatcher:
                     if key is not None:
                         spec = spec_of(key)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
-                               "finished" if t is P.Finished else "error", spec.submitter if spec else None)
+                               "finished" if t is P.Finished else "error", m.serde if t is P.Finished else 0.0,
+                               spec.submitter if spec else None)
             post = self.apply(self._scheduler.handle_messages(worker, msgs) if msgs else [])
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])

@@ -78,6 +78,7 @@ class WorkerInfo:
     nthreads: int
     memory_history: list = field(repr=False, default_factory=list)   # [(unix time, rss)]
     unmanaged: Optional[int] = None   # RSS less the results held: what the tasks' own code keeps
+    running: dict = field(default_factory=dict)   # key -> seconds it has run, for the runs started
 
 
 @dataclass(frozen=True)
@@ -353,6 +354,7 @@ class Supervisor:
             else:
                 n.fatal = m.traceback
         if ready:
+            self._history.up(n.name, time.time(), time.monotonic() - n.started)
             rss = n.sample(time.monotonic())
             self._decide(lambda: self.policy.ready(n.name, time.monotonic(), rss))
         if pressed:     # a sample now, not at the next tick: its prefetch is asked back at once
@@ -448,7 +450,7 @@ class Supervisor:
             if key is not None:
                 spec = self._scheduler.spec_of(key)
                 self._history.task(key, n.name, rows.get(seq, 0), now - (mono - started), now, "lost",
-                                   spec.submitter if spec else None)
+                                   submitter=spec.submitter if spec else None)
         self._history.died(n.name)
 
     def _death_stack(self, reason: Optional[str], timed_out: Optional[tuple], exitcode: Optional[int],
@@ -483,7 +485,9 @@ class Supervisor:
     def snapshot(self) -> dict[str, WorkerInfo]:
         out = {}
         history = self._history.memory()
+        key_of = self._scheduler.key_of
         with self._lock:
+            now = time.monotonic()
             for name, n in self.nannies.items():
                 slot = self.policy.slots.get(name)
                 if slot is None:
@@ -495,7 +499,9 @@ class Supervisor:
                     name, n.pid, self.policy.status(name), slot.memory, slot.peak_memory,
                     self._settings.memory_limit, managed, spilled,
                     tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
-                    history.get(name, []), unmanaged)
+                    history.get(name, []), unmanaged,
+                    {key_of(seq): now - t for seq, (_ident, t) in n.board.running().items()
+                     if key_of(seq)} if n.board is not None else {})
         return out
 
     def _running(self, n: Nanny, locked: bool = True) -> dict:

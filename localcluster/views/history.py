@@ -34,6 +34,7 @@ class TaskRecord(NamedTuple):
     start: float
     stop: float
     status: str          # "finished", "error", or "lost" (its worker died under it)
+    serde: float = 0.0   # seconds of the run spent (un)pickling the function, arguments and result
     submitter: Optional[str] = None
 
 
@@ -79,15 +80,24 @@ class History:
         self._memory: dict[str, Series] = {}      # worker name -> series; insertion order = spawn order
         self._dead: deque = deque()               # names of dead workers, oldest first
         self.ended = 0                            # runs that finished or failed (not lost): progress
+        self._startups: deque = deque(maxlen=DEAD_WORKERS * 4)   # (worker, ready at, seconds from spawn)
 
     def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
-             submitter: Optional[str] = None) -> None:
+             serde: float = 0.0, submitter: Optional[str] = None) -> None:
         """One run ended (the fields of ``TaskRecord``). A run no task submitted keeps no
         field for it (most runs: 8 bytes each of 100,000 kept)."""
-        self._tasks.append((key, worker, thread, start, stop, status) if submitter is None
-                           else (key, worker, thread, start, stop, status, submitter))
+        self._tasks.append((key, worker, thread, start, stop, status, serde) if submitter is None
+                           else (key, worker, thread, start, stop, status, serde, submitter))
         if status != "lost":
             self.ended += 1
+
+    def up(self, worker: str, t: float, seconds: float) -> None:
+        """``worker`` became ready at unix time ``t``, ``seconds`` after it was spawned."""
+        self._startups.append((worker, t, seconds))
+
+    def startups(self) -> list:
+        """[(worker, unix time it became ready, seconds from spawn to ready)], oldest first."""
+        return list(self._startups)
 
     def sample(self, worker: str, t: float, rss: int) -> None:
         series = self._memory.get(worker)
@@ -109,6 +119,20 @@ class History:
     def tasks(self) -> list:
         """Every kept TaskRecord, in the order their ends were seen."""
         return list(starmap(TaskRecord, list(self._tasks)))
+
+    def tail(self, ended: int, raw: bool = False) -> list:
+        """The newest TaskRecords, back to the ``ended``-th newest run that finished or failed
+        (lost runs among them come too): what a live view has not read yet. One copy of the
+        stream's references; records are made only for the tail (``raw``: plain tuples)."""
+        if ended <= 0:
+            return []
+        kept = list(self._tasks)
+        i, seen = len(kept), 0
+        while i > 0 and seen < ended:
+            i -= 1
+            if kept[i][5] != "lost":
+                seen += 1
+        return kept[i:] if raw else list(starmap(TaskRecord, kept[i:]))
 
     def memory(self) -> dict[str, list]:
         """Worker name -> [(unix time, rss bytes)], for live and recently dead workers."""

@@ -13,7 +13,8 @@ class Progress(NamedTuple):
     failed: int        # ended with an exception, lost with their data, or cancelled
 
 
-def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1, width: int = 40) -> Progress:
+def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1, width: int = 40,
+             live: bool = False) -> Progress:
     """Block until every future in ``futures`` (Futures, or nested lists/dicts of them) is
     done, drawing a progress bar meanwhile, and return the counts.
 
@@ -21,7 +22,11 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
     terminal, with ``failed=N`` beside it once a future fails. Without tqdm it is a line
     ``[#####     ] 5/10 done, 1 failed | 2.3 s`` redrawn on ``file`` (stderr by default).
     Failures are counted apart from successes and never stop the wait; nothing is raised
-    for them: read the futures (or ``client.gather``) for the errors themselves."""
+    for them: read the futures (or ``client.gather``) for the errors themselves.
+
+    ``live=True``: instead of the bar, ``localcluster.live()``'s status block of the
+    clusters (workers, memory, tasks, the last death) with these futures' count under it,
+    on ``file`` (stdout by default) when it is a terminal."""
     from ..config import check_seconds
     from ..future import walk
     check_seconds(interval, "progress", "interval", none=False)
@@ -29,6 +34,15 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
     counts = _Counts(len(fs))
     for f in fs:
         cf.Future.add_done_callback(f, counts.done)      # the count only: no need to leave the thread
+    if live:
+        from .live import live as live_block
+
+        def line() -> str:
+            done, failed = counts.read()
+            return f"  these futures: {done}/{counts.total} done" + (f", {failed} failed" if failed else "")
+        with live_block(interval=max(interval, 0.2), file=file, extra=line):
+            counts.all_done.wait()
+        return Progress(counts.finished - counts.failed, counts.failed)
     try:
         from tqdm.auto import tqdm
     except ImportError:

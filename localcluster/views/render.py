@@ -83,7 +83,7 @@ def memory_timeline(series: dict, limit: Optional[int], fractions: dict, deaths:
     if not times:
         return '<div class="lc-timeline" style="color:#777">no memory samples yet</div>'
     t0, t1 = span if span else (min(times), max(times))
-    t1 = max(t1, t0 + 1e-3)
+    t1 = max(t1, t0 + (1e-3 if span else 1.0))      # a fresh cluster's few samples: a 1 s axis
     top = max([v for pts in series.values() for _, v in pts] + [limit or 0] + [d.memory or 0 for d in deaths]) * 1.08
     left, right, up, down = 58, 10, 8, 36
     pw, ph = width - left - right, height - up - down
@@ -103,12 +103,54 @@ def memory_timeline(series: dict, limit: Optional[int], fractions: dict, deaths:
             path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts if t0 <= t <= t1)
             parts.append(f'<polyline class="lc-memline" data-worker="{e(name)}" points="{path}" fill="none" '
                          f'stroke="{colour}" stroke-width="1.5"><title>{e(name)}</title></polyline>')
-    for i, d in enumerate(d for d in deaths if t0 <= d.time <= t1):     # labels staggered: deaths come in bursts
+    shown = sorted((d for d in deaths if t0 <= d.time <= t1), key=lambda d: d.time)
+    rows = label_rows([(x(d.time), len(d.cause), x(d.time) > left + 0.8 * pw) for d in shown], max(1, (ph - 4) // 11))
+    for d, row in zip(shown, rows):      # deaths come in bursts: each label on the first row where it fits
         parts.append(_death_marker(d, x(d.time), y(d.memory or 0), up, up + ph, x(d.time) > left + 0.8 * pw,
-                                   up + 10 + 11 * (i % 3)))
+                                   None if row is None else up + 10 + 11 * row))
     parts.append(_legend(list(series), left, height - 4))
     parts.append("</svg>")
     return "".join(parts)
+
+
+CHAR_WIDTH = 6.0       # a generous width of one character of the 10 px labels, in SVG units
+
+
+def label_extent(x: float, chars: int, leftwards: bool) -> tuple:
+    """The horizontal extent of a label of ``chars`` characters anchored at ``x``."""
+    width = chars * CHAR_WIDTH + 4
+    return (x - 3 - width, x - 3) if leftwards else (x + 3, x + 3 + width)
+
+
+def label_rows(labels: list, rows: int) -> list:
+    """For labels (x, characters, leftwards) in time order, the row of each (0 is the top):
+    the first row where it overlaps no label placed before it; None (no label, the marker
+    and its tooltip stay) when all ``rows`` are taken there."""
+    ends: list = []          # per row, the extents placed on it
+    out: list = []
+    for x, chars, leftwards in labels:
+        a, b = label_extent(x, chars, leftwards)
+        for row in range(rows):
+            if row == len(ends):
+                ends.append([])
+            if all(b <= c or a >= d for c, d in ends[row]):
+                ends[row].append((a, b))
+                out.append(row)
+                break
+        else:
+            out.append(None)
+    return out
+
+
+def tick_labels(t0: float, t1: float, n: int) -> list:
+    """``n + 1`` labels from 0 to ``t1 - t0`` seconds, with as many decimals as it takes for
+    neighbours to differ (a span of a few milliseconds must not read "0.0 s" on every tick)."""
+    span = max(t1 - t0, 0.0)
+    for decimals in range(1, 5):
+        labels = [f"{span * i / n:.{decimals}f} s" for i in range(n + 1)]
+        if len(set(labels)) == len(labels):
+            break
+    return labels
 
 
 def _limit_lines(limit: Optional[int], fractions: dict, y: Any, left: float, pw: float) -> list:
@@ -130,7 +172,7 @@ def _legend(names: list, left: float, base: float) -> str:
     for i, name in enumerate(names[:12]):
         colour = WORKER_COLOURS[i % len(WORKER_COLOURS)]
         out.append(f'<rect x="{at}" y="{base - 7}" width="10" height="3" fill="{colour}"/>'
-                   f'<text x="{at + 13}" y="{base}" fill="#333">{e(name)}</text>')
+                   f'<text class="lc-legend-name" x="{at + 13}" y="{base}" fill="#333">{e(name)}</text>')
         at += 20 + 6 * len(name)
     if len(names) > 12:
         out.append(f'<text x="{at}" y="{base}" fill="#333">and {len(names) - 12} more</text>')
@@ -143,15 +185,15 @@ def _axes(t0: float, t1: float, top: float, x: Any, y: Any, left: float, bottom:
         v = top * i / 4
         out.append(f'<text x="{left - 4}" y="{y(v) + 3:.1f}" text-anchor="end" fill="#555">'
                    f'{e(format_bytes(v) if v else "0")}</text>')
-    for i in range(6):
+    for i, label in enumerate(tick_labels(t0, t1, 5)):
         t = t0 + (t1 - t0) * i / 5
-        out.append(f'<text x="{x(t):.1f}" y="{bottom + 14}" text-anchor="middle" fill="#555">'
-                   f'{t - t0:.1f} s</text>')
+        out.append(f'<text class="lc-tick" x="{x(t):.1f}" y="{bottom + 14}" text-anchor="middle" fill="#555">'
+                   f'{label}</text>')
     return out
 
 
 def _death_marker(d: Any, xx: float, yy: float, top: float, bottom: float, label_left: bool,
-                  label_y: float) -> str:
+                  label_y: Optional[float]) -> str:
     colour = CAUSE_COLOURS.get(d.cause, "#616161")
     what = f"{d.worker} died: {d.cause}" + (f", {d.signal}" if d.signal else "")
     if d.memory is not None:
@@ -161,8 +203,10 @@ def _death_marker(d: Any, xx: float, yy: float, top: float, bottom: float, label
             f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{bottom}" stroke="{colour}" stroke-width="1" '
             f'stroke-dasharray="2 2"/>'
             f'<circle cx="{xx:.1f}" cy="{yy:.1f}" r="5" fill="{colour}" stroke="#fff"/>'
-            f'<text x="{xx - 3 if label_left else xx + 3:.1f}" y="{label_y}" fill="{colour}" '
-            f'text-anchor="{"end" if label_left else "start"}">{e(d.cause)}</text></g>')
+            + ("" if label_y is None else
+               f'<text class="lc-death-label" x="{xx - 3 if label_left else xx + 3:.1f}" y="{label_y}" '
+               f'fill="{colour}" text-anchor="{"end" if label_left else "start"}">{e(d.cause)}</text>')
+            + '</g>')
 
 
 # --- deaths -------------------------------------------------------------------------------
@@ -212,7 +256,9 @@ def cluster_view(title: str, workers: Iterable[Any], fractions: dict, series: di
                  deaths: Iterable[Any], limit: Optional[int]) -> str:
     """Per worker: pid, state, tasks running, memory against the limit; then the memory
     timeline with every death on it, and the last deaths."""
-    deaths = list(deaths)
+    deaths, workers = list(deaths), list(workers)
+    # every worker in the legend, a worker not sampled yet too (its line comes with its first sample)
+    series = {**series, **{w.name: [] for w in workers if w.name not in series}}
     rows = [[e(w.name), str(w.pid), e(w.status), str(len(w.processing)),
              memory_bar(w.memory, w.memory_limit, fractions), _split(w)] for w in workers]
     parts = [f'<div class="lc-cluster" style="{FONT}"><div style="font-weight:600;margin-bottom:4px">{e(title)}</div>',
@@ -272,7 +318,8 @@ def _hexish(s: str) -> bool:
     return all(c in "0123456789abcdef" for c in s.lower())
 
 
-def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900) -> str:
+def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900,
+                limit: int = STREAM_LIMIT) -> str:
     """Each task as a bar on the lane of its worker thread, coloured by function; an error
     outlined red, a run its worker's death cut short hatched, each death a line across its
     worker's lanes. A task submitted by a task says which (its tooltip, ``data-submitter``).
@@ -280,7 +327,7 @@ def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, 
     t0, t1 = span
     t1 = max(t1, t0 + 1e-3)
     lane_h, left, top = 16, 150, 6
-    shown = records[-STREAM_LIMIT:]
+    shown = records[-limit:]
     index = {lane: i for i, lane in enumerate(lanes)}
     height = top + lane_h * len(lanes) + 30
     pw = width - left - 10
@@ -331,8 +378,8 @@ def _stream_death(d: Any, xx: float, y0: float, y1: float) -> str:
 
 
 def _stream_axis(t0: float, t1: float, x: Any, base: float) -> str:
-    return "".join(f'<text x="{x(t0 + (t1 - t0) * i / 6):.1f}" y="{base}" text-anchor="middle" fill="#555">'
-                   f'{(t1 - t0) * i / 6:.1f} s</text>' for i in range(7))
+    return "".join(f'<text class="lc-tick" x="{x(t0 + (t1 - t0) * i / 6):.1f}" y="{base}" text-anchor="middle" '
+                   f'fill="#555">{label}</text>' for i, label in enumerate(tick_labels(t0, t1, 6)))
 
 
 def _group_legend(groups: dict) -> str:

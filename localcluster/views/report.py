@@ -1,7 +1,8 @@
 """``with localcluster.report("run.html"):`` writes one self-contained HTML page of what
 every cluster did inside the block: the summary counts, the task stream (each task a bar
 on its worker thread, coloured by function, failures marked), every worker's memory over
-time with its limits and deaths, and the deaths with their full messages.
+time with its limits and deaths, the deaths with their full messages, and the insights
+(each worker's busy, idle and start-up time, the slowest tasks: ``insights.py``).
 
 It records nothing itself: each cluster always keeps a bounded task stream and memory
 history (``history.py``), and the page is drawn from them when the block ends, from the
@@ -18,6 +19,7 @@ from collections import Counter
 from typing import Callable, Optional
 
 from . import render
+from .insights import insights
 from ..cluster import LocalCluster, live_clusters, watch
 from ..version import __version__
 
@@ -91,7 +93,10 @@ def _cluster_section(cluster: LocalCluster, number: int, span: tuple) -> tuple:
              "<h3>Task stream</h3>", render.task_stream(lanes, records, deaths, span),
              "<h3>Memory</h3>", render.memory_timeline(series, cluster.memory_limit, fractions, deaths, span,
                                                        width=900, height=220),
-             _deaths_table(deaths), "</section>"]
+             _deaths_table(deaths),
+             "<h3>Insights: where each worker's time went</h3>",
+             insights(records, [s for s in cluster.history.startups() if t0 <= s[1] <= t1], deaths,
+                      cluster.threads_per_worker, now=t1).html(), "</section>"]
     counts = Counter(r.status for r in records)
     facts = {"tasks": counts, "workers": len(workers), "deaths": Counter(d.cause for d in deaths),
              "submitted": Counter(r.submitter for r in records if r.submitter is not None),

@@ -195,7 +195,9 @@ class Ready:
 @_dc
 class Finished:
     """A run succeeded. ``data`` is the result itself when it is small (saves a round trip).
-    ``start`` (unix seconds), ``duration`` and ``thread`` (the executor, 1..n) feed the task stream."""
+    ``start`` (unix seconds), ``duration`` and ``thread`` (the executor, 1..n) feed the task stream;
+    ``serde``: the seconds of ``duration`` spent unpickling the function and arguments and
+    pickling the result (cluster.insights())."""
     seq: int
     nbytes: int
     type_name: str
@@ -203,6 +205,7 @@ class Finished:
     duration: float
     start: float = 0.0
     thread: int = 0
+    serde: float = 0.0
 
 
 @_dc
@@ -412,7 +415,7 @@ class Info:
 # start that is not a float) goes as a pickle.
 
 _RUN = struct.Struct("<BQqQIiI")      # tag, seq, fn_id, args.nbytes, len(key), len(fn) or -1, len(args.meta)
-_FIN = struct.Struct("<BQQddIIiQ")    # tag, seq, nbytes, duration, start, thread, len(type_name),
+_FIN = struct.Struct("<BQQdddIIiQ")   # tag, seq, nbytes, duration, start, serde, thread, len(type_name),
 #                                       len(data.meta) or -1, data.nbytes
 _RUN_TAG, _FIN_TAG = 0x52, 0x46       # "R", "F"
 
@@ -430,14 +433,14 @@ def pack_lone(msg: Any) -> Optional[bytes]:
             return b"".join((head, key, fn, args.meta)) if fn is not None else head + key + args.meta
         if type(msg) is Finished:
             data = msg.data
-            if type(msg.duration) is not float or type(msg.start) is not float or (
+            if type(msg.duration) is not float or type(msg.start) is not float or type(msg.serde) is not float or (
                     data is not None and (data.buffers or type(data.meta) is not bytes)):
                 return None
             name = msg.type_name.encode("utf-8", "surrogatepass")
             if data is None:
-                return _FIN.pack(_FIN_TAG, msg.seq, msg.nbytes, msg.duration, msg.start, msg.thread, len(name),
+                return _FIN.pack(_FIN_TAG, msg.seq, msg.nbytes, msg.duration, msg.start, msg.serde, msg.thread, len(name),
                                  -1, 0) + name
-            return _FIN.pack(_FIN_TAG, msg.seq, msg.nbytes, msg.duration, msg.start, msg.thread, len(name),
+            return _FIN.pack(_FIN_TAG, msg.seq, msg.nbytes, msg.duration, msg.start, msg.serde, msg.thread, len(name),
                              len(data.meta), data.nbytes) + name + data.meta
     except (struct.error, TypeError, AttributeError):    # a field the layout cannot hold
         return None
@@ -457,11 +460,12 @@ def unpack_lone(env: bytes) -> Any:
         if p + mlen == len(env):
             return Run(seq, key, fn_id, fn, Payload(env[p:], (), nbytes), ())
     elif tag == _FIN_TAG and len(env) >= _FIN.size:
-        _, seq, nbytes, duration, start, thread, tlen, mlen, dn = _FIN.unpack_from(env)
+        _, seq, nbytes, duration, start, serde, thread, tlen, mlen, dn = _FIN.unpack_from(env)
         p = _FIN.size + tlen
         name = env[_FIN.size:p].decode("utf-8", "surrogatepass")
         if p + max(mlen, 0) == len(env):
-            return Finished(seq, nbytes, name, None if mlen < 0 else Payload(env[p:], (), dn), duration, start, thread)
+            return Finished(seq, nbytes, name, None if mlen < 0 else Payload(env[p:], (), dn), duration, start, thread,
+                            serde)
     raise ValueError(f"not a message in the fixed layout: {env[:16]!r}...")
 
 

@@ -462,10 +462,12 @@ class Worker:
             args, kwargs = serialize.loads(run.args, self.store if run.deps else None)
             step = "running the task"
             _here.run, _here.row = run, row
+            t1 = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
             finally:
                 _here.run = None
+            t1 = time.perf_counter() - t1       # the function's own time
             step = "pickling the result"
             payload = serialize.dumps_result(result)
         except BaseException as e:  # noqa: B902 - SystemExit/KeyboardInterrupt in a task are task errors
@@ -486,7 +488,8 @@ class Worker:
         if run.seq not in self.cancelled:
             self.store.put_result(run.key, result, payload, run.seq)
         data = payload if payload.nbytes <= P.INLINE_RESULT else None
-        return P.Finished(run.seq, payload.nbytes, type_name, data, time.perf_counter() - t0, start, row)
+        duration = time.perf_counter() - t0
+        return P.Finished(run.seq, payload.nbytes, type_name, data, duration, start, row, duration - t1)
 
     def log(self, record: dict, urgent: bool) -> None:
         """A logging record for the parent: a warning goes now, lesser ones with the next batch."""

@@ -1,0 +1,139 @@
+"""``with localcluster.live():``: one status block kept up to date on a terminal.
+
+Per cluster open in the block: its workers (running, paused, starting), their memory
+against the limit, the tasks done, running and failed, and the last death's line. The
+block is drawn by rich (``rich.live``) when it is installed, else as one line by tqdm;
+with neither, or when the output is not a terminal, nothing is printed at all.
+A thread of its own (``localcluster-live``) redraws it every ``interval`` seconds and
+ends with the block.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from typing import Any, Callable, Optional, TextIO
+
+from ..cluster import live_clusters, watch
+from ..config import check_seconds, format_bytes
+
+__all__ = ["live", "status_lines"]
+
+
+def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None, seen: Optional[dict] = None) -> list:
+    """The block's lines for these clusters (one ``cluster.workers`` each, and the task
+    records ended since the last call: ``seen`` keeps, per cluster, what was read)."""
+    seen = {} if seen is None else seen
+    lines = []
+    for c in clusters:
+        if c.status == "closed":
+            continue
+        workers = list(c.workers.values())
+        states = Counter(w.status for w in workers)
+        memory = sum(w.memory or 0 for w in workers)
+        limit = sum(w.memory_limit or 0 for w in workers)
+        ended, records = seen.get(c, (0, Counter()))
+        now_ended = c.history.ended
+        records.update(r.status for r in c.history.tail(now_ended - ended))
+        seen[c] = (now_ended, records)
+        running = sum(len(w.running) for w in workers)
+        state = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no worker"
+        lines.append(f"localcluster: {len(workers)} workers ({state}) · memory {format_bytes(memory)}"
+                     + (f" of {format_bytes(limit)}" if limit else "")
+                     + f" · tasks {records['finished']} done, {running} running, {records['error']} failed")
+        deaths = c.deaths
+        if deaths:
+            lines.append("  last death: " + deaths[-1].headline().removeprefix("localcluster: "))
+    if extra is not None:
+        lines.append(extra())
+    return lines or ["localcluster: no cluster open"]
+
+
+class live:
+    """Keep one status block of the clusters up to date while the block runs (see the
+    module docstring). ``file``: where (stdout by default); drawn only if it is a TTY."""
+
+    def __init__(self, interval: float = 0.5, file: Optional[TextIO] = None,
+                 extra: Optional[Callable[[], str]] = None):
+        check_seconds(interval, "live", "interval", none=False)
+        self.interval = interval
+        self.file = file
+        self.extra = extra
+        self.clusters: list = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._unwatch: Optional[Callable[[], None]] = None
+        self.drawn = 0                       # redraws so far (0 when not on a terminal)
+        self._seen: dict = {}
+
+    def __enter__(self) -> "live":
+        out = self.file if self.file is not None else sys.stdout
+        isatty = getattr(out, "isatty", None)
+        if not (isatty and isatty()):
+            return self
+        drawer = _drawer(out)
+        if drawer is None:
+            return self
+        self.clusters = live_clusters()
+        self._unwatch = watch(self.clusters.append)
+        self._thread = threading.Thread(target=self._run, args=(drawer,), name="localcluster-live", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, drawer: Any) -> None:
+        try:
+            while True:
+                last = self._stop.wait(self.interval)
+                drawer.draw(status_lines(self.clusters, self.extra, self._seen))
+                self.drawn += 1
+                if last:
+                    break
+        finally:
+            drawer.close()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(10)
+            self._unwatch()
+
+
+def _drawer(out: TextIO) -> Any:
+    try:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+    except ImportError:
+        pass
+    else:
+        return _Rich(Live(Text(""), console=Console(file=out), auto_refresh=False, transient=False), Text)
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return _Tqdm(tqdm, out)
+
+
+class _Rich:
+    def __init__(self, view: Any, text: type):
+        self.view, self.text = view, text
+        view.start()
+
+    def draw(self, lines: list) -> None:
+        self.view.update(self.text("\n".join(lines)), refresh=True)
+
+    def close(self) -> None:
+        self.view.stop()
+
+
+class _Tqdm:
+    def __init__(self, tqdm: Any, out: TextIO):
+        class Line(tqdm):
+            monitor_interval = 0        # no monitor thread outliving the block
+        self.bar = Line(total=0, file=out, bar_format="{desc}", leave=True)
+
+    def draw(self, lines: list) -> None:
+        self.bar.set_description_str(" | ".join(line.strip() for line in lines), refresh=True)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,149 @@
+"""The live views: the dashboard widget (its parts change by themselves while work runs),
+insights (where each worker's time went), and the terminal's status block."""
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+import time
+
+import pytest
+
+import localcluster
+from localcluster.views import dashboard as dash
+from localcluster.views.insights import insights
+from localcluster.views.live import live, status_lines
+from tests._util import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def nap(x):
+    time.sleep(0.1)
+    return x
+
+
+@pytest.mark.slow
+def test_the_dashboard_is_a_widget_that_redraws_itself(cluster, client):
+    widgets = pytest.importorskip("ipywidgets")
+    view = cluster.dashboard(interval=0.2)
+    try:
+        assert isinstance(view, widgets.Widget)
+        assert cluster.dashboard() is view               # one live view per cluster, shared by every cell
+        before = view.header.value
+        futures = client.map(nap, range(6))
+        client.gather(futures)
+        # nobody calls anything: the widget's thread redraws it within ~2 s
+        wait_for(lambda: '<b class="lc-done">6</b> done' in view.header.value, timeout=2.5)
+        assert view.header.value != before
+        workers = view.parts[0].value
+        assert all(name in workers for name in cluster.workers) and "lc-splitbar" in workers
+        assert re.search(r"<code>nap</code>.*?<td[^>]*>6</td>", view.parts[1].value)       # progress row
+        assert view.parts[2].value == view.parts[3].value == ""        # stream, insights: drawn when shown
+        view.tabs.selected_index = dash.TABS.index("task stream")
+        wait_for(lambda: view.parts[2].value.count('class="lc-task"') == 6, timeout=2.5)
+        view.tabs.selected_index = dash.TABS.index("insights")
+        wait_for(lambda: "lc-insights" in view.parts[3].value, timeout=2.5)
+    finally:
+        view.close()
+    assert view.closed and not view._thread.is_alive()
+
+
+def test_the_dashboard_thread_ends_with_its_cluster():
+    pytest.importorskip("ipywidgets")
+    with localcluster.LocalCluster(n_workers=1, forward_logs=False) as cluster:
+        view = cluster.dashboard(interval=0.05)
+    wait_for(lambda: view.closed, timeout=5)
+    view._thread.join(5)
+    assert "closed" in view.header.value
+    view.close()
+
+
+def test_without_ipywidgets_the_dashboard_is_the_static_view(cluster, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)
+    view = cluster.dashboard()
+    assert isinstance(view, dash.StaticView) and 'class="lc-cluster"' in view._repr_html_()
+    assert cluster._repr_mimebundle_() is None            # outside a kernel: IPython asks _repr_html_
+
+
+@pytest.mark.slow
+def test_insights_of_twenty_tasks_of_a_tenth_of_a_second(cluster, client):
+    futures = client.map(nap, range(20))
+    client.gather(futures)
+    ins = cluster.insights()
+    assert ins.tasks == 20 and sum(w.tasks for w in ins.workers) == 20
+    assert 1.9 <= ins.busy <= 2.6, ins.busy
+    assert {w.name for w in ins.workers} == set(cluster.workers)
+    assert all(w.startup is not None and 0 < w.startup < 30 for w in ins.workers)
+    assert all(w.idle >= 0 and w.serde >= 0 and w.lost == 0 for w in ins.workers)
+    assert ins.slowest[0].duration >= 0.1 and ins.slowest[0].worker in cluster.workers
+    assert re.fullmatch(r"\d+", ins.slowest[0].args)               # its argument, held while futures live
+    text = str(ins)
+    assert text.splitlines()[0].split()[:3] == ["worker", "tasks", "busy"] and "slowest tasks:" in text
+    assert 'class="lc-insights"' in ins._repr_html_() and 'class="lc-slowest"' in ins.html()
+
+
+def test_insights_count_what_a_death_cut_short():
+    from types import SimpleNamespace as NS
+    from localcluster.views.history import TaskRecord
+    records = [TaskRecord("f-1", "worker-0", 1, 100.0, 101.0, "finished", 0.25),
+               TaskRecord("g-1", "worker-0", 1, 101.0, 104.0, "lost")]
+    death = NS(worker="worker-0", time=104.0, cause="memory-limit")
+    ins = insights(records, [("worker-0", 99.0, 0.5)], [death], threads=1, now=200.0)
+    (w,) = ins.workers
+    assert (w.tasks, w.busy, w.serde, w.lost, w.startup, w.died) == (1, 0.75, 0.25, 3.0, 0.5, "memory-limit")
+    assert w.idle == pytest.approx(5.0 - 0.75 - 0.25 - 3.0)
+    assert [t.key for t in ins.slowest] == ["f-1"]
+
+
+def test_live_prints_nothing_when_stdout_is_not_a_terminal(cluster, client, capsys):
+    out = io.StringIO()
+    with live(interval=0.05, file=out) as block:
+        client.gather(client.map(nap, range(2)))
+    assert out.getvalue() == "" and block.drawn == 0
+    with live(interval=0.05):
+        pass
+    assert capsys.readouterr().out == ""
+
+
+def test_live_keeps_one_status_block_on_a_terminal(cluster, client):
+    pytest.importorskip("rich")
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as tty:
+        with live(interval=0.05, file=tty) as block:
+            client.gather(client.map(nap, range(4)))
+            wait_for(lambda: block.drawn >= 3)
+        tty.flush()
+    text = " ".join(_drain(master).decode().split())       # rich wraps at the width of the terminal
+    assert "localcluster: 2 workers (2 running)" in text and "tasks 4 done, 0 running, 0 failed" in text
+
+
+def _drain(master):
+    """All a closed pty's terminal side wrote (Linux: EIO once drained)."""
+    seen = b""
+    try:
+        while True:
+            chunk = os.read(master, 65536)
+            if not chunk:
+                break
+            seen += chunk
+    except OSError:
+        pass
+    finally:
+        os.close(master)
+    return seen
+
+
+def test_status_lines_name_the_last_death(cluster):
+    lines = status_lines([cluster])
+    assert lines[0].startswith("localcluster: 2 workers") and len(lines) == 1
+
+
+def test_progress_live_shows_the_block_and_the_futures_count(cluster, client):
+    pytest.importorskip("rich")
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as tty:
+        got = localcluster.progress(client.map(nap, range(3)), file=tty, live=True)
+    seen = _drain(master)
+    assert b"3/3 done" in seen and got == (3, 0) and b"localcluster: 2 workers" in seen

@@ -11,7 +11,16 @@ Nothing is needed on the machines beyond localcluster being importable there. Ne
 """
 from __future__ import annotations
 
-__all__ = ["install", "deaths"]
+__all__ = ["install", "deaths", "DaskKilledWorker"]
+
+
+def __getattr__(name: str):
+    """``DaskKilledWorker`` (a ``distributed.KilledWorker`` with ``.deaths``) loads distributed:
+    only when asked for."""
+    if name == "DaskKilledWorker":
+        from .integrations.dask_client import DaskKilledWorker
+        return DaskKilledWorker
+    raise AttributeError(f"module 'localcluster.dask' has no attribute {name!r}")
 
 
 def install(client, wait: float = 5.0) -> None:

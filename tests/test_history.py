@@ -73,4 +73,4 @@ def test_a_run_a_task_submitted_names_its_submitter():
     h.task("parent-1", "worker-0", 2, 9.0, 11.0, "finished")
     child, parent = h.tasks()
     assert child.submitter == "parent-1" and parent.submitter is None
-    assert child == TaskRecord("child-1", "worker-0", 1, 10.0, 10.5, "finished", "parent-1")
+    assert child == TaskRecord("child-1", "worker-0", 1, 10.0, 10.5, "finished", submitter="parent-1")

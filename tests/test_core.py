@@ -509,8 +509,10 @@ def test_a_future_pickled_in_the_parent_comes_back_to_its_client(client):
     assert g.result(30) == 42 and client.submit(inc, g).result(30) == 43   # still held: g is a reference
     other = Client(client.cluster)
     other.close()
+    rebuild, args = g.__reduce__()         # what unpickling calls: with the closed client's id
+    assert args == (g.key, client.id)
     with pytest.raises(ValueError, match="not known to a running Client"):
-        pickle.loads(pickle.dumps(g).replace(client.id.encode(), other.id.encode()))
+        rebuild(g.key, other.id)
 
 
 def test_a_future_with_a_done_callback_is_freed_with_its_data(client):

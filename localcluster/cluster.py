@@ -175,8 +175,8 @@ class LocalCluster:
         return self._life.phase.value
 
     def insights(self, slowest: int = 10) -> Any:
-        """Per worker: tasks run, seconds busy, idle, (un)pickling, its start-up and the time
-        its death cut short; and the ``slowest`` slowest tasks with their arguments. ``str()``
+        """Per worker: tasks run, seconds busy, idle, (un)pickling, moving data, its start-up
+        and the time its death cut short; and the ``slowest`` slowest tasks with their arguments. ``str()``
         is a text table; in a notebook, an HTML one (views/insights.py)."""
         from .views.insights import insights, summarize_args
 
@@ -185,7 +185,7 @@ class LocalCluster:
             return summarize_args(task.spec.args if task is not None and task.spec is not None else None)
         history = self.history
         return insights(history.tasks(), history.startups(), self.deaths, self.threads_per_worker, args_of,
-                        slowest=slowest)
+                        slowest=slowest, transfers=history.transfers())
 
     def dashboard(self, interval: float = 1.0) -> Any:
         """A live view for Jupyter: an ipywidgets widget redrawn every ``interval`` seconds by

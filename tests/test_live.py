@@ -97,6 +97,34 @@ def test_insights_count_what_a_death_cut_short():
     assert [t.key for t in ins.slowest] == ["f-1"]
 
 
+def test_insights_count_the_time_moving_data_apart_from_idle():
+    from localcluster.views.history import TaskRecord
+    records = [TaskRecord("f-1", "worker-0", 1, 100.0, 101.0, "finished", 0.25)]
+    ins = insights(records, [("worker-0", 99.0, 0.5), ("worker-1", 99.0, 0.5)], [], threads=1, now=103.0,
+                   transfers={"worker-0": 0.5})
+    w0, w1 = ins.workers
+    assert (w0.transfer, w1.transfer) == (0.5, None)
+    assert w0.idle == pytest.approx(4.0 - 0.75 - 0.25 - 0.5)
+    assert str(ins).splitlines()[0].split()[:8] == ["worker", "tasks", "busy", "s", "idle", "s", "serde", "s"]
+    assert "transfer s" in str(ins) and 'title="transfer 0.50 s"' in ins.html()
+
+
+def total(x):
+    return len(x)
+
+
+@pytest.mark.cluster(n_workers=2)
+def test_insights_show_each_worker_moving_the_data_a_task_on_the_other_needs(cluster, client):
+    """A 64 MiB value held by one worker and needed by a task on the other: the holder
+    serves it, the other stores it, and each says the seconds it spent (its status board)."""
+    holder, other = sorted(cluster.workers)
+    data = client.scatter(b"x" * (64 << 20), workers=[holder])
+    assert client.submit(total, data, workers=[other]).result(timeout=60) == 64 << 20
+    wait_for(lambda: all((w.transfer or 0) > 0 for w in cluster.insights().workers if w.name in (holder, other)))
+    moved = {w.name: w.transfer for w in cluster.insights().workers}
+    assert moved[holder] > 0 and moved[other] > 0, moved
+
+
 def test_live_prints_nothing_when_stdout_is_not_a_terminal(cluster, client, capsys):
     out = io.StringIO()
     with live(interval=0.05, file=out) as block:

@@ -310,7 +310,10 @@ class Supervisor:
         rss = n.sample(now)
         if rss is not None:
             self._history.sample(n.name, time.time(), rss)
-        managed = n.board.store()[0] if n.board is not None else 0
+        managed = 0
+        if n.board is not None:
+            managed = n.board.store()[0]
+            self._history.moving(n.name, n.board.moving())
         self._decide(lambda: self.policy.sampled(n.name, now, rss, managed))
 
     def _on_channel(self, n: Nanny, mask: int) -> None:

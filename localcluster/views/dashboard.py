@@ -208,8 +208,8 @@ class Snapshot:
         parts = [_workers_part(workers, fractions, deaths, cluster.memory_limit),
                  _progress_part(self.done, running_by, waiting, failed),
                  self._stream_part(cluster, workers, deaths, now) if tab == "task stream" else None,
-                 insights(cluster.history.tasks(), cluster.history.startups(), deaths,
-                          cluster.threads_per_worker).html() if tab == "insights" else None]
+                 insights(cluster.history.tasks(), cluster.history.startups(), deaths, cluster.threads_per_worker,
+                          transfers=cluster.history.transfers()).html() if tab == "insights" else None]
         return head, parts, status not in ("closed", "stopped", "broken", "forked")
 
     def _pending(self, known: dict) -> tuple:

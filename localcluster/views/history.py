@@ -81,6 +81,7 @@ class History:
         self._dead: deque = deque()               # names of dead workers, oldest first
         self.ended = 0                            # runs that finished or failed (not lost): progress
         self._startups: deque = deque(maxlen=DEAD_WORKERS * 4)   # (worker, ready at, seconds from spawn)
+        self._moving: dict[str, float] = {}      # worker name -> seconds it spent moving data, last seen
 
     def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
              serde: float = 0.0, submitter: Optional[str] = None) -> None:
@@ -99,6 +100,14 @@ class History:
         """[(worker, unix time it became ready, seconds from spawn to ready)], oldest first."""
         return list(self._startups)
 
+    def moving(self, worker: str, seconds: float) -> None:
+        """``worker`` has spent ``seconds`` moving data so far (its status board says)."""
+        self._moving[worker] = seconds
+
+    def transfers(self) -> dict:
+        """worker name -> seconds it spent moving data (serving and storing it), last seen."""
+        return dict(self._moving)
+
     def sample(self, worker: str, t: float, rss: int) -> None:
         series = self._memory.get(worker)
         if series is None:
@@ -108,7 +117,9 @@ class History:
     def died(self, worker: str) -> None:
         self._dead.append(worker)
         while len(self._dead) > DEAD_WORKERS:
-            self._memory.pop(self._dead.popleft(), None)
+            gone = self._dead.popleft()
+            self._memory.pop(gone, None)
+            self._moving.pop(gone, None)
 
     def most_run(self, worker: str, group: "Callable[[str], str]") -> Optional[tuple]:
         """(name, count): the function that ran most often on ``worker`` among the kept

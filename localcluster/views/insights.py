@@ -9,12 +9,12 @@ Per worker (a replacement is a worker of its own, with its own name):
 - ``tasks``: runs that ended (finished or failed) on it;
 - ``busy``: seconds in the tasks' functions; ``serde``: seconds unpickling their
   functions and arguments and pickling their results (both summed over its threads);
-- ``idle``: its thread-seconds from ready to now (or its death) spent on neither;
+- ``transfer``: seconds it spent moving data for others and for itself: serving the data
+  other workers and the client fetch from it, and storing what is sent to it (its status
+  board counts them, on the thread that reads its channel); None when never read;
+- ``idle``: its thread-seconds from ready to now (or its death) spent on none of these;
 - ``startup``: seconds from spawn to ready; ``lost``: run time its death cut short
   (work done again elsewhere).
-
-Data moved between workers is not timed separately: a task's inputs are in its worker's
-store before its run starts, so ``transfer`` stays None.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import html
 import reprlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from . import render
 
@@ -68,9 +68,9 @@ class Insights:
         return sum(w.tasks for w in self.workers)
 
     def __str__(self) -> str:
-        heads = ("worker", "tasks", "busy s", "idle s", "serde s", "start-up s", "lost s", "died")
-        rows = [(w.name, str(w.tasks), f"{w.busy:.2f}", f"{w.idle:.2f}", f"{w.serde:.3f}",
-                 "-" if w.startup is None else f"{w.startup:.2f}", f"{w.lost:.2f}", w.died or "") for w in self.workers]
+        heads = ("worker", "tasks", "busy s", "idle s", "serde s", "transfer s", "start-up s", "lost s", "died")
+        rows = [(w.name, str(w.tasks), f"{w.busy:.2f}", f"{w.idle:.2f}", f"{w.serde:.3f}", _seconds(w.transfer, 3),
+                 _seconds(w.startup), f"{w.lost:.2f}", w.died or "") for w in self.workers]
         out = [_text_table(heads, rows)]
         if self.slowest:
             out += ["", "slowest tasks:",
@@ -81,10 +81,10 @@ class Insights:
     def html(self) -> str:
         e = html.escape
         rows = [[e(w.name), str(w.tasks), _bar(w), f"{w.busy:.2f}", f"{w.idle:.2f}", f"{w.serde:.3f}",
-                 "-" if w.startup is None else f"{w.startup:.2f}", f"{w.lost:.2f}",
+                 _seconds(w.transfer, 3), _seconds(w.startup), f"{w.lost:.2f}",
                  render.cause_badge(w.died) if w.died else ""] for w in self.workers]
-        parts = [render.table(("worker", "tasks", "time", "busy s", "idle s", "serde s", "start-up s", "lost s", "died"),
-                              rows, "lc-insights")]
+        parts = [render.table(("worker", "tasks", "time", "busy s", "idle s", "serde s", "transfer s", "start-up s",
+                               "lost s", "died"), rows, "lc-insights")]
         if self.slowest:
             slow = [[f"<code>{e(t.key)}</code>", f"{t.duration:.3f}", e(t.worker), f"<code>{e(t.args)}</code>"]
                     for t in self.slowest]
@@ -96,13 +96,19 @@ class Insights:
         return self.html()
 
 
+def _seconds(value: Optional[float], decimals: int = 2) -> str:
+    return "-" if value is None else f"{value:.{decimals}f}"
+
+
 def _bar(w: WorkerInsight, width: int = 160) -> str:
-    """Busy, (de)serializing, lost and idle as shares of one bar."""
-    total = (w.busy + w.serde + w.lost + w.idle) or 1.0
+    """Busy, (de)serializing, moving data, lost and idle as shares of one bar."""
+    moving = w.transfer or 0.0
+    total = (w.busy + w.serde + moving + w.lost + w.idle) or 1.0
     parts = "".join(f'<span title="{label} {v:.2f} s" style="display:inline-block;height:10px;'
                     f'width:{v / total * width:.1f}px;background:{c}"></span>'
                     for label, v, c in (("busy", w.busy, "#43a047"), ("serde", w.serde, "#1565c0"),
-                                        ("lost", w.lost, "#c62828"), ("idle", w.idle, "#e0e0e0")) if v > 0)
+                                        ("transfer", moving, "#f9a825"), ("lost", w.lost, "#c62828"),
+                                        ("idle", w.idle, "#e0e0e0")) if v > 0)
     return f'<span class="lc-timebar" style="display:inline-block;width:{width}px;white-space:nowrap">{parts}</span>'
 
 
@@ -114,10 +120,10 @@ def _text_table(heads: tuple, rows: list) -> str:
 
 def insights(records: Iterable[Any], startups: Iterable[tuple], deaths: Iterable[Any], threads: int,
              args_of: Callable[[str], str] = lambda key: "", now: Optional[float] = None,
-             slowest: int = SLOWEST) -> Insights:
+             slowest: int = SLOWEST, transfers: Optional[Mapping[str, float]] = None) -> Insights:
     """From TaskRecords, (worker, ready at, start-up seconds) and WorkerDeaths (their
     ``worker``, ``time`` and ``cause``); ``threads`` per worker; ``args_of(key)``: the
-    argument summary of a slow task."""
+    argument summary of a slow task; ``transfers``: worker -> seconds it moved data."""
     now = time.time() if now is None else now
     workers: dict[str, WorkerInsight] = {}
     ready: dict[str, float] = {}
@@ -137,13 +143,15 @@ def insights(records: Iterable[Any], startups: Iterable[tuple], deaths: Iterable
         w.serde += r.serde
         ready.setdefault(r.worker, r.start)
         top.append((ran, r))
+    for name, seconds in (transfers or {}).items():
+        workers.setdefault(name, WorkerInsight(name)).transfer = seconds
     for name, w in workers.items():
         death = ended.get(name)
         w.died = death.cause if death is not None else None
         since = ready.get(name)
         if since is not None:
             w.alive = max(0.0, ((death.time if death is not None else now) - since) * threads)
-            w.idle = max(0.0, w.alive - w.busy - w.serde - w.lost)
+            w.idle = max(0.0, w.alive - w.busy - w.serde - (w.transfer or 0.0) - w.lost)
     top.sort(key=lambda p: p[0], reverse=True)
     slow = [SlowTask(r.key, ran, r.worker, args_of(r.key), r.status) for ran, r in top[:slowest]]
     return Insights(sorted(workers.values(), key=lambda w: render_order(w.name)), slow)

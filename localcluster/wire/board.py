@@ -4,7 +4,9 @@ writes and the parent reads, with no message and no syscall.
 Row 0 is the worker's: heartbeat (monotonic ns), managed bytes, spilled bytes,
 spilled keys, and a version that makes the three store figures one consistent read (a
 seqlock: odd while the worker writes them; a spill moves bytes from managed to spilled,
-and a reader must never see them gone from both). Row i >= 1 belongs to executor thread i: its thread ident, the
+and a reader must never see them gone from both); then the nanoseconds it has spent
+moving data for other workers and the client (serving an Export, storing a Put), written
+by the thread reading its channel, one at a time. Row i >= 1 belongs to executor thread i: its thread ident, the
 ``seq`` of the run it is executing (0 when idle) and when that run started.
 
 This is how a death is blamed on the right task without an acknowledgement
@@ -19,7 +21,7 @@ import time
 
 from ..death import thread_ident
 
-_COLS = 5
+_COLS = 6
 
 
 class Board:
@@ -44,6 +46,10 @@ class Board:
         s[1], s[2], s[3] = managed, spilled, nkeys
         s[4] += 1
 
+    def moved(self, ns: int) -> None:
+        """``ns`` more nanoseconds spent moving data (the channel's reader: one writer)."""
+        self.slots[5] += ns
+
     def start(self, row: int, ident: int, seq: int) -> None:
         base = row * _COLS
         s = self.slots
@@ -64,6 +70,10 @@ class Board:
             if version % 2 == 0 and s[4] == version:
                 break
         return figures
+
+    def moving(self) -> float:
+        """Seconds the worker has spent moving data (serving Exports, storing Puts)."""
+        return self.slots[5] / 1e9
 
     def running(self) -> dict[int, tuple[int, float]]:
         """seq -> (thread ident, start time in monotonic seconds)."""

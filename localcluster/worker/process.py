@@ -175,12 +175,16 @@ class Worker:
             else:
                 self._queue(msg)
         elif isinstance(msg, P.Put):
+            t = time.perf_counter_ns()
             self.store.put_payload(msg.key, msg.data)
+            self.board.moved(time.perf_counter_ns() - t)
             if msg.ack:
                 self.chan.send(P.Stored(msg.ack))
             self._arrived(msg.key)
         elif isinstance(msg, P.Export):
+            t = time.perf_counter_ns()
             self._export(msg)
+            self.board.moved(time.perf_counter_ns() - t)
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):

@@ -49,3 +49,17 @@ def stop_session(proc) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def browser() -> str:
+    """The system's Chromium, for the tests that drive a real browser: skipped when there is
+    none, failed when LOCALCLUSTER_REQUIRE_BROWSER is set (CI installs it)."""
+    import os
+    import shutil
+    import pytest
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.environ.get("LOCALCLUSTER_REQUIRE_BROWSER"):
+        pytest.fail("no Chromium on the PATH (apt-get install chromium); .ci/run installs it")
+    pytest.skip("no Chromium on the PATH (apt-get install chromium)")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _util import browser
 
 CELLS = [
     "import time\nfrom localcluster import Client\nclient = Client(n_workers=2, forward_logs=False)\n"
@@ -23,13 +24,6 @@ CELLS = [
 ]
 
 
-def browser():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    if os.environ.get("LOCALCLUSTER_REQUIRE_BROWSER"):
-        pytest.fail("no Chromium on the PATH (apt-get install chromium); .ci/run installs it")
-    pytest.skip("no Chromium on the PATH (apt-get install chromium)")
 
 
 def voila():

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import re
-import shutil
 import time
 from types import SimpleNamespace
 
 import pytest
+from _util import browser as system_browser
 
 import localcluster
 from localcluster import Client, KilledWorker, LocalCluster, worker_client
@@ -68,18 +67,10 @@ def run(tmp_path_factory):
                            client_html=client_html, future_html=future_html)
 
 
-def _browser():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    if os.environ.get("LOCALCLUSTER_REQUIRE_BROWSER"):
-        pytest.fail("no Chromium on the PATH (apt-get install chromium); .ci/run installs it")
-    pytest.skip("no Chromium on the PATH (apt-get install chromium)")
-
 
 @pytest.fixture
 def page(run):
-    executable = _browser()
+    executable = system_browser()
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])

@@ -216,15 +216,15 @@ def test_the_explained_error_is_dasks_killedworker_and_survives_pickling():
     import distributed
     from localcluster import WorkerDeath
     from localcluster.integrations.dask_client import DaskKilledWorker
-    death = WorkerDeath("tcp://10.0.0.5:40123", 4242, "crash", -11, "SIGSEGV", ("f-1",), stack=(
+    death = WorkerDeath("tcp://127.0.0.5:40123", 4242, "crash", -11, "SIGSEGV", ("f-1",), stack=(
         'Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n'
-        '  File "/home/u/job.py", line 3 in f'))
-    e = DaskKilledWorker("f-1", "tcp://10.0.0.5:40123", 1, (death,), (("tcp://10.0.0.6:40999", 5.0),))
+        '  File "/srv/jobs/job.py", line 3 in f'))
+    e = DaskKilledWorker("f-1", "tcp://127.0.0.5:40123", 1, (death,), (("tcp://127.0.0.6:40999", 5.0),))
     again = pickle.loads(pickle.dumps(e))
     assert isinstance(again, distributed.KilledWorker) and again.deaths == (death,)
     assert str(again) == str(e)
     text = str(e)
     assert "was running on 2 workers that died (allowed_failures=1)" in text
     assert "crash, SIGSEGV" in text and "line 3 in f" in text
-    assert "tcp://10.0.0.6:40999: no word from its nanny within 5 s" in text and "its machine" in text
+    assert "tcp://127.0.0.6:40999: no word from its nanny within 5 s" in text and "its machine" in text
     assert "recreate_error_locally" not in text      # dask's would run the crash in the user's own process

@@ -57,6 +57,7 @@ def _children() -> set:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+@pytest.mark.slow
 def test_parallel_runs_on_the_given_client(client):
     worker_pids = {w.pid for w in client.cluster.workers.values()}
     with joblib.parallel_config(backend="localcluster", client=client):
@@ -66,6 +67,7 @@ def test_parallel_runs_on_the_given_client(client):
     assert {pid for _, pid in out} == worker_pids        # both workers, never this process
 
 
+@pytest.mark.slow
 def test_parallel_uses_the_current_client_by_default(client):
     assert Client.current() is client
     with joblib.parallel_config(backend="localcluster"):
@@ -76,6 +78,7 @@ def test_parallel_uses_the_current_client_by_default(client):
     assert {pid for _, pid in out} <= {w.pid for w in client.cluster.workers.values()}
 
 
+@pytest.mark.slow
 def test_parallel_without_a_client_starts_one_and_stops_it():
     assert Client.current(allow_none=True) is None
     before = _children()
@@ -97,6 +100,7 @@ def test_multi_megabyte_arrays_through_joblib(client):
     assert [o.nbytes for o in out] == [4 * 2**20] * 6 and [o[-1] for o in out] == [2.0 * i for i in range(6)]
 
 
+@pytest.mark.slow
 def test_a_task_error_is_raised_as_itself_with_its_worker_traceback(client):
     with joblib.parallel_config(backend="localcluster", client=client):
         with pytest.raises(ValueError, match="three is not allowed") as info:
@@ -106,6 +110,7 @@ def test_a_task_error_is_raised_as_itself_with_its_worker_traceback(client):
     assert "in fails" in str(cause) and 'raise ValueError("three is not allowed")' in str(cause)
 
 
+@pytest.mark.slow
 def test_a_segfault_is_our_killed_worker_with_its_cause():
     """Even with a single worker thread (joblib would run n_jobs=1 in this very process)."""
     with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as cluster, Client(cluster) as client:
@@ -125,6 +130,7 @@ def test_a_timeout_cancels_the_rest(client):
     assert client.gateway.running_tasks() == {}
 
 
+@pytest.mark.slow
 def test_nested_parallel_runs_sequentially_on_the_worker(client):
     with joblib.parallel_config(backend="localcluster", client=client):
         out = joblib.Parallel()(joblib.delayed(nested)(i) for i in range(4))
@@ -177,6 +183,17 @@ def test_bad_client_is_refused():
         localcluster.joblib.LocalClusterBackend(client="tcp://nowhere")
 
 
+@pytest.mark.parametrize("n_jobs", [0, 0.5])
+def test_a_refused_n_jobs_leaves_no_cluster_running(n_jobs):
+    # joblib's test_invalid_njobs once left a 2-worker cluster behind, which the next
+    # Parallel call took as the user's: its abort then waited for a running batch
+    before = _children()
+    with pytest.raises(ValueError, match="n_jobs == 0"):
+        joblib.Parallel(n_jobs=n_jobs, backend="localcluster")._initialize_backend()
+    assert Client.current(allow_none=True) is None
+    assert _children() == before
+
+
 # --- what joblib's own suite found (issue 25); tests/test_joblib_suite.py runs that suite ---
 
 INITIALIZED: list = []        # in a worker: the initializers it ran, in order
@@ -195,6 +212,7 @@ def put_pid(shared, x):
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_a_multiprocessing_manager_proxy_works_in_a_task_and_the_key_is_not_in_argv(client):
     """Workers get the parent's authkey (else: AuthenticationError: digest sent was rejected),
     over their socket pair: nothing in their command line gives it away."""
@@ -209,6 +227,7 @@ def test_a_multiprocessing_manager_proxy_works_in_a_task_and_the_key_is_not_in_a
         assert set(shared.keys()) == set(pids) <= {w.pid for w in client.cluster.workers.values()}
 
 
+@pytest.mark.slow
 def test_initializer_runs_once_per_worker_in_both_forms(client):
     workers = {w.pid for w in client.cluster.workers.values()}
     with joblib.parallel_config(backend="localcluster", client=client):
@@ -222,6 +241,7 @@ def test_initializer_runs_once_per_worker_in_both_forms(client):
         assert seen in (["config"], ["call", "config"]) and pid in workers, seen
 
 
+@pytest.mark.slow
 def test_batch_statistics_start_afresh_at_each_call(client):
     backend = localcluster.joblib.LocalClusterBackend(client=client)
     with joblib.parallel_config(backend=backend):

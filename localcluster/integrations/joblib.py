@@ -119,12 +119,18 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         self.parallel = parallel
         if "initializer" in backend_kwargs:
             self._call_init = Initializer.make(backend_kwargs["initializer"], backend_kwargs.get("initargs", ()))
+        if n_jobs == 0:      # before a cluster starts: a refused call must leave none running
+            self.effective_n_jobs(n_jobs)
         client = self.client
         if client is None:
             from ..client import Client
             client = self._workers = Client()
         self._in_use = client
-        return self.effective_n_jobs(n_jobs)
+        try:
+            return self.effective_n_jobs(n_jobs)
+        except BaseException:
+            self.terminate()
+            raise
 
     def submit(self, func: Any, callback: Any = None) -> Any:
         """One batch of calls (joblib's BatchedCalls) as one task."""

@@ -63,3 +63,14 @@ def browser() -> str:
     if os.environ.get("LOCALCLUSTER_REQUIRE_BROWSER"):
         pytest.fail("no Chromium on the PATH (apt-get install chromium); .ci/run installs it")
     pytest.skip("no Chromium on the PATH (apt-get install chromium)")
+
+
+def require(*modules: str) -> None:
+    """Skip the calling test module unless every one of ``modules`` is installed, without
+    importing them (for modules that only a child process imports)."""
+    import importlib.util
+
+    import pytest
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}", allow_module_level=True)

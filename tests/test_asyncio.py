@@ -30,6 +30,7 @@ def boom():
     raise KeyError("missing")
 
 
+@pytest.mark.slow
 def test_await_a_future_small_large_and_failed(client):
     async def main():
         assert await client.submit(inc, 1) == 2
@@ -43,6 +44,7 @@ def test_await_a_future_small_large_and_failed(client):
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_await_many_at_once_and_wrap_future(client):
     async def main():
         fs = client.map(big, range(4))
@@ -54,6 +56,7 @@ def test_await_many_at_once_and_wrap_future(client):
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_gather_asynchronous_nested_and_skip(client):
     async def main():
         parts = {"small": client.map(inc, range(5)), "large": [client.submit(big, 1)], "bad": client.submit(boom)}
@@ -66,6 +69,7 @@ def test_gather_asynchronous_nested_and_skip(client):
         client.gather([], asynchronous="yes")
 
 
+@pytest.mark.slow
 def test_the_loop_keeps_running_while_a_future_is_awaited(client):
     """Other coroutines run while a task is pending and while a large result is fetched."""
     async def main():
@@ -85,6 +89,7 @@ def test_the_loop_keeps_running_while_a_future_is_awaited(client):
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_cancelling_the_awaiting_task_leaves_the_cluster_task_running(client):
     fut = client.submit(slow, 1, 0.3)
 

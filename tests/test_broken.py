@@ -54,6 +54,7 @@ def assert_broken(err):
     assert "Traceback" in err.traceback_text
 
 
+@pytest.mark.slow
 def test_failure_on_the_scheduler_thread_fails_everyone_at_once(monkeypatch, tmp_path):
     with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
         pids = worker_pids(cluster)
@@ -103,6 +104,7 @@ def _poison_exports():
     store.Store.payload = payload
 
 
+@pytest.mark.slow
 def test_an_export_failure_fails_that_request_and_the_worker_lives_on():
     with LocalCluster(n_workers=2, forward_logs=False, initializer=_poison_exports) as cluster, \
             Client(cluster) as client:
@@ -128,6 +130,7 @@ def _failing_spill_writes():
     store._write = write
 
 
+@pytest.mark.slow
 def test_a_spill_that_fails_keeps_the_data_in_memory():
     with LocalCluster(n_workers=1, memory_limit="1GiB", memory_target=0.01, forward_logs=False,
                       initializer=_failing_spill_writes) as cluster, Client(cluster) as client:
@@ -148,6 +151,7 @@ def _failing_spill_reads():
     store._read = read
 
 
+@pytest.mark.slow
 def test_a_reload_that_fails_names_the_key_and_the_step():
     with LocalCluster(n_workers=1, memory_limit="1GiB", memory_target=0.01, forward_logs=False,
                       initializer=_failing_spill_reads) as cluster, Client(cluster) as client:

@@ -241,6 +241,7 @@ with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
 """
 
 
+@pytest.mark.slow
 def test_groups_a_killed_parent_left_are_removed_by_the_next_cluster_and_live_ones_kept(cgroups_allowed, tmp_path):
     from localcluster.system.machine import memory_cgroups
     script = tmp_path / "killed.py"

@@ -28,6 +28,7 @@ def wait_for_file(path, value):
 # --- as_completed ----------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_as_completed_next_batch_has_ready_and_is_empty(client):
     futures = client.map(inc, range(6))
     wait(futures)
@@ -41,6 +42,7 @@ def test_as_completed_next_batch_has_ready_and_is_empty(client):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_as_completed_batches_wait_for_what_is_running(client, tmp_path):
     gate = str(tmp_path / "go")
     slow = client.submit(wait_for_file, gate, "slow", pure=False)
@@ -62,6 +64,7 @@ def fail(x):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_as_completed_batch_stops_before_an_error_and_the_next_call_raises_it(client):
     good, bad = client.submit(inc, 1), client.submit(fail, 1)
     wait([good, bad])
@@ -77,6 +80,7 @@ def test_as_completed_batch_stops_before_an_error_and_the_next_call_raises_it(cl
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_as_completed_clear_forgets_running_futures(client, tmp_path):
     gate = str(tmp_path / "go")
     slow = client.map(wait_for_file, [gate] * 2, [1, 2], pure=False)
@@ -92,6 +96,7 @@ def test_as_completed_clear_forgets_running_futures(client, tmp_path):
 # --- deepcopy ---------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_dask_config_deep_copies_with_client_get_as_scheduler(client):
     dask = pytest.importorskip("dask")
     assert copy.deepcopy(client) is client and copy.copy(client) is client
@@ -230,6 +235,7 @@ def test_run_raises_a_workers_error_as_itself_or_returns_it(client):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_worker_that_dies_during_run_answers_killed_worker_naming_the_death(client):
     from localcluster import KilledWorker
     client.wait_for_workers(2)
@@ -250,6 +256,7 @@ def double(x):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_compute_turns_dask_collections_into_futures(client):
     dask = pytest.importorskip("dask")
     da = pytest.importorskip("dask.array")
@@ -271,6 +278,7 @@ def test_compute_turns_dask_collections_into_futures(client):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_compute_optimizes_the_graph_as_dask_does_unless_told_not_to(client):
     da = pytest.importorskip("dask.array")
     submitted = []
@@ -285,6 +293,7 @@ def test_compute_optimizes_the_graph_as_dask_does_unless_told_not_to(client):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_persist_gives_the_collection_back_backed_by_futures_on_the_cluster(client):
     dask = pytest.importorskip("dask")
     da = pytest.importorskip("dask.array")
@@ -312,6 +321,7 @@ def die():
 
 @pytest.mark.timeout(60)
 @pytest.mark.cluster(allowed_failures=0)
+@pytest.mark.slow
 def test_wait_for_workers_after_a_killed_worker_waits_for_the_replacement(client):
     """The KilledWorker reaches the caller before the policy forgets the dead worker: a
     wait_for_workers(2) right then must not count it (client.run would then miss one)."""

@@ -250,6 +250,7 @@ def locked_count(path, i, name="L"):
         return counted(path, i, 0.05)
 
 
+@pytest.mark.slow
 def test_a_lock_lets_one_task_at_a_time_in_across_workers(tmp_path):
     path = str(tmp_path / "count")
     with LocalCluster(n_workers=2, threads_per_worker=2) as cluster, Client(cluster) as client:
@@ -264,6 +265,7 @@ def try_lock(name, timeout):
     return got, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_a_lock_held_by_the_user_times_a_task_out_and_then_lets_it_in(client):
     lock = Lock("held-by-parent")
     assert lock.acquire() and lock.locked()
@@ -312,6 +314,7 @@ def sem_count(path, i):
         return counted(path, i, 0.2)
 
 
+@pytest.mark.slow
 def test_a_semaphore_lets_at_most_max_leases_tasks_in(tmp_path):
     path = str(tmp_path / "count")
     with LocalCluster(n_workers=2, threads_per_worker=3) as cluster, Client(cluster) as client:
@@ -325,6 +328,7 @@ def wait_event(name, timeout):
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=4)
+@pytest.mark.slow
 def test_an_event_set_by_the_user_wakes_every_task_waiting_and_a_timeout_says_false(client):
     event = Event("go")
     waiting = client.map(wait_event, ["go"] * 3, [60] * 3, pure=False)
@@ -346,6 +350,7 @@ def consume(name, n):
     return [q.get(timeout=30) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_a_queue_carries_values_between_tasks_and_the_user(client):
     assert client.gather(client.map(produce, ["q1"] * 4, range(4))) == [0, 1, 2, 3]
     q = Queue("q1")
@@ -374,6 +379,7 @@ def read_shared(name):
     return Variable(name).get(timeout=30).result()
 
 
+@pytest.mark.slow
 def test_futures_in_a_variable_and_a_queue_live_as_long_as_they_are_there(client, cluster):
     key = client.submit(make_and_share, "shared", pure=False).result(timeout=30)
     gc.collect()
@@ -399,6 +405,7 @@ def lock_arg(lock):
         return lock.name
 
 
+@pytest.mark.slow
 def test_the_objects_pickle_by_name_into_tasks(client):
     assert client.submit(lock_arg, Lock("by-name")).result(timeout=30) == "by-name"
     sem = Semaphore(3, name="three")
@@ -417,6 +424,7 @@ def hammer(n=50):
     return got
 
 
+@pytest.mark.slow
 def test_timeouts_under_contention_leave_no_lease_behind(client, cluster):
     """Short waits racing the releases, from tasks and the user's threads: each request is
     answered once, and every lease is given back (validate() checks the index of waiting

@@ -57,6 +57,7 @@ def _boom():
     raise RuntimeError("cannot rebuild me")
 
 
+@pytest.mark.slow
 def test_submit_map_gather(client):
     assert client.submit(inc, 1).result(timeout=10) == 2
     assert client.gather(client.map(add, range(50), range(50))) == [2 * i for i in range(50)]
@@ -71,6 +72,7 @@ def test_closures_and_lambdas(client):
     assert client.map(lambda x: x * k, [1, 2])[1].result(10) == 14
 
 
+@pytest.mark.slow
 def test_futures_as_arguments_move_between_workers(client):
     xs = client.map(inc, range(20))
     total = client.submit(sum, xs)
@@ -81,6 +83,7 @@ def test_futures_as_arguments_move_between_workers(client):
     assert len(pids) == 2
 
 
+@pytest.mark.slow
 def test_failed_dependency_fails_dependents(client):
     x = client.submit(div, 1, 0)
     y = client.submit(add, x, 10)
@@ -89,6 +92,7 @@ def test_failed_dependency_fails_dependents(client):
     assert x.status == "error" and y.status == "error"
 
 
+@pytest.mark.slow
 def test_remote_traceback_has_task_frames(client):
     import traceback
     with pytest.raises(ZeroDivisionError) as info:
@@ -97,6 +101,7 @@ def test_remote_traceback_has_task_frames(client):
     assert "in div" in text and "return a / b" in text
 
 
+@pytest.mark.slow
 def test_gather_skip_errors(client):
     fs = [client.submit(div, 1, d) for d in (1, 0, 2)]
     assert client.gather(fs, errors="skip") == [1.0, 0.5]
@@ -111,6 +116,7 @@ def test_unpicklable_argument_names_it(client):
         client.submit(add, 1, threading.Lock())
 
 
+@pytest.mark.slow
 def test_unpicklable_result_names_step_and_worker_survives(client, cluster):
     pids = {i.pid for i in cluster.workers.values()}
     with pytest.raises(TypeError, match=r"pickling the result of task .* failed on worker .*_thread.lock"):
@@ -119,6 +125,7 @@ def test_unpicklable_result_names_step_and_worker_survives(client, cluster):
     assert {i.pid for i in cluster.workers.values()} == pids and cluster.deaths == []
 
 
+@pytest.mark.slow
 def test_unpicklable_exception_becomes_task_error(client):
     with pytest.raises(TaskError) as info:
         client.submit(raise_unpicklable).result(10)
@@ -128,6 +135,7 @@ def test_unpicklable_exception_becomes_task_error(client):
     assert pickle.loads(pickle.dumps(err)).type_name == err.type_name
 
 
+@pytest.mark.slow
 def test_argument_that_fails_to_unpickle_on_worker(client, cluster):
     with pytest.raises(RuntimeError, match="unpickling the arguments of task .*cannot rebuild me"):
         client.submit(lambda x: x, BadUnpickle()).result(10)
@@ -135,6 +143,7 @@ def test_argument_that_fails_to_unpickle_on_worker(client, cluster):
 
 
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()])
+@pytest.mark.slow
 def test_systemexit_and_keyboardinterrupt_are_task_errors(client, cluster, exc):
     def boom():
         raise exc
@@ -145,6 +154,7 @@ def test_systemexit_and_keyboardinterrupt_are_task_errors(client, cluster, exc):
     assert cluster.deaths == []
 
 
+@pytest.mark.slow
 def test_pure_keys(client):
     a, b = client.submit(add, 1, 2), client.submit(add, 1, 2)
     assert a.key == b.key and a.key.startswith("add-")
@@ -155,6 +165,7 @@ def test_pure_keys(client):
     assert a.result(10) == b.result(10) == c.result(10) == 3
 
 
+@pytest.mark.slow
 def test_garbage_collected_future_frees_worker_memory(client, cluster):
     import numpy as np
     fut = client.submit(np.ones, 2_000_000)            # 16 MB stays on the worker
@@ -166,6 +177,7 @@ def test_garbage_collected_future_frees_worker_memory(client, cluster):
     assert not cluster.scheduler.tasks
 
 
+@pytest.mark.slow
 def test_large_array_round_trip_is_writable(client):
     np = pytest.importorskip("numpy")
     arr = np.arange(5_000_000, dtype="f8")             # 40 MB: crosses as shared memory
@@ -186,6 +198,7 @@ def test_scatter_and_gather(client):
     assert client.gather(d) == {"a": 1, "b": 2}
 
 
+@pytest.mark.slow
 def test_cancel_pending_dependents(client):
     ev = client.submit(time.sleep, 30)
     dep = client.submit(lambda *_: 1, ev)
@@ -202,6 +215,7 @@ def until(path):
 
 
 @pytest.mark.parametrize("long_task", ["running", "cancelled and running on"])
+@pytest.mark.slow
 def test_runs_queued_behind_a_long_task_move_to_an_idle_worker(tmp_path, long_task):
     """Prefetch puts runs on a worker ahead of time; one stuck behind a long task (or a
     cancelled one, which runs on: Python cannot interrupt it) is given back to an idle worker."""
@@ -228,6 +242,7 @@ def late_bytes(path, n):
     return b"old" * n
 
 
+@pytest.mark.slow
 def test_a_cancelled_run_ending_late_leaves_the_result_of_its_key_run_again(tmp_path):
     """Cancelled while running, the first run goes on; the key submitted again runs on the
     other thread and stores its result. The first run ending must not drop that result."""
@@ -244,6 +259,7 @@ def test_a_cancelled_run_ending_late_leaves_the_result_of_its_key_run_again(tmp_
         assert second.result(30) == bytes(3 * n)
 
 
+@pytest.mark.slow
 def test_future_is_a_concurrent_futures_future(client):
     fs = client.map(inc, range(10))
     done, not_done = cf.wait(fs, timeout=10)
@@ -260,6 +276,7 @@ def test_future_is_a_concurrent_futures_future(client):
     wait_for(lambda: seen == [2])
 
 
+@pytest.mark.slow
 def test_localcluster_wait_and_as_completed(client):
     fs = client.map(inc, range(20))
     done, not_done = wait(fs, timeout=10)
@@ -273,6 +290,7 @@ def test_localcluster_wait_and_as_completed(client):
         wait([client.submit(time.sleep, 5, pure=False)], timeout=0.05)
 
 
+@pytest.mark.slow
 def test_executor_semantics(client, cluster):
     ex = client.get_executor()
     assert isinstance(ex, cf.Executor)
@@ -297,6 +315,7 @@ def test_get_versions_check_raises_on_mismatch(client, monkeypatch):
         client.get_versions(check=True)
 
 
+@pytest.mark.slow
 def test_recreate_error_locally_runs_here(client):
     f = client.submit(div, 1, 0)
     with pytest.raises(ZeroDivisionError):
@@ -305,6 +324,7 @@ def test_recreate_error_locally_runs_here(client):
         client.recreate_error_locally(f)
 
 
+@pytest.mark.slow
 def test_tasks_may_start_processes_that_die_with_the_worker(client, cluster):
     def start_child():
         import subprocess
@@ -322,6 +342,7 @@ def test_tasks_may_start_processes_that_die_with_the_worker(client, cluster):
     assert pid not in {i.pid for i in cluster.workers.values()}
 
 
+@pytest.mark.slow
 def test_no_listening_socket(client, cluster):
     client.submit(inc, 1).result(10)
     procs = [psutil.Process()] + [psutil.Process(i.pid) for i in cluster.workers.values()]
@@ -337,6 +358,7 @@ def test_many_clusters_in_a_row_leak_nothing():
             assert cl.submit(inc, 1).result(10) == 2
 
 
+@pytest.mark.slow
 def test_client_alone_starts_and_closes_its_cluster():
     with Client(n_workers=1, forward_logs=False) as cl:
         assert cl.submit(inc, 1).result(10) == 2
@@ -371,6 +393,7 @@ def _run_script(tmp_path, ending):
     return script, marker
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_runs_top_level_once(tmp_path):
     script, marker = _run_script(tmp_path, "client.close()")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
@@ -380,6 +403,7 @@ def test_script_without_main_guard_runs_top_level_once(tmp_path):
 
 
 @pytest.mark.parametrize("ending", ["os._exit(0)", "os.kill(os.getpid(), 9)", "pass  # no close(): atexit"])
+@pytest.mark.slow
 def test_workers_never_outlive_the_parent(tmp_path, ending, monkeypatch):
     monkeypatch.setenv("LOCALCLUSTER_LOCAL_DIRECTORY", str(tmp_path / "spill"))
     script, _ = _run_script(tmp_path, ending)
@@ -442,6 +466,7 @@ def meet_ident(_):
     return threading.get_ident()
 
 
+@pytest.mark.slow
 def test_threads_per_worker():
     with LocalCluster(n_workers=1, threads_per_worker=3, forward_logs=False) as c, Client(c) as cl:
         assert len(set(cl.gather(cl.map(meet_ident, range(3), pure=False)))) == 3
@@ -458,6 +483,7 @@ def test_done_callback_may_fetch_a_large_result(client):
     assert done.wait(20) and got == [1_000_000]
 
 
+@pytest.mark.slow
 def test_functions_typed_into_a_repl_work(tmp_path):
     """__main__ without a file (python - < stdin), like a REPL or a notebook cell."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -481,10 +507,12 @@ def pool_square_sum(n):
         return sum(pool.map(abs, range(-n, 0)))
 
 
+@pytest.mark.slow
 def test_multiprocessing_pool_inside_a_task(client):
     assert client.submit(pool_square_sum, 10).result(60) == 55
 
 
+@pytest.mark.slow
 def test_a_future_pickled_in_the_client_comes_back_attached(client):
     x = client.submit(inc, 1)
     again = pickle.loads(pickle.dumps(x))
@@ -492,12 +520,14 @@ def test_a_future_pickled_in_the_client_comes_back_attached(client):
     assert client.submit(lambda v: [v], x).result(10) == [2]     # nested futures become values
 
 
+@pytest.mark.slow
 def test_map_over_futures(client):
     xs = client.map(inc, range(10))
     ys = client.map(add, xs, range(10))
     assert client.gather(ys) == [2 * i + 1 for i in range(10)]
 
 
+@pytest.mark.slow
 def test_a_future_pickled_in_the_parent_comes_back_to_its_client(client):
     import gc
     f = client.submit(inc, 41)
@@ -515,6 +545,7 @@ def test_a_future_pickled_in_the_parent_comes_back_to_its_client(client):
         rebuild(g.key, other.id)
 
 
+@pytest.mark.slow
 def test_a_future_with_a_done_callback_is_freed_with_its_data(client):
     """The callbacks thread must not hold the last future it called back about: its 4 MB
     result stays on the worker until that future is gone."""

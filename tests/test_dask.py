@@ -17,10 +17,8 @@ from localcluster.integrations.daskgraph import name_of
 
 dask = pytest.importorskip("dask")
 np = pytest.importorskip("numpy")
-pd = pytest.importorskip("pandas")
 da = pytest.importorskip("dask.array")
 db = pytest.importorskip("dask.bag")
-dd = pytest.importorskip("dask.dataframe")
 
 
 def recording(client, graphs: list):
@@ -37,6 +35,7 @@ def forgotten(client, keys) -> bool:
     return all(client.gateway.task_spec(name_of(k)) is None for k in keys)
 
 
+@pytest.mark.slow
 def test_array_reductions_over_many_chunks(client):
     x = da.random.default_rng(7).random(3_000_000, chunks=20_000)           # 150 chunks
     y = da.arange(3_000_000, chunks=20_000)
@@ -50,6 +49,7 @@ def test_array_reductions_over_many_chunks(client):
     assert len(ran) >= 150 and all(r.status == "finished" for r in client.cluster.history.tasks())
 
 
+@pytest.mark.slow
 def test_under_dask_config_set(client):
     y = da.arange(2_000_000, chunks=10_000)                                  # 200 chunks
     with dask.config.set(scheduler=client.get):
@@ -59,6 +59,7 @@ def test_under_dask_config_set(client):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_multi_megabyte_chunks_cross_workers(client):
     """4 MB chunks, 8 MB partial products: they move between the two workers for the sum."""
     x = da.random.default_rng(42).random((4000, 1000), chunks=(500, 1000))   # 8 chunks of 4 MB
@@ -75,6 +76,7 @@ def test_multi_megabyte_chunks_cross_workers(client):
     wait_for(lambda: forgotten(client, graphs[0]), timeout=10)   # nothing held after compute
 
 
+@pytest.mark.slow
 def test_bag(client):
     bag = db.from_sequence(range(1000), npartitions=8)
     freq = bag.map(lambda v: v % 7).filter(lambda v: v != 3).frequencies()
@@ -85,7 +87,10 @@ def test_bag(client):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_dataframe_groupby_and_sum(client):
+    pd = pytest.importorskip("pandas")          # here, not at the top: 2 s of imports the quick tier skips
+    dd = pytest.importorskip("dask.dataframe")
     """dask-expr plans the query client-side; every task still runs on the cluster."""
     n = 100_000
     df = pd.DataFrame({"g": np.arange(n) % 13, "v": np.arange(n, dtype=float), "w": np.arange(n) % 5})
@@ -101,6 +106,7 @@ def test_dataframe_groupby_and_sum(client):
     assert len(graphs) == 2 and tasks and tasks <= ran
 
 
+@pytest.mark.slow
 def test_a_tasks_exception_is_raised_as_itself(client):
     @dask.delayed
     def parse(x):
@@ -117,6 +123,7 @@ def flaky(marker: str) -> int:
     return 1
 
 
+@pytest.mark.slow
 def test_a_retry_runs_again_while_the_first_exception_is_kept(client, tmp_path):
     """pytest keeps the exception, as IPython keeps sys.last_value."""
     task = dask.delayed(flaky, pure=True)(str(tmp_path / "m"), dask_key_name="flaky-part-3")
@@ -149,6 +156,7 @@ def test_a_segfault_in_a_graph_is_a_killed_worker_naming_the_graph_key():
     assert "('load-partition', 17)" in str(info.value)
 
 
+@pytest.mark.slow
 def test_two_computations_sharing_keys(client):
     x = da.ones((1000, 1000), chunks=(250, 250))
     a = (x + 1).sum()
@@ -162,6 +170,7 @@ def test_two_computations_sharing_keys(client):
     assert dask.compute(kept, b, scheduler=client.get) == (2_000_000, 2.0)
 
 
+@pytest.mark.slow
 def test_raw_graphs_literals_and_aliases(client):
     from dask._task_spec import Task, TaskRef
     from dask.highlevelgraph import HighLevelGraph

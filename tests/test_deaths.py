@@ -134,6 +134,7 @@ def test_crash_table(cluster, client, point, how):
     assert client.submit(inc, 1).result(30) == 2     # the cluster keeps computing
 
 
+@pytest.mark.slow
 def test_crash_blames_only_the_task_on_the_crashing_thread(tmp_path):
     marker = str(tmp_path / "go")
     with LocalCluster(n_workers=1, threads_per_worker=2, allowed_failures=0, forward_logs=False) as c, \
@@ -183,6 +184,7 @@ def test_killed_worker_after_allowed_failures_names_every_death():
         assert cl.submit(inc, 1).result(30) == 2
 
 
+@pytest.mark.slow
 def test_timeout_kills_worker_and_spares_neighbours(tmp_path):
     marker = str(tmp_path / "go")
     with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
@@ -242,6 +244,7 @@ def sleep_in_user_code(seconds):
     time.sleep(seconds)
 
 
+@pytest.mark.slow
 def test_a_timeout_names_the_frame_the_task_was_in():
     import inspect
     line = inspect.getsourcelines(sleep_in_user_code)[1] + 1
@@ -259,6 +262,7 @@ def test_a_timeout_names_the_frame_the_task_was_in():
         assert "was in: File " in death.summary() and "in sleep_in_user_code" in death.summary()
 
 
+@pytest.mark.slow
 def test_exit_from_a_non_task_thread_is_exit():
     def exit_soon():
         import threading, os
@@ -339,6 +343,7 @@ def test_replicate_survives_one_death(client, cluster):
     assert client.submit(len, data).result(30) == 300_000
 
 
+@pytest.mark.slow
 def test_restart_cancels_pending_and_gives_fresh_workers(client, cluster):
     old = {i.pid for i in cluster.workers.values()}
     pending = client.submit(time.sleep, 30, pure=False)
@@ -354,6 +359,7 @@ def exit_now():
     os._exit(3)
 
 
+@pytest.mark.slow
 def test_restart_just_after_a_death_starts_exactly_as_many_workers(tmp_path):
     # The dead worker's replacement waits for the next tick; restart in between starts a
     # full set itself, and the replacement must not come on top (restart waits for exactly n).
@@ -409,6 +415,7 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
 
 
 @fragile
+@pytest.mark.slow
 def test_replay_of_a_crashing_task_happens_in_a_throwaway_process(cluster, client):
     from localcluster.integrations.replay import ReplayedDeath
     fut = client.submit(at_call, "segfault")

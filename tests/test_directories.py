@@ -126,6 +126,7 @@ def test_the_lock_descriptor_is_not_inherited(tmp_path):
         assert not [t for t in targets if t.endswith(machine.LOCK)]
 
 
+@pytest.mark.slow
 def test_the_owner_lock_holds_even_for_a_stopped_owner(tmp_path):
     """SIGSTOPped is alive: its directory stays."""
     proc = subprocess.Popen([sys.executable, "-c", OTHER_PROCESS, str(tmp_path)], stdin=subprocess.PIPE,

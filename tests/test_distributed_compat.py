@@ -192,6 +192,7 @@ def keywords(**kwargs):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_dask_keywords_mean_what_they_mean_in_dask(client):
     """Never passed to the function; hints accepted, what has no meaning here refused."""
     assert client.submit(keywords, fifo_timeout="100 ms", resources=None, actor=False, x=1).result(30) == ["x"]

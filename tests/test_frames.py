@@ -96,6 +96,7 @@ def _note(pid: int, func: str) -> str:
 
 
 @pytest.mark.parametrize("section", ["result", "gather-list", "gather-dict", "await", "uncaught"])
+@pytest.mark.slow
 def test_a_task_error_shows_the_script_line_two_frames_of_ours_at_most_and_where_it_ran(printed, section):
     sections, script, pid = printed
     text = sections[section]
@@ -168,6 +169,7 @@ def test_library_frames_on_the_worker_keep_their_real_paths(client):
     assert sum(f.filename.startswith(PACKAGE + os.sep) for f in frames) <= 2, frames
 
 
+@pytest.mark.slow
 def test_gather_of_a_failed_task_with_asynchronous_raises_it_with_its_frames(tmp_path):
     script = tmp_path / "agather.py"
     script.write_text(textwrap.dedent('''

@@ -62,6 +62,7 @@ def test_a_future_that_nobody_waited_for_resolves_and_reads_back(client):
     assert client.gather(futures) == list(range(1, 501))
 
 
+@pytest.mark.slow
 def test_waiting_for_all_makes_a_condition_only_for_a_future_pending_at_its_turn(client):
     # cf.wait would take every future's Condition, so make one (1.2 KB) for each of a big map's
     # futures; localcluster.wait and gather wait on one pending future at a time.

@@ -21,6 +21,7 @@ def length_plus(b, i):
     return len(b) + i
 
 
+@pytest.mark.slow
 def test_case1_scattered_array_used_by_40_tasks(cluster, client):
     big = client.scatter(np.ones(2_000_000))
     fs = [client.submit(first_element_plus, big, i, pure=False) for i in range(40)]
@@ -29,6 +30,7 @@ def test_case1_scattered_array_used_by_40_tasks(cluster, client):
     assert len({cluster.workers[w].pid for w in cluster.workers}) == 2
 
 
+@pytest.mark.slow
 def test_case1_scattered_5mb_bytes_used_by_40_tasks(cluster, client):
     big = client.scatter(b"x" * 5_000_000)
     fs = [client.submit(length_plus, big, i, pure=False) for i in range(40)]
@@ -36,6 +38,7 @@ def test_case1_scattered_5mb_bytes_used_by_40_tasks(cluster, client):
     assert cluster.deaths == []
 
 
+@pytest.mark.slow
 def test_case2_the_scheduler_thread_survives_relaying_large_data(cluster, client):
     w0, w1 = sorted(cluster.workers)
     big = client.scatter(np.arange(2_000_000.0), workers=[w0])
@@ -54,6 +57,7 @@ def total_plus(a, j):
     return float(a.sum()) + j
 
 
+@pytest.mark.slow
 def test_case3_six_20mb_results_each_read_by_three_dependents(cluster, client):
     results = [client.submit(twenty_mb, i, pure=False) for i in range(6)]
     dependents = [client.submit(total_plus, r, j, pure=False) for r in results for j in range(3)]
@@ -62,6 +66,7 @@ def test_case3_six_20mb_results_each_read_by_three_dependents(cluster, client):
     assert cluster.deaths == []
 
 
+@pytest.mark.slow
 def test_case4_replicate_a_large_scattered_value_then_lose_one_holder(cluster, client):
     w0, w1 = sorted(cluster.workers)
     value = np.arange(2_000_000.0)

@@ -18,6 +18,7 @@ def hold_gil(seconds, marker):
     sleep(seconds)                      # libc sleep() with the GIL held: Stop cannot be read
 
 
+@pytest.mark.slow
 def test_close_with_a_short_timeout_while_a_worker_ignores_stop(tmp_path):
     marker = str(tmp_path / "holding")
     cluster = LocalCluster(n_workers=1, forward_logs=False)
@@ -38,6 +39,7 @@ def test_timeouts_are_enforced_even_when_memory_is_sampled_rarely():
             cl.submit(time.sleep, 900, timeout=0.3).result(60)
 
 
+@pytest.mark.slow
 def test_scale_down_returns_when_the_worker_is_gone_not_at_its_timeout(monkeypatch):
     """scale(n) waits for the policy's slots to number n. A requested exit frees its slot in
     a policy event that asks for nothing; that event must still wake the waiter, or scale()

@@ -114,6 +114,7 @@ def total(x):
 
 
 @pytest.mark.cluster(n_workers=2)
+@pytest.mark.slow
 def test_insights_show_each_worker_moving_the_data_a_task_on_the_other_needs(cluster, client):
     """A 64 MiB value held by one worker and needed by a task on the other: the holder
     serves it, the other stores it, and each says the seconds it spent (its status board)."""
@@ -125,6 +126,7 @@ def test_insights_show_each_worker_moving_the_data_a_task_on_the_other_needs(clu
     assert moved[holder] > 0 and moved[other] > 0, moved
 
 
+@pytest.mark.slow
 def test_live_prints_nothing_when_stdout_is_not_a_terminal(cluster, client, capsys):
     out = io.StringIO()
     with live(interval=0.05, file=out) as block:
@@ -135,6 +137,7 @@ def test_live_prints_nothing_when_stdout_is_not_a_terminal(cluster, client, caps
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.slow
 def test_live_keeps_one_status_block_on_a_terminal(cluster, client):
     pytest.importorskip("rich")
     master, slave = os.openpty()
@@ -168,6 +171,7 @@ def test_status_lines_name_the_last_death(cluster):
     assert lines[0].startswith("localcluster: 2 workers") and len(lines) == 1
 
 
+@pytest.mark.slow
 def test_progress_live_shows_the_block_and_the_futures_count(cluster, client):
     pytest.importorskip("rich")
     master, slave = os.openpty()

@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-pytest.importorskip("ipywidgets")
+from _util import require
+
+# nbclient runs in the child; here only whether it is there (importing it takes 2.5 s)
+require('nbclient', 'ipykernel', 'ipywidgets')
 
 CELLS = [
     "import time\nfrom localcluster import Client\nclient = Client(n_workers=2, forward_logs=False)\n"

@@ -78,6 +78,7 @@ def test_bad_memory_limit(bad):
         LocalCluster(memory_limit=bad)
 
 
+@pytest.mark.slow
 def test_worker_over_the_limit_is_killed_with_figures(caplog):
     caplog.set_level(logging.INFO, logger="localcluster")    # forward_logs=False: the line is INFO, not WARNING
     limit = 300 * MiB
@@ -118,6 +119,7 @@ def test_results_spill_to_disk_instead_of_killing_the_worker():
     assert not os.path.exists(directory)
 
 
+@pytest.mark.slow
 def test_spill_directory_removed_after_the_worker_crashes(tmp_path):
     with LocalCluster(n_workers=1, memory_limit=200 * MiB, local_directory=str(tmp_path),
                       forward_logs=False) as c, Client(c) as cl:
@@ -144,6 +146,7 @@ def hog_until(mib, marker):
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_paused_worker_receives_no_tasks_until_it_recovers(tmp_path):
     marker = str(tmp_path / "free")
     with LocalCluster(n_workers=1, memory_limit=400 * MiB, forward_logs=False) as c, Client(c) as cl:

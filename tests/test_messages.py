@@ -47,6 +47,7 @@ def test_a_limit_below_an_idle_worker_is_refused_at_construction():
     assert "at least" in text and "None for no limit" in text
 
 
+@pytest.mark.slow
 def test_scaling_up_under_a_tiny_limit_ends_in_startup_error_not_a_loop():
     with LocalCluster(n_workers=0, memory_limit="1KiB", forward_logs=False) as c:
         with pytest.raises(WorkerStartupError) as info:
@@ -73,6 +74,7 @@ SEGFAULT_SCRIPT = """
 """
 
 
+@pytest.mark.slow
 def test_a_segfault_prints_one_line_per_death_and_the_exception(tmp_path):
     proc = run_script(tmp_path, SEGFAULT_SCRIPT.format(extra=""))
     assert proc.returncode == 1
@@ -86,6 +88,7 @@ def test_a_segfault_prints_one_line_per_death_and_the_exception(tmp_path):
     assert "KilledWorker" in err[-1] or any(l.startswith("localcluster.death.KilledWorker") for l in err)
 
 
+@pytest.mark.slow
 def test_forward_logs_all_shows_the_full_dump(tmp_path):
     proc = run_script(tmp_path, SEGFAULT_SCRIPT.format(extra=', forward_logs="all"'))
     assert proc.returncode == 1
@@ -97,6 +100,7 @@ def crash():
     ctypes.string_at(0)
 
 
+@pytest.mark.slow
 def test_the_death_keeps_only_the_task_thread_without_localclusters_frames():
     with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
         with pytest.raises(KilledWorker):
@@ -130,6 +134,7 @@ def _loaded():
     return True
 
 
+@pytest.mark.slow
 def test_a_timeout_death_carries_the_stack_where_the_task_waited():
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
         # this module imported on the worker first: on a loaded machine the import alone
@@ -147,6 +152,7 @@ def test_a_timeout_death_carries_the_stack_where_the_task_waited():
 
 # --- 4. advice that fits where it is raised; every error importable -------------------------
 
+@pytest.mark.slow
 def test_replayed_death_does_not_advise_what_was_just_called():
     with LocalCluster(n_workers=1, allowed_failures=0, forward_logs=False) as c, Client(c) as cl:
         fut = cl.submit(crash)

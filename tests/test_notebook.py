@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+from _util import require
+
+# nbclient runs in the child; here only whether it is there (importing it takes 2.5 s)
+require('nbclient', 'ipykernel')
 
 CELLS = [
     "from localcluster import Client\nclient = Client(n_workers=2)",
@@ -41,6 +43,7 @@ print(json.dumps([cell.get("outputs", []) for cell in nb.cells]))
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_notebook_cells():
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(CELLS)],
                           capture_output=True, text=True, timeout=110)

@@ -21,6 +21,7 @@ def trio():
         yield cluster, client
 
 
+@pytest.mark.slow
 def test_submit_and_map_run_where_they_are_told(trio):
     cluster, client = trio
     w0, w1, w2 = sorted(cluster.workers)
@@ -49,6 +50,7 @@ def pid_once_released(path):
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_a_preference_falls_back_and_a_requirement_says_why_it_cannot(trio, tmp_path):
     cluster, client = trio
     w0, w1, _w2 = sorted(cluster.workers)

@@ -106,6 +106,7 @@ def same(x):
 _OPTS = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(allow_nan=True), st.text(max_size=5))
 
 
+@pytest.mark.slow
 def test_submit_options_run_or_name_the_option(cluster, client):
     names = list(cluster.workers)
 
@@ -133,6 +134,7 @@ def test_submit_options_run_or_name_the_option(cluster, client):
     assert client.submit(inc, 41).result(30) == 42
 
 
+@pytest.mark.slow
 def test_keys_are_strings_or_refused(cluster, client):
 
     @PROFILE
@@ -174,6 +176,7 @@ def _resolve(structure, values):
     return structure
 
 
+@pytest.mark.slow
 def test_futures_nested_anywhere_arrive_as_values(cluster, client):
     with LocalCluster(n_workers=0, forward_logs=False) as other, Client(other) as closed_client:
         foreign = closed_client.scatter(7)
@@ -198,6 +201,7 @@ def test_futures_nested_anywhere_arrive_as_values(cluster, client):
     prop()
 
 
+@pytest.mark.slow
 def test_gather_wait_and_as_completed_refuse_what_is_not_a_future(cluster, client):
     fut = client.submit(inc, 1)
     assert client.gather([fut, 3, "x", {"a": fut}]) == [2, 3, "x", {"a": 2}]

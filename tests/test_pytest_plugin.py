@@ -99,6 +99,7 @@ def assert_workers_gone(pids_file):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 @pytest.mark.parametrize("import_mode", ["prepend", "importlib"])
+@pytest.mark.slow
 def test_a_separate_project_uses_the_plugin(tmp_path, import_mode, launcher):
     """Plugin autoloading off, ``-p localcluster.pytest_plugin`` loads it; a conftest-free project."""
     project = make_project(tmp_path, {"test_user.py": USER_TESTS})
@@ -129,6 +130,7 @@ def test_the_entry_point_loads_it_and_the_ini_option_sizes_the_cluster(tmp_path)
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_bad_worker_count_is_a_usage_error(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_x.py").write_text("def test_x(localcluster_client):\n    pass\n")

@@ -122,6 +122,7 @@ def test_the_segfault_block_is_what_a_segfaulting_script_prints(tmp_path):
     assert matches(_block("localcluster.death.KilledWorker"), proc.stderr), proc.stderr
 
 
+@pytest.mark.slow
 def test_the_errors_example_is_what_its_script_prints(tmp_path):
     (code,) = [b for b in re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M) if "def divide" in b]
     script = tmp_path / "div.py"

@@ -126,6 +126,7 @@ def test_a_stopping_exception_from_a_task_is_wrapped(client, kind, name):
     assert client.cluster.deaths == []
 
 
+@pytest.mark.slow
 def test_an_uncaught_sys_exit_in_a_task_is_not_a_silent_exit_of_the_script(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""

@@ -113,6 +113,7 @@ def test_the_report_opens_in_a_real_browser(run, page, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cause", ["memory-limit", "crash"])
+@pytest.mark.slow
 def test_a_death_marker_sits_at_the_time_of_the_death(run, page, cause):
     """The marker is where the cluster says the worker died, and that worker's own memory
     line ends at its last sample, which is not after the death (two independent records:
@@ -206,6 +207,7 @@ def fib(n):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_the_task_stream_says_which_task_submitted_which(tmp_path):
     """Tasks that submit tasks: each child's record names its parent, the bars say so, and
     the summary counts them."""

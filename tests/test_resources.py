@@ -260,6 +260,7 @@ def after(marker: str) -> tuple:
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=4, resources={"MEM": 2})
+@pytest.mark.slow
 def test_six_tasks_needing_mem_1_on_a_worker_with_mem_2_and_4_threads_never_run_more_than_2_at_once(
         client, tmp_path):
     path = str(tmp_path / "count")
@@ -274,6 +275,7 @@ def started(client, fut, marker, timeout=30.0):
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1})
+@pytest.mark.slow
 def test_a_cancelled_task_holds_its_resources_while_it_runs_on_and_releases_them_when_it_ends(
         client, tmp_path):
     marker, go = str(tmp_path / "a"), str(tmp_path / "go")
@@ -290,6 +292,7 @@ def test_a_cancelled_task_holds_its_resources_while_it_runs_on_and_releases_them
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1}, allowed_failures=0)
+@pytest.mark.slow
 def test_a_death_releases_the_resources_of_its_runs(cluster, client, tmp_path):
     marker = str(tmp_path / "a")
     a = client.submit(held, marker, str(tmp_path / "never"), resources={"MEM": 1}, pure=False)
@@ -304,6 +307,7 @@ def test_a_death_releases_the_resources_of_its_runs(cluster, client, tmp_path):
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=2, resources={"MEM": 1})
+@pytest.mark.slow
 def test_a_timeout_releases_the_resources_of_its_run(client, tmp_path):
     marker = str(tmp_path / "a")
     a = client.submit(held, marker, str(tmp_path / "never"), resources={"MEM": 1}, timeout=1.0, pure=False)
@@ -340,6 +344,7 @@ def test_a_task_no_worker_can_ever_run_fails_at_submit_naming_it_what_it_asks_an
         LocalCluster(n_workers=0, resources={"MEM": 0})
 
 
+@pytest.mark.slow
 def test_scale_starts_workers_with_the_resources_and_a_waiting_task_says_what_it_waits_for(tmp_path):
     with LocalCluster(n_workers=0, resources={"MEM": 1}, forward_logs=False) as cluster, Client(cluster) as client:
         marker, go = str(tmp_path / "a"), str(tmp_path / "go")
@@ -355,6 +360,7 @@ def test_scale_starts_workers_with_the_resources_and_a_waiting_task_says_what_it
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_compute_and_persist_pass_resources_to_every_task_of_the_graph():
     """dask's compute(resources=) and persist(resources=): each task of the graph claims them."""
     dask = pytest.importorskip("dask")

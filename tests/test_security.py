@@ -45,6 +45,7 @@ def test_no_process_of_a_cluster_listens_on_a_socket():
         assert {pid: listening(pid) for pid in procs} == {pid: [] for pid in procs}
 
 
+@pytest.mark.slow
 def test_task_subprocesses_inherit_no_channel_or_memory_descriptor():
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
         big = cl.scatter(np.ones(20 * 2**20 // 8, dtype=np.int64))   # arrives as shared memory
@@ -66,6 +67,7 @@ def token_seen():
     return os.environ.get("LC_TEST_TOKEN_SEEN", "")[::-1]
 
 
+@pytest.mark.slow
 def test_an_initializers_arguments_are_not_on_any_command_line():
     """initargs may hold a secret: every worker runs the initializer with it, and no
     worker's command line (world-readable: ps, /proc/<pid>/cmdline) shows it."""

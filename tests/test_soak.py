@@ -23,6 +23,7 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     pytest.param(float(os.environ.get("LOCALCLUSTER_SOAK_SECONDS", "45")), dict(rounds=5, tasks=200, kills=10),
                  marks=pytest.mark.slow, id="long"),
     pytest.param(3.0, dict(rounds=1, tasks=20, kills=2), id="short")])
+@pytest.mark.slow
 def test_soak_with_random_sigkills_and_data_in_flight(seconds, least):
     spec = importlib.util.spec_from_file_location("soak_example", EXAMPLE)
     soak = importlib.util.module_from_spec(spec)

@@ -242,6 +242,7 @@ def test_no_worker_is_said_and_every_timeout_says_why(said):
     assert len(said.lines) == 1
 
 
+@pytest.mark.slow
 def test_a_busy_cluster_is_not_said_stuck_and_the_timeout_names_the_running_task(tmp_path, said):
     marker = str(tmp_path / "go")
     with LocalCluster(n_workers=1, stall_warning=0.3, forward_logs=False) as c, Client(c) as cl:

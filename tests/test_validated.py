@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import localcluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(localcluster.__file__)))
@@ -56,6 +58,7 @@ INNER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_broken_invariant_fails_the_test_whatever_made_the_cluster(tmp_path):
     shutil.copy(os.path.join(os.path.dirname(__file__), "conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_inner.py").write_text(INNER)

@@ -77,6 +77,7 @@ def seceding(log, go):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_fib_with_worker_client_on_one_worker_of_one_thread():
     """The issue's "done when": every level waits on its children with its slot given back."""
     with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
@@ -87,12 +88,14 @@ def test_fib_with_worker_client_on_one_worker_of_one_thread():
         wait_for(lambda: psutil.Process(pid).num_threads() == 4, 10)
 
 
+@pytest.mark.slow
 def test_get_client_submits_through_the_parent_scheduler(client):
     assert client.submit(add_from_task, 1).result(30) == 4
     name, same, children = client.submit(worker_children_and_client).result(30)
     assert (name, same, children) == ("TaskClient", True, 0)
 
 
+@pytest.mark.slow
 def test_client_with_arguments_in_a_task_says_what_to_do(client):
     def nested_cluster():
         return Client(n_workers=2)
@@ -100,12 +103,14 @@ def test_client_with_arguments_in_a_task_says_what_to_do(client):
         client.submit(nested_cluster).result(30)
 
 
+@pytest.mark.slow
 def test_a_client_closed_over_is_the_workers_client_in_a_task(client):
     def uses_outer_client(x):
         return client.submit(inc, x).result()          # the user's Client, pickled into the task
     assert client.submit(uses_outer_client, 41).result(30) == 42
 
 
+@pytest.mark.slow
 def test_futures_made_in_tasks_come_back_as_the_parents_futures(client):
     inner = client.submit(make_future, 10).result(30)
     assert type(inner).__name__ == "Future" and inner.client is client
@@ -118,6 +123,7 @@ def test_futures_made_in_tasks_come_back_as_the_parents_futures(client):
     assert fn() == 5 and fut.client is client and fut.result(30) == 2
 
 
+@pytest.mark.slow
 def test_keys_a_task_lets_go_of_are_released(client):
     def submit_and_drop():
         c = get_client()
@@ -129,6 +135,7 @@ def test_keys_a_task_lets_go_of_are_released(client):
 
 
 @pytest.mark.cluster(n_workers=1)
+@pytest.mark.slow
 def test_secede_gives_the_slot_back_and_rejoin_waits_for_one(client, tmp_path):
     """One worker, one thread: a seceded task lets another run; rejoining waits until the
     other has ended, so no two tasks ever ran in the slot at once."""
@@ -202,6 +209,7 @@ def parent_of_suicidal(workers):
 
 
 @pytest.mark.cluster(allowed_failures=0)
+@pytest.mark.slow
 def test_a_death_says_which_task_submitted_the_task_it_ran(client, cluster):
     from localcluster import KilledWorker
     names = sorted(cluster.workers)
@@ -222,6 +230,7 @@ def seceded_past_timeout(rejoins):
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("rejoins", [False, True], ids=["seceded", "rejoined"])
+@pytest.mark.slow
 def test_a_seceded_tasks_timeout_is_enforced(tmp_path, rejoins):
     """A task that called secede() has left its executor's row of the status board; its
     timeout still stops its worker, and the error names the task, the worker and where it was."""
@@ -248,6 +257,7 @@ def runs_everywhere():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_run_from_a_task_answers_from_every_worker_its_own_too(client, cluster):
     got = client.submit(runs_everywhere, pure=False).result(30)
     assert got == {name: (name, w.pid, "t") for name, w in cluster.workers.items()}
@@ -265,6 +275,7 @@ def runs_on(workers, on_error):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_run_from_a_task_on_named_workers_with_errors(client):
     assert client.submit(runs_on, ["worker-1"], "raise", pure=False).result(30) == ("raised", "boom on worker-1")
     assert client.submit(runs_on, ["worker-0"], "return", pure=False).result(30) == {
@@ -288,6 +299,7 @@ def cancels_its_child(log, go):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_cancel_from_a_task_cancels_for_everyone(client, cluster, tmp_path):
     log, go = str(tmp_path / "log"), str(tmp_path / "go")
     cancelled, status, error, key = client.submit(cancels_its_child, log, go).result(30)
@@ -307,6 +319,7 @@ def holds_and_asks():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_who_has_and_scheduler_info_from_a_task(client):
     [x] = client.scatter([1], workers=["worker-1"])
     y, z, has, every, names, threads, each = client.submit(holds_and_asks, workers=["worker-0"]).result(30)
@@ -322,5 +335,6 @@ def cancels_an_ended_one():
     return f.cancel(), f.status, f.result()
 
 
+@pytest.mark.slow
 def test_cancel_from_a_task_leaves_an_ended_future_as_it_was(client):
     assert client.submit(cancels_an_ended_one, pure=False).result(30) == (False, "finished", 2)

@@ -30,6 +30,7 @@ def marks(path):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.slow
 def test_a_worker_whose_every_thread_is_busy_still_sends_data_and_takes_cancels(tmp_path, threads):
     """The parent fetches a large result and cancels a queued run while every executor of
     the worker runs a long task: only the main thread is left to read the channel."""

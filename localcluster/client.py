@@ -48,7 +48,7 @@ def _lookup(client_id: Optional[str]) -> Optional["Client"]:
 class Client:
     """Submit work to a LocalCluster. ``Client()`` alone starts its own ``LocalCluster(**kwargs)``."""
 
-    def __new__(cls, cluster: Optional[LocalCluster] = None, **kwargs: Any) -> Any:
+    def __new__(cls, cluster: Optional[LocalCluster] = None, *, set_as_default: bool = True, **kwargs: Any) -> Any:
         # In a task, Client() is the worker's client (get_client()), not a cluster started
         # inside the worker: what dask gives a task whose code makes a Client.
         if cluster is None and _in_tasks.in_worker():
@@ -60,12 +60,17 @@ class Client:
             return _in_tasks.get_client()
         return super().__new__(cls)
 
-    def __init__(self, cluster: Optional[LocalCluster] = None, **kwargs: Any):
+    def __init__(self, cluster: Optional[LocalCluster] = None, *, set_as_default: bool = True, **kwargs: Any):
+        if not isinstance(set_as_default, bool):
+            raise TypeError(f"Client(set_as_default=...) takes True or False, got {set_as_default!r}")
         if cluster is not None and not isinstance(cluster, LocalCluster):
             raise TypeError(f"Client(cluster=...) takes a LocalCluster, got {type(cluster).__name__}")
         if cluster is not None and kwargs:
             raise TypeError("pass either a LocalCluster or LocalCluster keyword arguments, not both")
         self._owns_cluster = cluster is None
+        #: whether Client.current() (and so joblib, the pytest plugin, get_client outside a
+        #: task) may return this client: dask's keyword. Set once, before it is registered.
+        self.set_as_default = set_as_default
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
         self.id = f"client-{PREFIX}-{next(_client_numbers)}"
         self._closed = False
@@ -87,8 +92,9 @@ class Client:
 
     @classmethod
     def current(cls, allow_none: bool = False) -> Optional["Client"]:
-        """The most recently created Client of this process that is still running (dask's
-        ``Client.current()``); integrations (joblib, the pytest plugin) use it by default."""
+        """The most recently created Client of this process that is still running and was
+        not made with ``set_as_default=False`` (dask's ``Client.current()``); integrations
+        (joblib, the pytest plugin) use it by default."""
         client = _future.latest_client()
         if client is None and not allow_none:
             raise ValueError("no running localcluster Client in this process: create one with Client()")

@@ -40,6 +40,9 @@ class Owner(Protocol):
     def status(self) -> str: ...        # running, closed, or forked
 
     @property
+    def set_as_default(self) -> bool: ...   # False: never the current client
+
+    @property
     def gateway(self) -> Gateway: ...
 
     def track(self, fut: "Future") -> None: ...
@@ -86,9 +89,10 @@ def client_by_id(client_id: str) -> Optional[Owner]:
 
 
 def latest_client() -> Optional[Owner]:
-    """The most recently created Client of this process that is still running, if any."""
+    """The most recently created Client of this process that is still running and may be
+    the default one, if any."""
     for client in reversed(list(_clients.values())):
-        if client.status == "running":
+        if client.set_as_default and client.status == "running":
             return client
     return None
 

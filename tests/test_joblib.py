@@ -194,6 +194,32 @@ def test_a_refused_n_jobs_leaves_no_cluster_running(n_jobs):
     assert _children() == before
 
 
+def test_two_parallel_generators_at_once_run_on_a_cluster_each():
+    # joblib's test_multiple_generator_call_separated: the second call once took the first
+    # call's own cluster for the user's, and lost its results when the first one ended
+    assert Client.current(allow_none=True) is None
+    before = _children()
+    g = joblib.Parallel(n_jobs=2, backend="localcluster", return_as="generator_unordered")(
+        joblib.delayed(where)(i) for i in range(10))
+    g2 = joblib.Parallel(n_jobs=2, backend="localcluster", return_as="generator")(
+        joblib.delayed(where)(i) for i in range(10, 20))
+    assert Client.current(allow_none=True) is None        # neither is the process's current client
+    first = sorted(g)                                    # the first call ends: its cluster closes
+    second = list(g2)
+    assert [v for v, _ in first] == [i * i for i in range(10)]
+    assert [v for v, _ in second] == [i * i for i in range(10, 20)]
+    assert not {p for _, p in first} & {p for _, p in second}, "the two calls shared one cluster"
+    assert _children() == before
+
+
+def test_set_as_default_false_is_never_the_current_client():
+    with Client(n_workers=1, forward_logs=False) as mine:
+        with Client(n_workers=1, forward_logs=False, set_as_default=False) as hidden:
+            assert hidden.status == "running" and Client.current() is mine
+    with pytest.raises(TypeError, match=r"set_as_default=\.\.\.\) takes True or False, got 'no'"):
+        Client(set_as_default="no")
+
+
 # --- what joblib's own suite found (issue 25); tests/test_joblib_suite.py runs that suite ---
 
 INITIALIZED: list = []        # in a worker: the initializers it ran, in order

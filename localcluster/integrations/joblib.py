@@ -9,7 +9,8 @@
 
 Which cluster: ``parallel_config(backend="localcluster", client=client)`` names a Client;
 without it, the most recently created running Client (``Client.current()``); with none,
-each ``Parallel`` call starts a ``Client()`` of its own and closes it when the call ends
+each ``Parallel`` call starts a ``Client(set_as_default=False)`` of its own (never the
+current client, so that no other call takes it for yours) and closes it when the call ends
 (for ``with Parallel(...) as parallel:``, when the block ends), so no worker outlives it.
 Other keyword arguments of ``parallel_config`` go to ``client.submit`` (``retries=2``,
 ``priority=1``, ``workers=[...]``).
@@ -124,7 +125,10 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         client = self.client
         if client is None:
             from ..client import Client
-            client = self._workers = Client()
+            # Not the process's current client: another Parallel call made meanwhile (a
+            # second generator) would take it for the user's, and lose its work when this
+            # call ends and closes it.
+            client = self._workers = Client(set_as_default=False)
         self._in_use = client
         try:
             return self.effective_n_jobs(n_jobs)

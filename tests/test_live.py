@@ -188,6 +188,25 @@ def _drain(master):
     return seen
 
 
+def fails_first(path):
+    if not os.path.exists(path):
+        open(path, "w").close()
+        raise ValueError("the first try fails")
+    return 1
+
+
+def test_status_lines_count_tasks_not_runs(cluster, client, tmp_path):
+    assert client.submit(fails_first, str(tmp_path / "tried"), retries=1, key="flaky-1").result(30) == 1
+    first = client.submit(nap, 1, key="nap-1")
+    assert first.result(30) == 1
+    del first
+    wait_for(lambda: "nap-1" not in cluster.scheduler.tasks)
+    assert client.submit(nap, 1, key="nap-1").result(30) == 1       # the same key, run again
+    wait_for(lambda: cluster.history.ended == 4)
+    assert sorted(r.status for r in cluster.history.tasks()) == ["error", "finished", "finished", "finished"]
+    assert "tasks 2 done, 0 running, 0 failed" in status_lines([cluster])[0]
+
+
 def test_status_lines_name_the_last_death(cluster):
     lines = status_lines([cluster])
     assert lines[0].startswith("localcluster: 2 workers") and len(lines) == 1

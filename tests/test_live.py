@@ -39,8 +39,9 @@ def test_the_dashboard_is_a_widget_that_redraws_itself(cluster, client):
         assert view.header.value != before
         workers = view.parts[0].value
         assert all(name in workers for name in cluster.workers) and "lc-splitbar" in workers
-        assert re.search(r"<code>nap</code>.*?<td[^>]*>6</td>", view.parts[1].value)       # progress row
-        assert view.parts[2].value == view.parts[3].value == ""        # stream, insights: drawn when shown
+        assert view.parts[1].value == view.parts[2].value == view.parts[3].value == ""   # drawn when shown
+        view.tabs.selected_index = dash.TABS.index("progress")
+        wait_for(lambda: re.search(r"<code>nap</code>.*?<td[^>]*>6</td>", view.parts[1].value), timeout=2.5)
         view.tabs.selected_index = dash.TABS.index("task stream")
         wait_for(lambda: view.parts[2].value.count('class="lc-task"') == 6, timeout=2.5)
         view.tabs.selected_index = dash.TABS.index("insights")
@@ -48,6 +49,27 @@ def test_the_dashboard_is_a_widget_that_redraws_itself(cluster, client):
     finally:
         view.close()
     assert view.closed and not view._thread.is_alive()
+
+
+def test_a_costly_refresh_waits_a_hundred_times_its_cpu_time(cluster, monkeypatch):
+    pytest.importorskip("ipywidgets")
+    real = dash.Snapshot.take
+
+    def costly(self, tab="workers"):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.02:      # 20 ms of CPU: the next refresh waits 2 s
+            pass
+        return real(self, tab)
+
+    monkeypatch.setattr(dash.Snapshot, "take", costly)
+    view = cluster.dashboard(interval=0.01)
+    try:
+        wait_for(lambda: view.refreshes >= 2, timeout=10)    # the first draw, then the thread's first
+        seen = view.refreshes
+        time.sleep(1.0)      # nothing to wait for: the point is that no refresh comes (~30 without the rule)
+        assert view.refreshes == seen
+    finally:
+        view.close()
 
 
 def test_the_dashboard_thread_ends_with_its_cluster():
@@ -164,6 +186,25 @@ def _drain(master):
     finally:
         os.close(master)
     return seen
+
+
+def fails_first(path):
+    if not os.path.exists(path):
+        open(path, "w").close()
+        raise ValueError("the first try fails")
+    return 1
+
+
+def test_status_lines_count_tasks_not_runs(cluster, client, tmp_path):
+    assert client.submit(fails_first, str(tmp_path / "tried"), retries=1, key="flaky-1").result(30) == 1
+    first = client.submit(nap, 1, key="nap-1")
+    assert first.result(30) == 1
+    del first
+    wait_for(lambda: "nap-1" not in cluster.scheduler.tasks)
+    assert client.submit(nap, 1, key="nap-1").result(30) == 1       # the same key, run again
+    wait_for(lambda: cluster.history.ended == 4)
+    assert sorted(r.status for r in cluster.history.tasks()) == ["error", "finished", "finished", "finished"]
+    assert "tasks 2 done, 0 running, 0 failed" in status_lines([cluster])[0]
 
 
 def test_status_lines_name_the_last_death(cluster):

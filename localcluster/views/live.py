@@ -16,13 +16,16 @@ from typing import Any, Callable, Optional, TextIO
 
 from ..cluster import live_clusters, watch
 from ..config import check_seconds, format_bytes
+from .dashboard import KEYS_KEPT
 
 __all__ = ["live", "status_lines"]
 
 
 def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None, seen: Optional[dict] = None) -> list:
     """The block's lines for these clusters (one ``cluster.workers`` each, and the task
-    records ended since the last call: ``seen`` keeps, per cluster, what was read)."""
+    records ended since the last call: ``seen`` keeps, per cluster, what was read). Tasks
+    are counted by key: a task run again, or one that failed and then succeeded on a
+    retry, counts once."""
     seen = {} if seen is None else seen
     lines = []
     for c in clusters:
@@ -32,15 +35,18 @@ def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None, seen
         states = Counter(w.status for w in workers)
         memory = sum(w.memory or 0 for w in workers)
         limit = sum(w.memory_limit or 0 for w in workers)
-        ended, records = seen.get(c, (0, Counter()))
+        ended, done, failed = seen.get(c, (0, set(), set()))
         now_ended = c.history.ended
-        records.update(r.status for r in c.history.tail(now_ended - ended))
-        seen[c] = (now_ended, records)
+        for r in c.history.tail(now_ended - ended, raw=True):     # a task run again counts once
+            keys = done if r[5] == "finished" else failed if r[5] == "error" else None
+            if keys is not None and len(keys) < KEYS_KEPT:
+                keys.add(r[0])
+        seen[c] = (now_ended, done, failed)
         running = sum(len(w.running) for w in workers)
         state = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no worker"
         lines.append(f"localcluster: {len(workers)} workers ({state}) · memory {format_bytes(memory)}"
                      + (f" of {format_bytes(limit)}" if limit else "")
-                     + f" · tasks {records['finished']} done, {running} running, {records['error']} failed")
+                     + f" · tasks {len(done)} done, {running} running, {len(failed - done)} failed")
         deaths = c.deaths
         if deaths:
             lines.append("  last death: " + deaths[-1].headline().removeprefix("localcluster: "))

@@ -125,7 +125,8 @@ class LocalCluster:
     def _chores(self) -> None:
         """On every wake-up of the scheduler thread, before its commands: keys released
         lock-free, and workers retired by another thread's event."""
-        self._dispatch.free_released()
+        if self._dispatch.free_released():
+            self._loop.wake()             # the rest on the next turn, after the workers' messages
         self._supervisor.retire_pending()
 
     def _run(self) -> None:

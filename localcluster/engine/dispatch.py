@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 import weakref
 from collections import deque
@@ -50,6 +51,7 @@ from ..wire.serialize import as_exception, dumps_exception
 logger = logging.getLogger("localcluster")
 
 _RELEASE_CHUNK = 5000      # keys let go under the lock at once (~20 µs each)
+_RELEASE_TURN = 0.05       # seconds of releasing per wake-up, then the loop's other work
 
 
 class Listener(Protocol):
@@ -189,10 +191,15 @@ class Dispatcher:
                 return actions
             self.event(ask)
 
-    def free_released(self) -> None:
+    def free_released(self) -> bool:
         """In chunks, so that neither a submit waiting for the lock nor close() waits behind
-        200,000 keys let go at once (a big map's futures dropped together)."""
+        200,000 keys let go at once (a big map's futures dropped together); and for at most
+        ``_RELEASE_TURN`` seconds a call, so that the scheduler thread goes back to its
+        workers' messages between turns (a million keys let go at once took it 30 s under
+        load, which the watchdog took for a stuck thread). True: keys are left for the
+        next turn, and the caller should wake the loop for it."""
         released = self._released
+        end = time.monotonic() + _RELEASE_TURN
         while released and self._life.open:
             keys = []
             while released and len(keys) < _RELEASE_CHUNK:
@@ -200,6 +207,9 @@ class Dispatcher:
             with self._lock:
                 post = self.apply(self._scheduler.release_many(keys))
             self.post(post)
+            if released and time.monotonic() >= end:
+                return self._life.open
+        return False
 
     def stop_releasing(self) -> None:
         """The cluster is closing: what is still to release goes with everything else."""

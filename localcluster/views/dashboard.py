@@ -12,7 +12,7 @@ it. The HTML of a part is sent only when it changed.
 
 What it costs the cluster: the refresh runs in the user's process and holds the GIL while
 it computes, which delays the scheduler thread's and the submitting thread's wake-ups. So
-it reads no more than it draws (a map of 20,000 tasks: 1-2 ms a refresh on the workers
+it reads no more than it draws (a map of 20,000 tasks: 1-8 ms a refresh on the workers
 tab, 15-30 ms with the progress tab's per-group scan), and it waits 100 times its own CPU
 time when that is longer than ``interval``: never more than 1 % of a core.
 

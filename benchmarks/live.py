@@ -8,7 +8,12 @@ open and refreshing once a second, for ``--minutes`` (10 by default). One run, o
 Each round runs submit (5,000 no-ops, one by one, then their results) and map (20,000
 no-ops); a metric's figure per mode is the median of its rounds, and the ratio is
 with / without (1.0: no cost), also as the median of each pair of neighbouring rounds;
-the spread of the rounds without the dashboard says how much is noise. It also times
+the spread of the rounds without the dashboard says how much is noise, and a bootstrap 95 %
+interval of the ratio says whether the difference is measurable at all (it is when the
+interval leaves out 1.0). Before every round, in both modes, the collector runs
+(``gc.collect()``, as pyperf does between runs): the harness's own steps (building a widget,
+closing the last one, timing its refreshes) leave garbage that would otherwise be collected
+during whichever round follows them. It also times
 the refreshes themselves (on the widget's thread) and ``cluster.workers``, the one take
 of the cluster's lock a refresh makes. The widget needs ipywidgets (no kernel: its
 messages go nowhere, the drawing is the same). Results: a table on stdout and
@@ -17,8 +22,10 @@ messages go nowhere, the drawing is the same). Results: a table on stdout and
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import random
 import statistics
 import time
 
@@ -47,6 +54,15 @@ def timed_refreshes(view, n: int = 20) -> tuple:
     return wall, cpu
 
 
+def ratio_interval(without: list, with_: list, n: int = 2000) -> tuple:
+    """A bootstrap 95 % interval of median(with) / median(without): each mode's rounds
+    resampled with replacement, ``n`` times (a fixed seed: the same data, the same interval)."""
+    rng = random.Random(0)
+    ratios = sorted(statistics.median(rng.choices(with_, k=len(with_)))
+                    / statistics.median(rng.choices(without, k=len(without))) for _ in range(n))
+    return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
@@ -66,6 +82,7 @@ def main(argv=None) -> int:
         while time.monotonic() < end or min(len(r) for r in rounds.values()) < 2:
             mode = ("without", "with")[i % 2]
             view = peer.cluster.dashboard(interval=1.0) if mode == "with" else None
+            gc.collect()
             rounds[mode].append(one_round(peer))
             if view is not None:
                 refreshes += view.refreshes
@@ -87,6 +104,8 @@ def main(argv=None) -> int:
         pairs = [w[metric] / o[metric] for o, w in zip(rounds["without"], rounds["with"])]
         table[metric] = {"without": without, "with": with_, "ratio": with_ / without,
                          "pair_ratio_median": statistics.median(pairs),
+                         "ratio_95": ratio_interval([r[metric] for r in rounds["without"]],
+                                                    [r[metric] for r in rounds["with"]]),
                          "cv_without": statistics.pstdev(r[metric] for r in rounds["without"]) / without,
                          "raw": {m: [r[metric] for r in rounds[m]] for m in rounds}}
     result = {"minutes": args.minutes, "rounds": {m: len(r) for m, r in rounds.items()}, "metrics": table,
@@ -101,7 +120,8 @@ def main(argv=None) -> int:
           f"dashboard ({refreshes} refreshes during them)")
     for metric, row in table.items():
         print(f"  {metric:11s} without {row['without']:9.0f}/s   with {row['with']:9.0f}/s   "
-              f"ratio {row['ratio']:.3f} (round by round: {row['pair_ratio_median']:.3f}; "
+              f"ratio {row['ratio']:.3f} (95 % interval {row['ratio_95'][0]:.3f}-{row['ratio_95'][1]:.3f}; "
+              f"round by round: {row['pair_ratio_median']:.3f}; "
               f"spread of the rounds without: {row['cv_without']:.0%})")
     print(f"  one refresh: {result['refresh_cpu_ms_median']:.2f} ms of CPU median, {result['refresh_ms_median']:.2f} ms "
           f"wall ({result['refresh_ms_max']:.2f} max), on the widget's thread; cluster.workers (its one take of the lock): "

@@ -121,6 +121,9 @@ class Future(cf.Future):
     # otherwise (112 bytes a future that nobody waits on or calls back from).
     _waiters: "list | tuple" = ()
     _done_callbacks: "list | tuple" = ()
+    # While a thread reads the reply for this future itself (Gateway.wait_here): what wakes
+    # it when another thread ends the future. Set and cleared by that thread only.
+    _bell: Optional[Callable[[], None]] = None
 
     def __init__(self, key: str, client: Owner, track: bool = True):
         # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
@@ -170,6 +173,8 @@ class Future(cf.Future):
         if self._state == _FINISHED and self._exception is None:
             value = self._result         # set before the state: no lock, no Condition made
         else:
+            if self._state == _PENDING and timeout != 0 and not _in_forked_child:
+                self._gateway.wait_here(self, deadline)
             try:
                 value = self._within(super().result, timeout)
             except (Exception, cf.CancelledError) as e:
@@ -299,6 +304,16 @@ class Future(cf.Future):
 
     # --- the client's side: how Client.resolve ends a Future, and what gather reads -------
 
+    def watch(self, bell: Optional[Callable[[], None]]) -> None:
+        """``bell()`` is called once this future ends (None: no longer): set by a thread
+        that waits for it while reading its reply itself."""
+        self._bell = bell
+
+    def _rang(self) -> None:
+        bell = self._bell
+        if bell is not None:
+            bell()
+
     def settle(self, status: str, value: Any) -> None:
         """End this future as the cluster says its task ended (``Client.resolve``):
         ``"finished"`` (``value``: the pickled result, or None while the data stays on a
@@ -315,6 +330,8 @@ class Future(cf.Future):
                 self._end_watched(self.set_exception, value)
         elif not self._ended_unwatched(_NOTIFIED, None, None) and super().cancel():
             self.set_running_or_notify_cancel()
+        if self._bell is not None:
+            self._rang()
 
     @staticmethod
     def fail_all(futures: list, exc: BaseException) -> None:
@@ -333,6 +350,8 @@ class Future(cf.Future):
         if self._state == _PENDING:
             self._result, self._exception = None, exc
             self._state = _FINISHED     # last: a lock-free reader sees the state after the rest
+            if self._bell is not None:
+                self._rang()
         return True
 
     def _ended_unwatched(self, state: str, result: Any, exception: Any) -> bool:

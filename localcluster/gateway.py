@@ -236,8 +236,18 @@ class Gateway:
     def worker_versions(self) -> dict[str, dict]:
         return self._supervisor.versions()
 
+    def wait_here(self, fut: Any, deadline: Optional[float]) -> None:
+        """``fut`` is pending and this thread waits for it: read the reply here when its task
+        runs on a worker whose channel is free to lend (Supervisor.read_for). Returns when
+        ``fut`` is done, or when the caller is to wait as usual."""
+        worker = self._scheduler.worker_of(fut.key)
+        if worker is not None and self._life.error is None and not self._loop.on_loop():
+            self._supervisor.read_for(worker, fut.done, fut.watch, deadline)
+
     def on_scheduler_thread(self) -> bool:
-        return self._loop.on_loop()
+        """Whether this thread delivers results (the scheduler thread, or a thread reading for
+        its future): what it runs must never wait for a result."""
+        return self._loop.on_loop() or self._supervisor.reads_here()
 
     def run_callback(self, fn: Callable, fut: Any) -> None:
         """Run a user's done-callback on the callbacks thread, not the scheduler thread."""

@@ -77,3 +77,44 @@ def test_an_event_whose_file_a_handler_of_the_same_batch_closed_is_dropped(kind)
         for p in replacements:
             p.close()
         pipes[called[0]].close()
+
+
+def test_a_lent_file_is_left_out_of_the_selector_until_given_back():
+    """A user thread that reads a worker's channel itself borrows it from the loop: the loop
+    must not wake for it meanwhile, nor lend it twice, and selects it again once given back."""
+    loop = EventLoop(Lifecycle(), on_wake=lambda: None)
+    pipe = Pipe("object")
+    called: list = []
+    try:
+        loop.register(pipe.fileobj, called.append)
+        pipe.make_ready()
+        assert loop.lend(pipe.fileobj)
+        assert not loop.lend(pipe.fileobj)          # one borrower at a time
+        rounds = iter([True, False])
+        loop.run(lambda now: None, 0.05, lambda: next(rounds))     # a select that times out
+        assert called == []
+        loop.give_back(pipe.fileobj)
+        run_once(loop)
+        assert len(called) == 1
+    finally:
+        loop.close()
+        pipe.close()
+
+
+def test_a_file_unregistered_while_lent_is_not_selected_again_when_given_back():
+    """The worker died while a user thread read its channel: the scheduler thread unregisters
+    and closes it; the borrower's give_back must not register a closed file (whose number
+    another file may own by then)."""
+    loop = EventLoop(Lifecycle(), on_wake=lambda: None)
+    pipe = Pipe("object")
+    try:
+        loop.register(pipe.fileobj, lambda mask: None)
+        assert loop.lend(pipe.fileobj)
+        loop.unregister(pipe.fileobj)
+        loop.give_back(pipe.fileobj)
+        assert not loop.lend(pipe.fileobj)          # not registered any more
+        loop.want_write(pipe.fileobj, True)         # and no trace of it comes back
+        assert not loop.lend(pipe.fileobj)
+    finally:
+        loop.close()
+        pipe.close()

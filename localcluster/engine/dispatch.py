@@ -149,7 +149,8 @@ class Dispatcher:
 
     def on_worker_messages(self, worker: str, msgs: list) -> None:
         """Task messages of one worker as one batch (placement runs once); what was corked
-        for it goes with the answers. Scheduler thread."""
+        for it goes with the answers. The scheduler thread, or a user thread that reads the
+        worker's channel while it waits for a future (Supervisor.read_for)."""
         outlet = self._outlets.get(worker)
         if not msgs and (outlet is None or not outlet.cork):
             return

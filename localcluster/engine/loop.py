@@ -11,6 +11,11 @@ is ready), the wake-up pipe (a self-pipe: a write from another thread ends the
 current ``select``) and the queue of commands other threads hand to this one. It
 knows nothing of workers or tasks.
 
+A channel may be lent to another thread (``lend``, ``give_back``): a user thread that waits
+for one future reads that worker's channel itself, and the selector leaves the channel out
+meanwhile, so that only one thread wakes for its reply (supervisor.py, ``read_for``).
+Registrations change under ``_reg_lock``, from any thread.
+
 A persistent epoll selector is used instead of ``multiprocessing.connection.wait``
 (which builds a new poller on every call) and because it can also wait for a socket
 to become writable.
@@ -36,6 +41,10 @@ class EventLoop:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._woken)
+        #: every change of the selector's registrations (any thread: a lend comes from a user thread)
+        self._reg_lock = threading.Lock()
+        #: file object -> (events, handler) of the channels lent out; under _reg_lock
+        self._lent: dict = {}
         self._commands: deque = deque()       # (fn, Future or None), appended by any thread
         self._on_wake = on_wake               # runs first on every wake-up (work queued lock-free)
         self.thread: Optional[threading.Thread] = None
@@ -87,22 +96,55 @@ class EventLoop:
 
     def register(self, fileobj: Any, handler: Callable[[int], None], write: bool = False) -> None:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
-        self._selector.register(fileobj, events, handler)
+        with self._reg_lock:
+            self._selector.register(fileobj, events, handler)
 
     def want_write(self, fileobj: Any, write: bool) -> None:
         """Select ``fileobj`` for writing too (or no longer), with the handler it has."""
-        try:
-            key = self._selector.get_key(fileobj)
-        except (KeyError, ValueError):    # already unregistered: its worker is gone
-            return
-        if key.fileobj is fileobj:        # not a newer registration on a reused fd number
-            self._selector.modify(fileobj, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0), key.data)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+        with self._reg_lock:
+            lent = self._lent.get(fileobj)
+            if lent is not None:          # selected again with these events when given back
+                self._lent[fileobj] = (events, lent[1])
+                return
+            try:
+                key = self._selector.get_key(fileobj)
+            except (KeyError, ValueError):    # already unregistered: its worker is gone
+                return
+            if key.fileobj is fileobj:        # not a newer registration on a reused fd number
+                self._selector.modify(fileobj, events, key.data)
 
     def unregister(self, fileobj: Any) -> None:
-        try:
-            self._selector.unregister(fileobj)
-        except (KeyError, ValueError):
-            pass
+        """No longer selected, nor selected again when given back (its worker is gone)."""
+        with self._reg_lock:
+            self._lent.pop(fileobj, None)
+            try:
+                self._selector.unregister(fileobj)
+            except (KeyError, ValueError):
+                pass
+
+    def lend(self, fileobj: Any) -> bool:
+        """Any thread: leave ``fileobj`` out of the selector until :meth:`give_back`, for the
+        calling thread to read it. False if it is not registered (gone) or lent already."""
+        with self._reg_lock:
+            if fileobj in self._lent:
+                return False
+            try:
+                key = self._selector.unregister(fileobj)
+            except (KeyError, ValueError):
+                return False
+            if key.fileobj is not fileobj:       # a newer registration on a reused fd number
+                self._selector.register(key.fileobj, key.events, key.data)
+                return False
+            self._lent[fileobj] = (key.events, key.data)
+            return True
+
+    def give_back(self, fileobj: Any) -> None:
+        """Select a lent ``fileobj`` again, unless it was unregistered meanwhile."""
+        with self._reg_lock:
+            lent = self._lent.pop(fileobj, None)
+            if lent is not None:
+                self._selector.register(fileobj, *lent)
 
     def run(self, tick: Callable[[float], None], interval: float, keep_going: Callable[[], bool]) -> None:
         """Select and dispatch until ``keep_going()`` is false; ``tick(now)`` every ``interval``."""

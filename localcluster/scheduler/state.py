@@ -203,6 +203,12 @@ class Scheduler:
         ts = self.tasks.get(run[0])
         return ts.spec.timeout if ts is not None and ts.spec is not None else None
 
+    def worker_of(self, key: str) -> Optional[str]:
+        """The worker ``key``'s run was sent to, while it is processing. Safe without the lock
+        (two reads, each atomic): a hint, which may be stale by the time it is used."""
+        ts = self.tasks.get(key)
+        return ts.worker if ts is not None else None
+
     def whereabouts(self, key: str) -> Whereabouts:
         ts = self.tasks.get(key)
         if ts is None:

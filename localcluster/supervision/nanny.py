@@ -99,6 +99,16 @@ class Nanny:
         # (``_joined``) before anything reads the membership, and before the worker is
         # accepted, so every task runs in the group.
         self._joining: Optional[threading.Thread] = None
+        # Reading the channel: the scheduler thread, or a user thread it is lent to while that
+        # thread waits for one future (Supervisor.read_for). Frames are read and handled one
+        # at a time under ``reading``, so they are handled in the order they came; ``reading``
+        # is always taken before the cluster's lock, never under it.
+        self.reading = threading.RLock()
+        #: frames a borrower read and left for the scheduler thread (they carry more than task
+        #: results); handled before anything read after them. Under ``reading``
+        self.held: deque = deque()
+        #: wakes a borrower whose future another thread ended
+        self.bell = Doorbell()
 
     # --- start -----------------------------------------------------------------------
 
@@ -288,7 +298,9 @@ class Nanny:
                 os.close(fd)
                 setattr(self, fd_attr, None)
         if self.chan is not None:
-            self.chan.close()
+            with self.reading:      # not while a borrower reads it
+                self.chan.close()
+        self.bell.close()
         if self.proc is not None:
             for pipe in (self.proc.stdout, self.proc.stderr):
                 if pipe is not None:
@@ -298,3 +310,51 @@ class Nanny:
         if self.group is not None:
             self.group.remove()
             self.group = None
+
+
+class Doorbell:
+    """A pipe that a thread selects on beside a channel, rung from another thread to wake
+    it. Opened on first use and closed with its nanny; a ring after that rings nothing (never
+    a descriptor number that something else has since been given)."""
+
+    __slots__ = ("_lock", "_r", "_w", "_closed")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._r = self._w = -1
+        self._closed = False
+
+    def fileno(self) -> int:
+        """The end to select on; -1 once closed."""
+        with self._lock:
+            if self._r < 0 and not self._closed:
+                self._r, self._w = os.pipe()
+                os.set_blocking(self._r, False)
+                os.set_blocking(self._w, False)
+            return self._r
+
+    def ring(self) -> None:
+        with self._lock:
+            if self._w >= 0:
+                try:
+                    os.write(self._w, b"x")
+                except BlockingIOError:     # full: a ring is pending anyway
+                    pass
+
+    def quiet(self) -> None:
+        """Take the rings heard so far out of the pipe."""
+        with self._lock:
+            if self._r >= 0:
+                try:
+                    while os.read(self._r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for fd in (self._r, self._w):
+                if fd >= 0:
+                    os.close(fd)
+            self._r = self._w = -1

@@ -23,7 +23,10 @@ Each policy event runs under the cluster's lock (``_decide``), with what it asks
 scheduler; signals, messages and spawns are carried out after the lock is let go of.
 
 Threads: the scheduler thread runs everything above. User threads only read, under the
-cluster's lock: ``snapshot``, ``logs``, ``dump_stacks``, ``wait_for``.
+cluster's lock: ``snapshot``, ``logs``, ``dump_stacks``, ``wait_for``; and one that waits
+for a single future reads its worker's channel itself (``read_for``): the loop lends it the
+channel, and its task results go to the dispatcher from that thread, so the reply wakes one
+thread instead of two. Frames with anything else it leaves, in order, for the scheduler thread.
 
 Owns: the nannies (name -> Nanny; only the scheduler thread adds or removes one, under
 the lock, and connects or disconnects its channel in the dispatcher in the same hold),
@@ -36,13 +39,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import select
 import selectors
 import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..worker import logs
 from ..wire import protocol as P
@@ -52,6 +56,7 @@ from ..engine.dispatch import Dispatcher
 from ..views.history import History
 from ..engine.lifecycle import Lifecycle, Phase
 from ..engine.loop import EventLoop
+from ..system.machine import hold_interrupts, release_interrupts
 from .nanny import Nanny
 from ..views.render import key_group
 from .output import OutputStream
@@ -108,6 +113,7 @@ class Supervisor:
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
         self._names = itertools.count()
+        self._readers: set = set()      #: idents of the user threads reading a lent channel (read_for); any thread
 
     @property
     def target(self) -> int:
@@ -320,15 +326,110 @@ class Supervisor:
         if mask & selectors.EVENT_WRITE and n.chan.flush():     # the backlog went out
             self._loop.want_write(n.chan, False)
         if mask & selectors.EVENT_READ:
-            try:
-                msgs = n.chan.receive()
-            except (EOFError, OSError):
+            with n.reading:
+                self._take_held(n)
+                try:
+                    msgs = n.chan.receive()
+                except (EOFError, OSError):
+                    msgs = None
+                else:
+                    if msgs:
+                        self._on_messages(n, msgs)
+            if msgs is None:
                 self._loop.unregister(n.chan)
                 if n.sentinel is None:   # no pidfd: EOF is our death notice
                     self._on_exit(n)
+
+    def _take_held(self, n: Nanny) -> None:
+        """Under ``n.reading``: the frames a borrower left for this thread, before any newer one."""
+        while n.held:
+            self._on_messages(n, n.held.popleft())
+
+    def _took_held(self, n: Nanny) -> None:
+        with n.reading:
+            self._take_held(n)
+
+    # --- a user thread reading for its future ---------------------------------------------
+
+    def read_for(self, worker: str, done: Callable[[], bool], watch: Callable[[Optional[Callable[[], None]]], None],
+                 deadline: Optional[float]) -> None:
+        """On a user thread that waits for one future whose task runs on ``worker``: read
+        that worker's channel here until ``done()`` (or ``deadline``, monotonic), instead of
+        the scheduler thread reading it and then waking this one. ``watch(ring)`` hands the
+        future what wakes this thread when another thread ends it, ``watch(None)`` takes it
+        back. Returns at once when the channel is lent to another thread already or its
+        worker is gone, and early when a frame carries more than task results (the scheduler
+        thread takes that frame next, in order) or the worker goes: the caller then waits as
+        usual. Never blocks the scheduler thread: it only waits for ``reading`` while one
+        frame is handled here."""
+        n = self.nannies.get(worker)        # a dict read; lend() says whether its channel is live
+        chan = n.chan if n is not None else None
+        if chan is None or not self._loop.lend(chan):
+            return
+        me = threading.get_ident()
+        bell = n.bell
+
+        def ring() -> None:                 # on the thread that ends the future
+            if threading.get_ident() != me:
+                bell.ring()
+        self._readers.add(me)
+        try:
+            fd, wake = chan.fileno(), bell.fileno()
+            if fd < 0 or wake < 0:
                 return
-            if msgs:
-                self._on_messages(n, msgs)
+            watch(ring)
+            while not done():
+                timeout = None
+                if deadline is not None:
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        return
+                try:
+                    readable, writable, _ = select.select([fd, wake], [fd] if chan.wants_write() else [], [], timeout)
+                except (OSError, ValueError):       # closed under us: its worker is gone
+                    return
+                if wake in readable:
+                    bell.quiet()
+                if writable:
+                    chan.flush()
+                if fd in readable and not self._read_lent(n, chan):
+                    return
+        finally:
+            watch(None)
+            self._readers.discard(me)
+            self._loop.give_back(chan)
+
+    def reads_here(self) -> bool:
+        """Whether this thread is reading a worker's channel for its future (read_for):
+        like the scheduler thread, it must not run what could wait for that channel."""
+        return threading.get_ident() in self._readers
+
+    def _read_lent(self, n: Nanny, chan: Any) -> bool:
+        """One frame of a lent channel, read and handled on this thread; False: stop reading
+        (the channel is closed, or the frame is left for the scheduler thread)."""
+        with n.reading:
+            held = hold_interrupts()        # a Ctrl-C lands after the state change, not inside it
+            try:
+                if n.held or chan.closed:
+                    return False
+                try:
+                    msgs = chan.receive()
+                except (EOFError, OSError):     # the scheduler thread sees it once given back
+                    return False
+                tasks: list = []
+                for m in msgs:
+                    for one in (m.messages if type(m) is P.Batch else (m,)):
+                        t = type(one)
+                        if t in _OWN or t is P.Ask:
+                            n.held.append(msgs)
+                            self._loop.run_soon(lambda: self._took_held(n))
+                            return False
+                        tasks.append(one)
+                if tasks:
+                    self._dispatch.on_worker_messages(n.name, tasks)
+                return True
+            finally:
+                release_interrupts(held)
 
     def _on_output(self, stream: OutputStream) -> None:
         if not stream.read():
@@ -374,13 +475,15 @@ class Supervisor:
     def _on_exit(self, n: Nanny) -> None:
         # Messages and output written before the death come first: a result that
         # arrived is a result, and the crash stack is in the pipe.
-        if n.chan is not None and not n.chan.closed:
-            try:
-                msgs = n.chan.drain()
-            except OSError:
-                msgs = []
-            if msgs:
-                self._on_messages(n, msgs)
+        with n.reading:             # after what a borrower is handling, and what it left here
+            self._take_held(n)
+            if n.chan is not None and not n.chan.closed:
+                try:
+                    msgs = n.chan.drain()
+                except OSError:
+                    msgs = []
+                if msgs:
+                    self._on_messages(n, msgs)
         exitcode = n.reap()
         for fileobj in (n.chan, n.sentinel, *(stream.fd for stream in n.outputs)):
             if fileobj is not None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Optional
+import signal
+import threading
+from typing import Any, Optional
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -165,6 +167,31 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_MAIN = threading.main_thread().ident
+_SIGINT = {signal.SIGINT}
+try:        # the C function itself: signal.pthread_sigmask wraps its answer in enums (~1 µs)
+    from _signal import pthread_sigmask as _sigmask
+except ImportError:  # pragma: no cover - not CPython, or no pthread_sigmask
+    _sigmask = getattr(signal, "pthread_sigmask", None)
+
+
+def hold_interrupts() -> Any:
+    """On the main thread: hold SIGINT back (a state change that must not be cut in two runs
+    next) and return what :func:`release_interrupts` needs; elsewhere None (Python raises
+    KeyboardInterrupt on the main thread only). Our own threads block SIGINT for good
+    (:func:`block_interrupts`), so a Ctrl-C meanwhile stays pending and lands right after the
+    release; a thread of the user's that does not block it may still take it and have the
+    main thread raise at once."""
+    if threading.get_ident() != _MAIN or _sigmask is None:
+        return None
+    return _sigmask(signal.SIG_BLOCK, _SIGINT)
+
+
+def release_interrupts(held: Any) -> None:
+    if held is not None and signal.SIGINT not in held:
+        _sigmask(signal.SIG_UNBLOCK, _SIGINT)
 
 
 def block_interrupts() -> None:

@@ -1,0 +1,137 @@
+"""A thread waiting in ``result()`` reads its worker's channel itself (Supervisor.read_for):
+the reply wakes that thread only, not the scheduler thread and then it. Real workers; each
+test checks what must hold whoever reads: callbacks off the reading thread, frames with more
+than results left to the scheduler thread in order, the channel given back after a timeout
+or a death."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+from _util import block_until, wait_for
+
+import localcluster
+from localcluster import KilledWorker
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def inc(x):
+    return x + 1
+
+
+def late(x, seconds=0.3):
+    time.sleep(seconds)       # still running when the test's thread starts to wait
+    return x
+
+
+def released(path):
+    block_until(path)
+    return 1
+
+
+def reading(ident: int) -> bool:
+    """Whether thread ``ident`` is inside a read of a lent channel now."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_name == "read_for":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_result_reads_its_reply_on_the_waiting_thread(client, tmp_path):
+    """The task ends once the test's thread waits in result(), reading the channel."""
+    marker = str(tmp_path / "go")
+    fut = client.submit(released, marker)
+    threads: list = []
+    cf.Future.add_done_callback(fut, lambda f: threads.append(threading.get_ident()))
+    me = threading.get_ident()
+
+    def release() -> None:
+        wait_for(lambda: reading(me))
+        open(marker, "w").close()
+    helper = threading.Thread(target=release)
+    helper.start()
+    try:
+        assert fut.result(timeout=30) == 1
+    finally:
+        helper.join(30)
+    assert threads == [me], "the reply was handled on another thread"
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=1)
+def test_a_done_callback_never_runs_on_the_reading_thread(client):
+    """The callback waits for a later task of the same worker: on the thread that holds the
+    worker's channel it would wait forever."""
+    first = client.submit(late, 1)
+    second = client.submit(inc, 1)       # queued behind it, on the same worker
+    seen: list = []
+    called = threading.Event()
+
+    def callback(f):
+        seen.append((threading.current_thread().name, second.result(timeout=20)))
+        called.set()
+    first.add_done_callback(callback)
+    assert first.result(timeout=30) == 1
+    assert called.wait(30)
+    assert seen[0][1] == 2
+    assert seen[0][0] != threading.current_thread().name
+
+
+def submits_and_waits(x):
+    client = localcluster.get_client()
+    return client.submit(inc, x).result(timeout=20) + 1
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=2)
+def test_requests_from_tasks_on_a_lent_channel_go_to_the_scheduler_thread_in_order(client):
+    """A task's Ask (get_client, submit, wait) comes on the channel the waiting thread reads:
+    it is left to the scheduler thread, ahead of anything read after it."""
+    for i in range(10):
+        assert client.submit(submits_and_waits, i, pure=False).result(timeout=30) == i + 2
+
+
+@pytest.mark.cluster(n_workers=1, threads_per_worker=2)
+def test_a_timed_out_wait_gives_the_channel_back(client):
+    slow = client.submit(late, 1, 2.0)
+    with pytest.raises(cf.TimeoutError, match="running on worker"):
+        slow.result(timeout=0.05)
+    quick = client.submit(inc, 1)
+    done, _ = localcluster.wait([quick], timeout=20)     # waits without reading: the scheduler thread reads
+    assert quick in done and quick.result() == 2
+    assert slow.result(timeout=30) == 1
+
+
+def killed(x):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.cluster(n_workers=1, allowed_failures=0)
+def test_a_worker_killed_while_the_waiting_thread_reads_its_channel(client):
+    fut = client.submit(killed, 1)
+    with pytest.raises(KilledWorker, match="SIGKILL"):
+        fut.result(timeout=30)
+    assert client.submit(inc, 1).result(timeout=30) == 2       # its replacement, read the same way
+
+
+def test_a_ctrl_c_while_interrupts_are_held_lands_right_after_them():
+    """What keeps a Ctrl-C out of the middle of a frame's handling on the main thread."""
+    from localcluster.system.machine import hold_interrupts, release_interrupts
+    seen: list = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        held = hold_interrupts()
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(10_000))          # bytecodes run: an unheld signal's handler would run by now
+        assert seen == []
+        release_interrupts(held)
+        sum(range(10_000))
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, old)

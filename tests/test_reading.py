@@ -121,7 +121,8 @@ def test_a_worker_killed_while_the_waiting_thread_reads_its_channel(client):
 
 
 def test_a_ctrl_c_while_interrupts_are_held_lands_right_after_them():
-    """What keeps a Ctrl-C out of the middle of a frame's handling on the main thread."""
+    """What keeps a Ctrl-C out of the middle of a frame's handling on the main thread, also
+    when another thread (pytest-timeout's, here) takes the signal from the kernel."""
     from localcluster.system.machine import hold_interrupts, release_interrupts
     seen: list = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))

@@ -170,28 +170,39 @@ def pid_alive(pid: int) -> bool:
 
 
 _MAIN = threading.main_thread().ident
-_SIGINT = {signal.SIGINT}
-try:        # the C function itself: signal.pthread_sigmask wraps its answer in enums (~1 µs)
-    from _signal import pthread_sigmask as _sigmask
-except ImportError:  # pragma: no cover - not CPython, or no pthread_sigmask
-    _sigmask = getattr(signal, "pthread_sigmask", None)
+try:        # the C functions: signal's own wrap their answers in enums, several µs a call
+    from _signal import getsignal as _getsignal, signal as _setsignal
+except ImportError:  # pragma: no cover - not CPython
+    _getsignal, _setsignal = signal.getsignal, signal.signal
 
 
 def hold_interrupts() -> Any:
-    """On the main thread: hold SIGINT back (a state change that must not be cut in two runs
-    next) and return what :func:`release_interrupts` needs; elsewhere None (Python raises
-    KeyboardInterrupt on the main thread only). Our own threads block SIGINT for good
-    (:func:`block_interrupts`), so a Ctrl-C meanwhile stays pending and lands right after the
-    release; a thread of the user's that does not block it may still take it and have the
-    main thread raise at once."""
-    if threading.get_ident() != _MAIN or _sigmask is None:
+    """On the main thread: hold Ctrl-C back while a state change that must not be cut in two
+    runs, and return what :func:`release_interrupts` needs; elsewhere None (Python raises
+    KeyboardInterrupt on the main thread only). The Python handler of SIGINT is swapped for
+    one that only remembers the signal: blocking the signal (``pthread_sigmask``) would not
+    do, since the kernel then hands it to any other thread that does not block it (a
+    Jupyter kernel's, pytest-timeout's), and Python still runs the handler on the main
+    thread at once. A handler that is not Python's (SIG_DFL, SIG_IGN) raises nothing:
+    then there is nothing to hold."""
+    if threading.get_ident() != _MAIN:
         return None
-    return _sigmask(signal.SIG_BLOCK, _SIGINT)
+    handler = _getsignal(signal.SIGINT)
+    if not callable(handler):
+        return None
+    caught: list = []
+    _setsignal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    return handler, caught
 
 
 def release_interrupts(held: Any) -> None:
-    if held is not None and signal.SIGINT not in held:
-        _sigmask(signal.SIG_UNBLOCK, _SIGINT)
+    """The handler back; a Ctrl-C that came meanwhile is handled now (KeyboardInterrupt
+    raised here, right after the state change)."""
+    if held is not None:
+        handler, caught = held
+        _setsignal(signal.SIGINT, handler)
+        if caught:
+            handler(signal.SIGINT, caught[0])
 
 
 def block_interrupts() -> None:

@@ -21,11 +21,13 @@ Steps, in order (the process that spends the time in brackets):
     wrun     -> wran      [worker] the run: arguments unpickled, the call, the result pickled and stored
     wran     -> wreply    [worker] the status board, the reply queued
     wreply   -> wsend     [worker] framing the Finished
-    wsend    -> woke      [both] sendmsg, until the parent's scheduler thread is out of select
+    wsend    -> woke      [both] sendmsg, until the parent's reading thread is out of select:
+                          the user's thread waiting in result(), which reads its worker's
+                          channel itself (Supervisor.read_for), or else the scheduler thread
     woke     -> decoded   [parent] recvmsg and decoding
     decoded  -> resolving [parent] the scheduler handles the result
-    resolving-> got       [parent] the Future resolved; the user's thread wakes, takes the GIL,
-                          and result() returns
+    resolving-> got       [parent] the Future resolved and result() returns; when the scheduler
+                          thread read the reply, the user's thread wakes and takes the GIL too
 """
 from __future__ import annotations
 
@@ -75,11 +77,13 @@ def worker_marks() -> dict:
 def _install_parent_hooks() -> None:
     from localcluster.wire import channel
     from localcluster import client, future
+    from localcluster.engine import dispatch
     from localcluster.supervision import supervisor
     _wrap(client.Client, "submit", before="submit")
     _wrap(channel, "_send_chunks", before="send")
     _wrap(supervisor.Supervisor, "_on_channel", before="woke")
-    _wrap(supervisor.Supervisor, "_on_messages", before="decoded")
+    _wrap(supervisor.Supervisor, "_read_lent", before="woke")
+    _wrap(dispatch.Dispatcher, "on_worker_messages", before="decoded")
     _wrap(future.Future, "settle", before="resolving")
 
 

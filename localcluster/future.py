@@ -170,11 +170,11 @@ class Future(cf.Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._state == _PENDING and timeout != 0 and not _in_forked_child:
+            self._gateway.wait_here(self, deadline)
         if self._state == _FINISHED and self._exception is None:
             value = self._result         # set before the state: no lock, no Condition made
         else:
-            if self._state == _PENDING and timeout != 0 and not _in_forked_child:
-                self._gateway.wait_here(self, deadline)
             try:
                 value = self._within(super().result, timeout)
             except (Exception, cf.CancelledError) as e:

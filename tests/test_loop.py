@@ -88,8 +88,12 @@ def test_a_lent_file_is_left_out_of_the_selector_until_given_back():
     try:
         loop.register(pipe.fileobj, called.append)
         pipe.make_ready()
-        assert loop.lend(pipe.fileobj)
-        assert not loop.lend(pipe.fileobj)          # one borrower at a time
+        woken: list = []
+        assert loop.lend(pipe.fileobj, lambda: woken.append(1))
+        assert not loop.lend(pipe.fileobj, lambda: None)          # one borrower at a time
+        loop.want_write(pipe.fileobj, True)     # a backlog: the borrower is woken to write it
+        assert woken == [1]
+        loop.want_write(pipe.fileobj, False)
         rounds = iter([True, False])
         loop.run(lambda now: None, 0.05, lambda: next(rounds))     # a select that times out
         assert called == []
@@ -109,12 +113,12 @@ def test_a_file_unregistered_while_lent_is_not_selected_again_when_given_back():
     pipe = Pipe("object")
     try:
         loop.register(pipe.fileobj, lambda mask: None)
-        assert loop.lend(pipe.fileobj)
+        assert loop.lend(pipe.fileobj, lambda: None)
         loop.unregister(pipe.fileobj)
         loop.give_back(pipe.fileobj)
-        assert not loop.lend(pipe.fileobj)          # not registered any more
+        assert not loop.lend(pipe.fileobj, lambda: None)          # not registered any more
         loop.want_write(pipe.fileobj, True)         # and no trace of it comes back
-        assert not loop.lend(pipe.fileobj)
+        assert not loop.lend(pipe.fileobj, lambda: None)
     finally:
         loop.close()
         pipe.close()

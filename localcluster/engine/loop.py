@@ -105,7 +105,9 @@ class EventLoop:
         with self._reg_lock:
             lent = self._lent.get(fileobj)
             if lent is not None:          # selected again with these events when given back
-                self._lent[fileobj] = (events, lent[1])
+                self._lent[fileobj] = (events, lent[1], lent[2])
+                if write:
+                    lent[2]()             # the borrower flushes it meanwhile
                 return
             try:
                 key = self._selector.get_key(fileobj)
@@ -123,9 +125,11 @@ class EventLoop:
             except (KeyError, ValueError):
                 pass
 
-    def lend(self, fileobj: Any) -> bool:
+    def lend(self, fileobj: Any, wake: Callable[[], None]) -> bool:
         """Any thread: leave ``fileobj`` out of the selector until :meth:`give_back`, for the
-        calling thread to read it. False if it is not registered (gone) or lent already."""
+        calling thread to read it (and to write what is queued on it: ``wake()`` is called when
+        a writer asks to wait for it to become writable, see :meth:`want_write`). False if it
+        is not registered (gone) or lent already."""
         with self._reg_lock:
             if fileobj in self._lent:
                 return False
@@ -136,7 +140,7 @@ class EventLoop:
             if key.fileobj is not fileobj:       # a newer registration on a reused fd number
                 self._selector.register(key.fileobj, key.events, key.data)
                 return False
-            self._lent[fileobj] = (key.events, key.data)
+            self._lent[fileobj] = (key.events, key.data, wake)
             return True
 
     def give_back(self, fileobj: Any) -> None:
@@ -144,7 +148,7 @@ class EventLoop:
         with self._reg_lock:
             lent = self._lent.pop(fileobj, None)
             if lent is not None:
-                self._selector.register(fileobj, *lent)
+                self._selector.register(fileobj, lent[0], lent[1])
 
     def run(self, tick: Callable[[float], None], interval: float, keep_going: Callable[[], bool]) -> None:
         """Select and dispatch until ``keep_going()`` is false; ``tick(now)`` every ``interval``."""

@@ -157,6 +157,7 @@ class Nanny:
             self._joining.start()
         self.started = time.monotonic()
         self.chan = Channel(parent_sock)
+        self.bell.open()
         forward = {True: "output", "all": "all"}.get(self.forward_logs)
         self.outputs = [OutputStream(pipe.fileno(), name, self.add_log, forward, f"[{self.name}] ")
                         for pipe, name in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr"))]
@@ -313,9 +314,10 @@ class Nanny:
 
 
 class Doorbell:
-    """A pipe that a thread selects on beside a channel, rung from another thread to wake
-    it. Opened on first use and closed with its nanny; a ring after that rings nothing (never
-    a descriptor number that something else has since been given)."""
+    """What a thread selects on beside a channel, rung from another thread to wake it: an
+    eventfd (a pipe where there is none). Opened with its nanny's process and closed with it;
+    a ring after that rings nothing (never a descriptor number that something else has since
+    been given)."""
 
     __slots__ = ("_lock", "_r", "_w", "_closed")
 
@@ -324,25 +326,30 @@ class Doorbell:
         self._r = self._w = -1
         self._closed = False
 
-    def fileno(self) -> int:
-        """The end to select on; -1 once closed."""
+    def open(self) -> None:
         with self._lock:
             if self._r < 0 and not self._closed:
-                self._r, self._w = os.pipe()
-                os.set_blocking(self._r, False)
-                os.set_blocking(self._w, False)
-            return self._r
+                if hasattr(os, "eventfd"):
+                    self._r = self._w = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                else:  # pragma: no cover - not Linux
+                    self._r, self._w = os.pipe()
+                    os.set_blocking(self._r, False)
+                    os.set_blocking(self._w, False)
+
+    def fileno(self) -> int:
+        """The end to select on; -1 unless open."""
+        return self._r
 
     def ring(self) -> None:
         with self._lock:
             if self._w >= 0:
                 try:
-                    os.write(self._w, b"x")
+                    os.write(self._w, (1).to_bytes(8, sys.byteorder))
                 except BlockingIOError:     # full: a ring is pending anyway
                     pass
 
     def quiet(self) -> None:
-        """Take the rings heard so far out of the pipe."""
+        """Take the rings heard so far."""
         with self._lock:
             if self._r >= 0:
                 try:
@@ -354,7 +361,7 @@ class Doorbell:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for fd in (self._r, self._w):
+            for fd in {self._r, self._w}:
                 if fd >= 0:
                     os.close(fd)
             self._r = self._w = -1

@@ -364,7 +364,7 @@ class Supervisor:
         frame is handled here."""
         n = self.nannies.get(worker)        # a dict read; lend() says whether its channel is live
         chan = n.chan if n is not None else None
-        if chan is None or not self._loop.lend(chan):
+        if chan is None or not self._loop.lend(chan, n.bell.ring):
             return
         me = threading.get_ident()
         bell = n.bell

@@ -150,13 +150,14 @@ class LocalCluster:
             self._life.to(Phase.STOPPED)   # from CLOSING or BROKEN: the only ways out of the loop
             self._loop.fail_pending()     # after the move: a command handed over later fails at once
 
-    def _stalled(self, seconds: float, stack: str) -> None:
-        """On the watchdog thread: the scheduler thread has been stuck for ``seconds``."""
+    def _stalled(self, seconds: float, stack: str, who: str) -> None:
+        """On the watchdog thread: the scheduler thread (or a thread handling what it read for
+        its future: ``who``) has been stuck for ``seconds``."""
         limit = self.config["scheduler_watchdog"]
-        self._dispatch.break_(f"scheduler thread (busy {seconds:.1f} s without returning, past "
+        self._dispatch.break_(f"{who} (busy {seconds:.1f} s without returning, past "
                               f"scheduler_watchdog={limit:g} s, while tasks were pending)",
-                              f"the scheduler thread's stack when it was found stuck:\n{stack}"
-                              f"RuntimeError: the scheduler thread made no progress for {seconds:.1f} s")
+                              f"the {who.rstrip(',')}'s stack when it was found stuck:\n{stack}"
+                              f"RuntimeError: the {who.rstrip(',')} made no progress for {seconds:.1f} s")
         self._supervisor.kill_all()     # it cannot stop them itself
 
     # --- public -------------------------------------------------------------------------------

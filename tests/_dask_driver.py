@@ -105,7 +105,9 @@ def main():
     from distributed import Client
     out = {}
     with Client(scheduler_file=scheduler_file, timeout=60) as client:
-        client.wait_for_workers(2, timeout=60)
+        # a worker an earlier drive killed is started again by its nanny: under load (the
+        # loaded test runs, two suites on two cores) that took over 60 s once
+        client.wait_for_workers(2, timeout=150)
         if mode == "install":
             import localcluster.dask
             localcluster.dask.install(client, wait=2.0 if scenario == "machine" else 5.0)

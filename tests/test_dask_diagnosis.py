@@ -23,7 +23,7 @@ from test_readme import README, matches
 
 pytest.importorskip("distributed")
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(500)
 
 REPO = Path(localcluster.__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
@@ -89,7 +89,7 @@ def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" =
 def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path, gather: bool = True) -> dict:
     args = [str(scheduler_file), scenario, mode, str(workdir), "gather" if gather else "result"]
     proc = subprocess.run([sys.executable, str(DRIVER), *args],
-                          capture_output=True, text=True, timeout=150, env=_env(), cwd=str(DRIVER.parent))
+                          capture_output=True, text=True, timeout=240, env=_env(), cwd=str(DRIVER.parent))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

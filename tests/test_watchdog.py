@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from _util import wait_for
+from _util import block_until, wait_for
+import localcluster
 from localcluster import Client, ClusterBroken, LocalCluster
 from localcluster.engine import dispatch
 from localcluster.scheduler import state as S
@@ -32,14 +33,57 @@ def test_a_stuck_scheduler_thread_breaks_the_cluster_with_its_stack(monkeypatch)
         monkeypatch.setattr(S.Scheduler, "handle_messages", stuck_in_handling)
         fut = cl.submit(inc, 2)
         try:
+            # wait() leaves the reply to the scheduler thread (result() would read it itself:
+            # the next test)
+            done, _ = localcluster.wait([fut], timeout=20)
+            assert fut in done
             with pytest.raises(ClusterBroken) as info:
-                fut.result(20)
+                fut.result()
             text = str(info.value)
             assert "scheduler_watchdog=0.5" in text and "stuck_in_handling" in text and "release.wait" in text
             with pytest.raises(ClusterBroken):
                 cl.submit(inc, 3)
         finally:
             release.set()
+
+
+def test_a_thread_stuck_handling_what_it_read_for_its_future_fails_every_other_waiter(monkeypatch, tmp_path):
+    """The main thread reads its own reply (result()) and gets stuck in the scheduler's
+    handling of it: it is the waiter and stays stuck, but every other waiter fails at once
+    with that thread's stack."""
+    release = threading.Event()
+    handle = S.Scheduler.handle_messages
+
+    def stuck_in_handling(self, worker, msgs):
+        if threading.current_thread() is threading.main_thread():
+            release.wait(30)
+        return handle(self, worker, msgs)
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False, scheduler_watchdog=0.5) as c, \
+            Client(c) as cl:
+        bystander = cl.submit(block_until, str(tmp_path / "never"), pure=False)
+        assert cl.submit(inc, 1).result(30) == 2
+        seen: list = []
+
+        def other_waiter() -> None:
+            try:
+                localcluster.wait([bystander], timeout=20)
+                seen.append(bystander.exception(0))
+            finally:
+                release.set()
+        helper = threading.Thread(target=other_waiter)
+        monkeypatch.setattr(S.Scheduler, "handle_messages", stuck_in_handling)
+        helper.start()
+        try:
+            with pytest.raises(ClusterBroken):
+                cl.submit(inc, 2).result(30)
+        finally:
+            release.set()
+            helper.join(30)
+        assert isinstance(seen[0], ClusterBroken), seen
+        text = str(seen[0])
+        assert "'MainThread', handling results it read while waiting for a future" in text
+        assert "scheduler_watchdog=0.5" in text and "stuck_in_handling" in text and "release.wait" in text
 
 
 @pytest.mark.slow

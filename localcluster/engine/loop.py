@@ -52,6 +52,10 @@ class EventLoop:
         # Since when the loop thread has been handling what woke it (None: in select).
         # Written by the loop thread only; the watchdog reads it.
         self.busy_since: Optional[float] = None
+        #: thread ident -> since when that thread, reading a lent channel, has been handling
+        #: one of its frames (what busy_since is for the loop thread). Each thread writes its
+        #: own entry; the watchdog reads them.
+        self.lent_busy: dict = {}
 
     def start(self, main: Callable[[], None]) -> None:
         def run() -> None:

@@ -45,6 +45,7 @@ import shutil
 import signal
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -426,7 +427,16 @@ class Supervisor:
                             return False
                         tasks.append(one)
                 if tasks:
-                    self._dispatch.on_worker_messages(n.name, tasks)
+                    busy = self._loop.lent_busy
+                    me = threading.get_ident()
+                    busy[me] = time.monotonic()        # the watchdog watches this thread meanwhile
+                    try:
+                        self._dispatch.on_worker_messages(n.name, tasks)
+                    except Exception:   # as on the scheduler thread: a bug here breaks the cluster
+                        raise self._dispatch.break_("scheduler, on a thread reading for its future",
+                                                    traceback.format_exc()) from None
+                    finally:
+                        busy.pop(me, None)
                 return True
             finally:
                 release_interrupts(held)

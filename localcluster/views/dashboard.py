@@ -45,11 +45,13 @@ KEYS_KEPT = 1_000_000      # finished keys remembered so that a task run again c
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
 COST_SHARE = 0.01          # a refresh waits at least its CPU time / COST_SHARE before the next
+CHUNK = 2000               # task records read at a time, each chunk ~0.2-1 ms of GIL...
+GIL_PAUSE = 0.0002         # ...and a pause between chunks, long enough for a waiting thread to take it
 _KEY, _STATE = attrgetter("key"), attrgetter("state")
 _PENDING = frozenset(("waiting", "ready", "processing"))
 
 
-_FIRST, _SPLIT = itemgetter(0), methodcaller("rpartition", "-")
+_FIRST, _STATUS, _SPLIT = itemgetter(0), itemgetter(5), methodcaller("rpartition", "-")
 
 
 def _heads(keys: Any) -> Any:
@@ -186,7 +188,9 @@ class Snapshot:
 
     def __init__(self, cluster: Any):
         self._cluster = weakref.ref(cluster)
-        self.done: Counter = Counter()       # group -> finished
+        self.done: Counter = Counter()       # group -> finished (as of the last progress drawing: see _attribute)
+        self.done_total = 0                  # tasks finished, each key once
+        self._unattributed: list = []        # keys counted in done_total, not yet in done by group
         self.failed: Counter = Counter()     # group -> failed
         self._ended = 0                      # history.ended when last read
         self._recent: deque = deque(maxlen=STREAM_BARS)   # the newest records (tuples) of the last STREAM_SECONDS
@@ -210,6 +214,7 @@ class Snapshot:
         running = {k for w in workers for k in w.running}
         known = list(cluster.scheduler.tasks.values())
         if tab == "progress":
+            self._attribute()
             running_by: Counter = Counter()
             for head, n in Counter(_heads(running)).items():
                 running_by[self.group(head)] += n
@@ -222,7 +227,7 @@ class Snapshot:
             n_waiting = max(0, sum(states[s] for s in _PENDING) - len(running))
             n_failed = max(sum(self.failed.values()), states["erred"])
         fractions = {k: cluster.config[k] for k in FRACTIONS}
-        head = _header(repr(cluster).strip("<>"), workers, sum(self.done.values()), len(running),
+        head = _header(repr(cluster).strip("<>"), workers, self.done_total, len(running),
                        n_waiting, n_failed, deaths, now)
         parts = [_workers_part(workers, fractions, deaths, cluster.memory_limit),
                  _progress_part(self.done, running_by, waiting, failed) if tab == "progress" else None,
@@ -261,22 +266,51 @@ class Snapshot:
         ended = history.ended
         new = history.tail(ended - self._ended, raw=True)     # tuples: key, worker, thread, start, stop, status
         self._ended = ended
-        seen = self._finished
-        fresh = {r[0] for r in new if r[5] == "finished"} - seen      # a task run again counts once
-        if len(seen) < KEYS_KEPT:
-            seen |= fresh
-        for head, n in Counter(_heads(fresh)).items():
-            self.done[self.group(head)] += n
-        failed = {r[0] for r in new if r[5] == "error"} - self._failed
-        if len(self._failed) < KEYS_KEPT:
-            self._failed |= failed
-        for head, n in Counter(_heads(failed)).items():
-            self.failed[self.group(head)] += n
+        # In C, no Python step per record: during a busy map a refresh reads ~10,000 of them,
+        # and its thread holds the GIL the scheduler thread waits for.
+        # And in chunks with a pause between them: a C call over a large set holds the GIL
+        # throughout (no switch interval cuts it), and the scheduler thread waits meanwhile.
+        for start in range(0, len(new), CHUNK):
+            if start:
+                time.sleep(GIL_PAUSE)
+            self._count_finished(new[start:start + CHUNK])
+        if len(self._unattributed) > KEYS_KEPT // 10:
+            self._attribute()
+        keys, statuses = list(map(_FIRST, new)), list(map(_STATUS, new))
+        if "error" in statuses:
+            failed = set(compress(keys, map("error".__eq__, statuses))) - self._failed
+            if len(self._failed) < KEYS_KEPT:
+                self._failed |= failed
+            for head, n in Counter(_heads(failed)).items():
+                self.failed[self.group(head)] += n
         recent = self._recent
         recent.extend(new)
         cut = now - STREAM_SECONDS
         while recent and recent[0][4] < cut:      # in the order their ends were seen
             recent.popleft()
+
+    def _count_finished(self, records: list) -> None:
+        keys, statuses = list(map(_FIRST, records)), list(map(_STATUS, records))
+        if statuses.count("finished") == len(keys):
+            fresh = set(keys)
+        else:
+            fresh = set(compress(keys, map("finished".__eq__, statuses)))
+        seen = self._finished
+        fresh.difference_update(seen)      # a task run again counts once
+        if len(seen) < KEYS_KEPT:
+            seen |= fresh
+        self.done_total += len(fresh)
+        self._unattributed += fresh
+
+    def _attribute(self) -> None:
+        """The finished keys counted since, into ``done`` by group: only the progress tab
+        shows that, so it is worked out when that tab is drawn (or the backlog is large)."""
+        keys, self._unattributed = self._unattributed, []
+        for start in range(0, len(keys), CHUNK):
+            if start:
+                time.sleep(GIL_PAUSE)
+            for head, n in Counter(_heads(keys[start:start + CHUNK])).items():
+                self.done[self.group(head)] += n
 
     def _stream_part(self, cluster: Any, workers: list, deaths: list, now: float) -> str:
         span = (now - STREAM_SECONDS, now)

@@ -41,7 +41,9 @@ __all__ = ["dashboard", "mimebundle", "Snapshot", "StaticView", "WIDGET_MIME"]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STREAM_SECONDS = 60.0
 STREAM_BARS = 1000         # the newest task bars drawn live: ~150 kB of SVG a second at most
-KEYS_KEPT = 1_000_000      # finished keys remembered so that a task run again counts once
+KEYS_KEPT = 1_000_000      # failed keys remembered so that a task failing again counts once
+RECENT_KEYS = 100_000      # the newest finished keys remembered (two halves, rolling), for the same:
+                           # a rerun comes soon after (a death, a retry); ~8 MB, not a million keys' ~64 MB
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
 COST_SHARE = 0.01          # a refresh waits at least its CPU time / COST_SHARE before the next
@@ -195,7 +197,8 @@ class Snapshot:
         self._ended = 0                      # history.ended when last read
         self._recent: deque = deque(maxlen=STREAM_BARS)   # the newest records (tuples) of the last STREAM_SECONDS
         self._groups: dict = {}              # key's head -> group (key_group is a little slow)
-        self._finished: set = set()          # keys counted done (the history's strings, shared)
+        self._finished: set = set()          # keys counted done lately (the history's strings, shared)...
+        self._finished_before: set = set()   # ...and the half before those
         self._failed: set = set()            # keys counted failed
         self._group_of: dict = {}            # key -> its group, for the keys the scheduler knows
 
@@ -274,7 +277,7 @@ class Snapshot:
             if start:
                 time.sleep(GIL_PAUSE)
             self._count_finished(new[start:start + CHUNK])
-        if len(self._unattributed) > KEYS_KEPT // 10:
+        if len(self._unattributed) > RECENT_KEYS:
             self._attribute()
         keys, statuses = list(map(_FIRST, new)), list(map(_STATUS, new))
         if "error" in statuses:
@@ -295,10 +298,11 @@ class Snapshot:
             fresh = set(keys)
         else:
             fresh = set(compress(keys, map("finished".__eq__, statuses)))
-        seen = self._finished
-        fresh.difference_update(seen)      # a task run again counts once
-        if len(seen) < KEYS_KEPT:
-            seen |= fresh
+        fresh.difference_update(self._finished)      # a task run again counts once (run again lately:
+        fresh.difference_update(self._finished_before)   # after a death, a retry, the same key resubmitted)
+        self._finished |= fresh
+        if len(self._finished) >= RECENT_KEYS // 2:
+            self._finished_before, self._finished = self._finished, set()
         self.done_total += len(fresh)
         self._unattributed += fresh
 

@@ -98,6 +98,12 @@ def readme_text_blocks() -> list:
     return re.findall(r"^```text\n(.*?)^```", README, flags=re.S | re.M)
 
 
+def seen(out: dict, tmp_path: Path) -> str:
+    """A failed assertion's message, in full (pytest cuts the repr of a tuple short): what the
+    driver printed, then the scheduler's and the workers' logs."""
+    return json.dumps(out, indent=1) + "\n" + logs(tmp_path)
+
+
 def logs(tmp_path: Path) -> str:
     return "\n".join((tmp_path / n).read_text()[-3000:] for n in ("scheduler.log", "worker.log"))
 
@@ -113,8 +119,8 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
     assert "Inspecting worker logs is often a good next step" in plain["text"]
     assert "SIGSEGV" not in plain["text"] and "crash" not in plain["text"]
     # with it: still a distributed.KilledWorker (except clauses keep working), localcluster's text
-    assert ours["killed_worker"] and ours["type"].endswith("DaskKilledWorker"), (ours, logs(tmp_path))
-    assert ours["deaths"] == ["crash"], (ours, logs(tmp_path))
+    assert ours["killed_worker"] and ours["type"].endswith("DaskKilledWorker"), seen(ours, tmp_path)
+    assert ours["deaths"] == ["crash"], seen(ours, tmp_path)
     text = ours["text"]
     assert "SIGSEGV" in text and "crash" in text and "in segfault_here" in text, text
     assert "This is a bug in compiled code" in text
@@ -134,7 +140,7 @@ def test_a_task_that_killed_two_workers_names_both_deaths(tmp_path):
     removed worker was running, the last one's from KilledWorker itself."""
     with dask_cluster(tmp_path, allowed_failures=1) as scheduler_file:
         ours = drive(scheduler_file, "segfault", "install", tmp_path, gather=False)
-    assert ours.get("deaths") == ["crash", "crash"], (ours, logs(tmp_path))
+    assert ours.get("deaths") == ["crash", "crash"], seen(ours, tmp_path)
     text = ours["text"]
     assert "was running on 2 workers that died (allowed_failures=1)" in text, text
     assert text.count("crash, SIGSEGV") == 2 and text.count("in segfault_here") == 2, text
@@ -146,7 +152,7 @@ def test_a_task_over_the_memory_limit_names_memory_and_limit_with_figures(tmp_pa
     with dask_cluster(tmp_path, memory_limit="400MiB") as scheduler_file:
         ours = drive(scheduler_file, "memory", "install", tmp_path)
     assert records_left(tmp_path) == []
-    assert ours.get("deaths") == ["memory-limit"], (ours, logs(tmp_path))
+    assert ours.get("deaths") == ["memory-limit"], seen(ours, tmp_path)
     text = ours["text"]
     assert "memory-limit" in text and "of 400.00 MiB limit" in text and "MiB" in text, text
     assert "--memory-limit" in text       # the advice speaks dask's terms
@@ -159,7 +165,7 @@ def test_a_kill_from_outside_names_sigkill_and_outside_and_an_idle_death_is_list
     with dask_cluster(tmp_path) as scheduler_file:
         ours = drive(scheduler_file, "kill", "install", tmp_path)
     assert records_left(tmp_path) == []
-    assert ours.get("deaths") == ["signal"], (ours, logs(tmp_path))
+    assert ours.get("deaths") == ["signal"], seen(ours, tmp_path)
     text = ours["text"]
     assert "SIGKILL" in text and "outside" in text, text
     # the stacks SIGUSR1 dumped before the kill are the death's log_tail
@@ -177,7 +183,7 @@ def test_a_death_no_nanny_reports_is_said_so_not_guessed(tmp_path):
     error says that after its wait (2 s here), with dask's KilledWorker type all the same."""
     with dask_cluster(tmp_path) as scheduler_file:
         ours = drive(scheduler_file, "machine", "install", tmp_path)
-    assert ours.get("killed_worker") and ours["deaths"] == [], (ours, logs(tmp_path))
+    assert ours.get("killed_worker") and ours["deaths"] == [], seen(ours, tmp_path)
     assert "no word from its nanny within 2 s" in ours["text"] and "its machine" in ours["text"], ours["text"]
     print(ours["text"])
 
@@ -189,7 +195,7 @@ def test_the_kernels_oom_killer_is_told_from_a_kill(tmp_path):
         with dask_cluster(tmp_path, cgroup=group) as scheduler_file:
             ours = drive(scheduler_file, "oom", "install", tmp_path)
         assert records_left(tmp_path) == []
-    assert ours.get("deaths") == ["oom-killer"], (ours, logs(tmp_path))
+    assert ours.get("deaths") == ["oom-killer"], seen(ours, tmp_path)
     text = ours["text"]
     assert "oom-killer" in text and "SIGKILL" in text, text
     print(text)

@@ -172,6 +172,8 @@ class Future(cf.Future):
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._state == _PENDING and timeout != 0 and not _in_forked_child:
             self._gateway.wait_here(self, deadline)
+            if deadline is not None:        # what is left of it, for the wait below
+                timeout = max(0.0, deadline - time.monotonic())
         if self._state == _FINISHED and self._exception is None:
             value = self._result         # set before the state: no lock, no Condition made
         else:

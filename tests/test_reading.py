@@ -136,3 +136,15 @@ def test_a_ctrl_c_while_interrupts_are_held_lands_right_after_them():
         assert seen == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.slow
+def test_a_timeout_counts_the_time_spent_reading(client):
+    """result(timeout) reads for a while, then (the channel given back) waits as usual: the
+    two together end at the timeout, not at twice it (CPython's test_map_timeout found it)."""
+    slow = client.submit(late, 1, 5.0)
+    t0 = time.monotonic()
+    with pytest.raises(cf.TimeoutError):
+        slow.result(timeout=2.0)
+    assert time.monotonic() - t0 < 3.5         # twice the timeout: 4 s
+    assert slow.result(timeout=30) == 1

@@ -350,11 +350,11 @@ def _pickled(initializer: Optional[Callable], initargs: tuple, directory: str) -
     the file 0600): its arguments may hold secrets, and a worker's argv is world-readable."""
     if initializer is None:
         return None
-    import cloudpickle
+    from .wire.serialize import pickle_function
     path = os.path.join(directory, "initializer.pkl")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(cloudpickle.dumps((initializer, tuple(initargs))))
+    with os.fdopen(fd, "wb") as f:     # as a task's function: a script's frames keep their file name
+        f.write(pickle_function((initializer, tuple(initargs))))
     return path
 
 

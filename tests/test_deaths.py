@@ -292,6 +292,20 @@ def test_startup_failure_stops_retrying_with_a_clear_error():
     assert "s3fs" in deaths[0].message
 
 
+@pytest.mark.slow
+def test_an_initializer_from_a_script_names_its_file_when_it_fails(tmp_path):
+    """A script's functions travel by value; their frames must still name the script, not
+    cloudpickle's "<dynamic-code>" (the README's tour showed it)."""
+    script = tmp_path / "setup_script.py"
+    script.write_text("def broken_setup():\n    raise ImportError(\"No module named 's3fs'\")\n")
+    namespace = {"__name__": "__main__"}        # what a script run with `python script.py` is
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    with pytest.raises(WorkerStartupError) as info:
+        LocalCluster(n_workers=1, initializer=namespace["broken_setup"], forward_logs=False)
+    text = str(info.value)
+    assert f'File "{script}", line 2, in broken_setup' in text and "<dynamic-code>" not in text, text
+
+
 def test_requested_deaths_on_scale_down_and_close():
     with LocalCluster(n_workers=2, forward_logs=False) as c, Client(c) as cl:
         holder, other = sorted(c.workers)

@@ -148,3 +148,23 @@ def test_a_timeout_counts_the_time_spent_reading(client):
         slow.result(timeout=2.0)
     assert time.monotonic() - t0 < 3.5         # twice the timeout: 4 s
     assert slow.result(timeout=30) == 1
+
+
+@pytest.mark.slow
+def test_a_frame_that_does_not_decode_on_the_reading_thread_breaks_the_cluster(client, monkeypatch):
+    """As on the scheduler thread: every waiter gets ClusterBroken, not this thread alone a
+    raw error."""
+    from localcluster import ClusterBroken
+    from localcluster.wire.channel import Channel
+    receive = Channel.receive
+
+    def garbled(self):
+        if threading.current_thread() is threading.main_thread():
+            raise ValueError("injected: a frame that does not decode")
+        return receive(self)
+    fut = client.submit(late, 1, 1.0)           # still running when result() starts reading
+    monkeypatch.setattr(Channel, "receive", garbled)
+    with pytest.raises(ClusterBroken, match="injected"):
+        fut.result(30)
+    with pytest.raises(ClusterBroken):
+        client.submit(inc, 1)

@@ -417,6 +417,9 @@ class Supervisor:
                     msgs = chan.receive()
                 except (EOFError, OSError):     # the scheduler thread sees it once given back
                     return False
+                except Exception:   # a frame that does not decode: as on the scheduler thread
+                    raise self._dispatch.break_("channel reader, on a thread reading for its future",
+                                                traceback.format_exc()) from None
                 tasks: list = []
                 for m in msgs:
                     for one in (m.messages if type(m) is P.Batch else (m,)):

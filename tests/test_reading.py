@@ -45,12 +45,11 @@ def reading(ident: int) -> bool:
     return False
 
 
-def test_result_reads_its_reply_on_the_waiting_thread(client, tmp_path):
-    """The task ends once the test's thread waits in result(), reading the channel."""
+def released_once_reading(client, tmp_path) -> tuple:
+    """A future whose task ends once this thread waits in result(), reading the channel; and
+    the helper thread that ends it (join it after the wait)."""
     marker = str(tmp_path / "go")
-    fut = client.submit(released, marker)
-    threads: list = []
-    cf.Future.add_done_callback(fut, lambda f: threads.append(threading.get_ident()))
+    fut = client.submit(released, marker, pure=False)
     me = threading.get_ident()
 
     def release() -> None:
@@ -58,11 +57,18 @@ def test_result_reads_its_reply_on_the_waiting_thread(client, tmp_path):
         open(marker, "w").close()
     helper = threading.Thread(target=release)
     helper.start()
+    return fut, helper
+
+
+def test_result_reads_its_reply_on_the_waiting_thread(client, tmp_path):
+    fut, helper = released_once_reading(client, tmp_path)
+    threads: list = []
+    cf.Future.add_done_callback(fut, lambda f: threads.append(threading.get_ident()))
     try:
         assert fut.result(timeout=30) == 1
     finally:
         helper.join(30)
-    assert threads == [me], "the reply was handled on another thread"
+    assert threads == [threading.get_ident()], "the reply was handled on another thread"
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=1)
@@ -151,7 +157,7 @@ def test_a_timeout_counts_the_time_spent_reading(client):
 
 
 @pytest.mark.slow
-def test_a_frame_that_does_not_decode_on_the_reading_thread_breaks_the_cluster(client, monkeypatch):
+def test_a_frame_that_does_not_decode_on_the_reading_thread_breaks_the_cluster(client, monkeypatch, tmp_path):
     """As on the scheduler thread: every waiter gets ClusterBroken, not this thread alone a
     raw error."""
     from localcluster import ClusterBroken
@@ -162,9 +168,12 @@ def test_a_frame_that_does_not_decode_on_the_reading_thread_breaks_the_cluster(c
         if threading.current_thread() is threading.main_thread():
             raise ValueError("injected: a frame that does not decode")
         return receive(self)
-    fut = client.submit(late, 1, 1.0)           # still running when result() starts reading
+    fut, helper = released_once_reading(client, tmp_path)
     monkeypatch.setattr(Channel, "receive", garbled)
-    with pytest.raises(ClusterBroken, match="injected"):
-        fut.result(30)
+    try:
+        with pytest.raises(ClusterBroken, match="injected"):
+            fut.result(30)
+    finally:
+        helper.join(30)
     with pytest.raises(ClusterBroken):
         client.submit(inc, 1)

@@ -276,24 +276,24 @@ class Snapshot:
         for start in range(0, len(new), CHUNK):
             if start:
                 time.sleep(GIL_PAUSE)
-            self._count_finished(new[start:start + CHUNK])
+            self._count(new[start:start + CHUNK])
         if len(self._unattributed) > RECENT_KEYS:
             self._attribute()
-        keys, statuses = list(map(_FIRST, new)), list(map(_STATUS, new))
-        if "error" in statuses:
-            failed = set(compress(keys, map("error".__eq__, statuses))) - self._failed
-            if len(self._failed) < KEYS_KEPT:
-                self._failed |= failed
-            for head, n in Counter(_heads(failed)).items():
-                self.failed[self.group(head)] += n
         recent = self._recent
         recent.extend(new)
         cut = now - STREAM_SECONDS
         while recent and recent[0][4] < cut:      # in the order their ends were seen
             recent.popleft()
 
-    def _count_finished(self, records: list) -> None:
+    def _count(self, records: list) -> None:
+        """The finished and failed runs among ``records``, each key once."""
         keys, statuses = list(map(_FIRST, records)), list(map(_STATUS, records))
+        if "error" in statuses:
+            failed = set(compress(keys, map("error".__eq__, statuses))) - self._failed
+            if len(self._failed) < KEYS_KEPT:
+                self._failed |= failed
+            for head, n in Counter(_heads(failed)).items():
+                self.failed[self.group(head)] += n
         if statuses.count("finished") == len(keys):
             fresh = set(keys)
         else:

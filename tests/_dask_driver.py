@@ -1,6 +1,7 @@
 """The user's side of tests/test_dask_diagnosis.py, run in a process of its own (a dask Client
 leaves threads behind in the process that made it): connect to the cluster, maybe
-``localcluster.dask.install(client)``, make one worker die under a task, and print what the
+``localcluster.dask.install(client)``, make one worker die under a task (``late``: on a worker whose nanny was
+restarting it while ``install()`` ran), and print what the
 user sees as JSON: the exception's type, whether it is a ``distributed.KilledWorker``, its
 text, its ``.deaths`` and ``localcluster.dask.deaths(client)``.
 
@@ -53,7 +54,29 @@ def _wait_file(path: str, timeout: float = 60) -> str:
         return f.read()
 
 
-def run(client, scenario: str, workdir: str):
+def hold_a_restart(client, workdir: str):
+    """One worker killed while the file ``hold`` exists (its nanny's new worker waits for it
+    to go before it registers: tests/_dask_hold.py): once the scheduler has dropped the
+    killed worker, install() runs while its nanny has no worker to be told through. Returns
+    what lets the new worker go on, and the workers before."""
+    hold = os.path.join(workdir, "hold")
+    open(hold, "w").close()
+    before = set(client.scheduler_info()["workers"])
+    os.kill(next(iter(client.run(os.getpid).values())), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while len(client.scheduler_info()["workers"]) == len(before):    # the scheduler's view: polled
+        if time.monotonic() > deadline:
+            os.unlink(hold)
+            raise TimeoutError("the scheduler never dropped the killed worker")
+        time.sleep(0.05)
+    return lambda: os.unlink(hold), before
+
+
+def run(client, scenario: str, workdir: str, before: set = frozenset()):
+    if scenario == "late":       # a segfault on the worker started after install()
+        client.wait_for_workers(len(before), timeout=150)
+        (new,) = set(client.scheduler_info()["workers"]) - before
+        return client.submit(segfault_here, pure=False, workers=[new]).result(timeout=60)
     if scenario == "segfault":
         future = client.submit(segfault_here, pure=False)
         try:
@@ -108,11 +131,15 @@ def main():
         # a worker an earlier drive killed is started again by its nanny: under load (the
         # loaded test runs, two suites on two cores) that took over 60 s once
         client.wait_for_workers(2, timeout=150)
+        go_on, before = (lambda: None), set()
+        if scenario == "late":
+            go_on, before = hold_a_restart(client, workdir)
         if mode == "install":
             import localcluster.dask
             localcluster.dask.install(client, wait=2.0 if scenario == "machine" else 5.0)
+        go_on()
         try:
-            out["result"] = repr(run(client, scenario, workdir))
+            out["result"] = repr(run(client, scenario, workdir, before))
         except KilledWorker as e:
             out.update(type=f"{type(e).__module__}.{type(e).__qualname__}", killed_worker=True, text=str(e),
                        deaths=[d.cause for d in getattr(e, "deaths", ())],

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(500)
 
 REPO = Path(localcluster.__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
+HOLD = DRIVER.parent / "_dask_hold.py"
 MiB = 1 << 20
 
 
@@ -58,9 +59,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" = None, allowed_failures: int = 0):
+def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" = None, allowed_failures: int = 0,
+                 hold: "Path | None" = None):
     """A scheduler and one ``dask worker --nworkers 2 --nanny``; yields the scheduler file.
-    ``cgroup``: the worker command (nannies and workers) starts in that cgroup."""
+    ``cgroup``: the worker command (nannies and workers) starts in that cgroup. ``hold``: a
+    worker starting while that file exists waits for it to go (tests/_dask_hold.py)."""
     scheduler_file = tmp_path / "scheduler.json"
     py = sys.executable
     logs = [open(tmp_path / "scheduler.log", "w"), open(tmp_path / "worker.log", "w")]
@@ -74,9 +77,13 @@ def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" =
         assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
         worker = [py, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
                   "--nthreads", "1", "--nanny", "--memory-limit", memory_limit, "--no-dashboard", "--host", "127.0.0.1"]
+        env = _env(tmp_path / "tmp")
+        if hold is not None:
+            worker += ["--preload", str(HOLD)]
+            env["LOCALCLUSTER_TEST_HOLD"] = str(hold)
         if cgroup is not None:      # join the group, then become the worker command: all it starts is in it
             worker = ["sh", "-c", f'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *worker]
-        procs.append(subprocess.Popen(worker, env=_env(tmp_path / "tmp"), stdout=logs[1],
+        procs.append(subprocess.Popen(worker, env=env, stdout=logs[1],
                                       stderr=subprocess.STDOUT, start_new_session=True))
         yield scheduler_file
     finally:
@@ -132,6 +139,17 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
         (block,) = [b for b in readme_text_blocks() if shown["type"] + ":" in b]
         assert matches(block, f"{shown['type']}: {shown['text']}"), f"README:\n{block}\nreal:\n{shown['text']}"
     print(text)
+
+
+@pytest.mark.slow
+def test_a_nanny_restarting_its_worker_while_install_runs_records_the_next_death(tmp_path):
+    """dask gives a nanny plugin only to the nannies of connected workers: the nanny of a
+    worker being restarted then is given the recorder when its new worker registers."""
+    with dask_cluster(tmp_path, hold=tmp_path / "hold") as scheduler_file:
+        ours = drive(scheduler_file, "late", "install", tmp_path)
+    assert records_left(tmp_path) == []
+    assert ours.get("deaths") == ["crash"], seen(ours, tmp_path)
+    assert "SIGSEGV" in ours["text"] and "in segfault_here" in ours["text"], ours["text"]
 
 
 @pytest.mark.slow

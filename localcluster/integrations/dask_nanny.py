@@ -9,6 +9,12 @@ then calls ``Nanny._on_worker_exit_sync``, which looks ``self._on_worker_exit`` 
 time: ``DeathRecorder.setup`` shadows it on the nanny instance, and checks first that the
 names it wraps exist (``require``), failing loudly with what is missing.
 
+dask hands a nanny plugin to the nannies of the workers connected at that moment, and to
+nannies that start later, but not to a nanny whose worker is restarting then (it is not in
+``scheduler.workers``). ``RemovalRecorder.add_worker`` closes that gap: when a worker
+registers, its nanny is given the scheduler's ``DeathRecorder`` once, before the worker runs
+a task; a nanny given it twice keeps one recorder (``DeathRecorder.setup``).
+
 The death is classified with ``localcluster.death.classify``, the same as localcluster's own
 nanny, and published as the event ``TOPIC_DEATH``: a ``WorkerDeath`` as a dict (``as_event``;
 events must be msgpack-serializable), read back with ``from_event``.
@@ -49,8 +55,10 @@ LOOK_EVERY = 1.0                       # seconds between two looks at the OOM co
 # What DeathRecorder uses of distributed's Nanny; the underscore name is the one it wraps.
 # NANNY_METHODS: the class's (checked by install() in the client too), NANNY_NAMES: a nanny's.
 NANNY_METHODS = ("_on_worker_exit", "_on_worker_exit_sync", "log_event", "kill", "pid", "worker_address")
-NANNY_NAMES = NANNY_METHODS + ("memory_manager", "periodic_callbacks", "status", "address")
+NANNY_NAMES = NANNY_METHODS + ("memory_manager", "periodic_callbacks", "status", "address", "process")
 _STOPPING = {"closing", "closed", "closing_gracefully", "failed"}
+_CLOSING = {"closing", "closed", "failed"}      # Nanny.close sets "closing" before it tears its plugins down
+GIVE_TIMEOUT = 30.0                             # seconds a late nanny has to take the DeathRecorder
 
 
 def require(obj: Any, names: tuple, what: str) -> None:
@@ -91,6 +99,10 @@ def record_dir(nanny_address: str) -> str:
 
 def fault_file(directory: str, pid: int) -> str:
     return os.path.join(directory, f"faulthandler-{pid}.log")
+
+
+def address_file(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"address-{pid}")
 
 
 def as_event(death: WorkerDeath) -> dict:
@@ -144,8 +156,15 @@ class DeathRecorder(NannyPlugin):
     def setup(self, nanny) -> None:
         require(nanny, NANNY_NAMES, "Nanny")
         self.nanny = nanny
-        self.directory = record_dir(nanny.address)
+        self.sampler: Optional[PeriodicCallback] = None
         self.watch: Optional[_Watch] = None
+        if getattr(nanny.status, "name", "") in _CLOSING:
+            return      # given late to a closing nanny: its teardowns have run, nothing would remove a record
+        self.directory = record_dir(nanny.address)
+        earlier = getattr(vars(nanny).get("_on_worker_exit"), "__self__", None)
+        if isinstance(earlier, DeathRecorder):      # given twice: this one takes over, with what that one saw
+            earlier.unwrap(nanny)
+            self.watch = earlier.watch
         self.pending: set = set()
         self.wrapped = {"_on_worker_exit": getattr(nanny, "_on_worker_exit"),   # distributed's internals: see above
                         "log_event": nanny.log_event, "kill": nanny.kill}
@@ -157,11 +176,16 @@ class DeathRecorder(NannyPlugin):
         self.sampler.start()
         self.sample()
 
-    def teardown(self, nanny) -> None:
+    def unwrap(self, nanny) -> None:
         self.sampler.stop()
         nanny.periodic_callbacks.pop(self.name, None)
         for name in self.wrapped:
             vars(nanny).pop(name, None)           # the class's own method shows again
+
+    def teardown(self, nanny) -> None:
+        if self.sampler is None:
+            return
+        self.unwrap(nanny)
         if self.watch is not None:
             self.watch.oom.close()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -187,7 +211,9 @@ class DeathRecorder(NannyPlugin):
             w.rss = rss
             w.peak = max(w.peak, rss)
         w.limit = self.nanny.memory_manager.memory_limit or None
-        w.address = self.nanny.worker_address or w.address
+        # the nanny keeps its last worker's address until the new one has started
+        if getattr(getattr(self.nanny.process, "status", None), "name", "") == "running":
+            w.address = self.nanny.worker_address or w.address
 
     def log_event(self, topic, msg):
         if topic == "worker-restart-memory" and self.watch is not None and isinstance(msg, dict):
@@ -214,7 +240,7 @@ class DeathRecorder(NannyPlugin):
         w, self.watch = self.watch, None
         if w is None:       # it died before the first sample (within SAMPLE_MS of its start)
             return WorkerDeath(
-                worker=self.nanny.worker_address or f"the worker of nanny {self.nanny.address}", pid=0,
+                worker=f"the worker of nanny {self.nanny.address}", pid=0,
                 cause=classify(exitcode, "requested" if exitcode == 0 else None), exitcode=exitcode,
                 signal=exit_signal(exitcode), time=time.time()).explained(replay_hint=False)
         try:
@@ -232,11 +258,23 @@ class DeathRecorder(NannyPlugin):
         stack = crash_stack(faults) if cause != "requested" else None
         memory = w.memory_kill if w.memory_kill is not None else w.rss
         return WorkerDeath(
-            worker=w.address or f"the worker of nanny {self.nanny.address}", pid=w.pid, cause=cause,
+            worker=self.read_address(w.pid) or w.address or f"the worker of nanny {self.nanny.address}", pid=w.pid,
+            cause=cause,
             exitcode=exitcode, signal=exit_signal(exitcode), memory=memory,
             peak_memory=w.peak or None, memory_limit=w.limit, stack=stack, log_tail=tuple(faults[-200:]),
             time=time.time(),
             detail=evidence if cause == "oom-killer" else None).explained(replay_hint=False)
+
+    def read_address(self, pid: int) -> Optional[str]:
+        """The address the worker wrote when it registered (``FaultHandler``): a worker that
+        dies before its nanny learns its address is still named."""
+        try:
+            with open(address_file(self.directory, pid)) as f:
+                address = f.read().strip()
+        except OSError:
+            return None
+        os.unlink(address_file(self.directory, pid))
+        return address or None
 
     def read_faults(self, pid: int) -> list:
         path = fault_file(self.directory, pid)
@@ -260,9 +298,12 @@ class FaultHandler(WorkerPlugin):
         self.file = None
         if not worker.nanny:
             return
-        self.file = open(fault_file(record_dir(worker.nanny), os.getpid()), "a")
+        directory = record_dir(worker.nanny)
+        self.file = open(fault_file(directory, os.getpid()), "a")
         faulthandler.enable(file=self.file, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=self.file, all_threads=True)
+        with open(address_file(directory, os.getpid()), "w") as f:
+            f.write(worker.address)
 
     def teardown(self, worker) -> None:
         """A worker that stops in order leaves nothing behind (its nanny may be gone already)."""
@@ -270,7 +311,9 @@ class FaultHandler(WorkerPlugin):
             faulthandler.unregister(signal.SIGUSR1)
             faulthandler.disable()
             self.file.close()
-            for remove, path in ((os.unlink, self.file.name), (os.rmdir, os.path.dirname(self.file.name))):
+            directory = os.path.dirname(self.file.name)
+            for remove, path in ((os.unlink, self.file.name), (os.unlink, address_file(directory, os.getpid())),
+                                 (os.rmdir, directory)):
                 try:
                     remove(path)
                 except OSError:        # already gone, or the directory holds another worker's file
@@ -280,7 +323,9 @@ class FaultHandler(WorkerPlugin):
 class RemovalRecorder(SchedulerPlugin):
     """On the scheduler: which tasks each removed worker was running (``TOPIC_REMOVED``), so
     that a death can be joined to the tasks it killed. By the time ``remove_worker`` hooks
-    run, the worker's tasks have left it: ``transition`` notes where each one runs."""
+    run, the worker's tasks have left it: ``transition`` notes where each one runs.
+
+    It also gives the ``DeathRecorder`` to a nanny dask's broadcast missed (``add_worker``)."""
 
     name = "localcluster-removals"
     idempotent = True
@@ -289,6 +334,22 @@ class RemovalRecorder(SchedulerPlugin):
         self.scheduler = scheduler
         self.running_on: dict = {}
         self.died: dict = defaultdict(list)
+        self.given: set = set()         # the nannies add_worker gave the DeathRecorder to
+
+    async def add_worker(self, scheduler, worker) -> None:
+        """Awaited before the worker's registration is answered: the nanny records from its
+        worker's first task on."""
+        plugin = scheduler.nanny_plugins.get(DeathRecorder.name)
+        ws = scheduler.workers.get(worker)
+        nanny = getattr(ws, "nanny", None)
+        if plugin is None or not nanny or nanny in self.given:
+            return
+        self.given.add(nanny)
+        try:
+            async with scheduler.rpc(nanny) as comm:
+                await asyncio.wait_for(comm.plugin_add(plugin=plugin, name=DeathRecorder.name), GIVE_TIMEOUT)
+        except Exception:       # a nanny gone or closing: the worker goes on without its record
+            logger.warning("localcluster could not give nanny %s its death recorder", nanny, exc_info=True)
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish == "processing":

@@ -74,3 +74,21 @@ def test_a_run_a_task_submitted_names_its_submitter():
     child, parent = h.tasks()
     assert child.submitter == "parent-1" and parent.submitter is None
     assert child == TaskRecord("child-1", "worker-0", 1, 10.0, 10.5, "finished", submitter="parent-1")
+
+
+@pytest.mark.parametrize("ended", [0, 1, 3, 4, 6, 50])
+def test_the_tail_holds_the_newest_ended_runs_with_the_lost_runs_among_them(monkeypatch, ended):
+    monkeypatch.setattr(history, "TASKS", 8)
+    h = History()
+    statuses = ["finished", "lost", "error", "finished", "lost", "lost", "finished", "finished", "lost", "finished"]
+    for i, status in enumerate(statuses):
+        h.task(f"k-{i}", "w-1", 1, float(i), i + 0.5, status)
+    kept = [(f"k-{i}", s) for i, s in enumerate(statuses)][-8:]       # the stream keeps the newest 8
+    want = []
+    for key, status in reversed(kept):
+        if sum(s != "lost" for _, s in want) == ended:
+            break
+        want.insert(0, (key, status))
+    got = h.tail(ended, raw=True)
+    assert [(r[0], r[5]) for r in got] == (want if ended else [])
+    assert [r.key for r in h.tail(ended)] == [r[0] for r in got]          # the same, as TaskRecords

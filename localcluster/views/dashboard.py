@@ -298,8 +298,9 @@ class Snapshot:
             fresh = set(keys)
         else:
             fresh = set(compress(keys, map("finished".__eq__, statuses)))
-        fresh.difference_update(self._finished)      # a task run again counts once (run again lately:
-        fresh.difference_update(self._finished_before)   # after a death, a retry, the same key resubmitted)
+        # a task run again counts once (run again lately: after a retry, the same key resubmitted);
+        # ``-``, not ``difference_update``, which walks the whole of the other, large, set
+        fresh = fresh - self._finished - self._finished_before
         self._finished |= fresh
         if len(self._finished) >= RECENT_KEYS // 2:
             self._finished_before, self._finished = self._finished, set()

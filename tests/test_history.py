@@ -92,3 +92,14 @@ def test_the_tail_holds_the_newest_ended_runs_with_the_lost_runs_among_them(monk
     got = h.tail(ended, raw=True)
     assert [(r[0], r[5]) for r in got] == (want if ended else [])
     assert [r.key for r in h.tail(ended)] == [r[0] for r in got]          # the same, as TaskRecords
+
+
+def test_done_and_failed_count_the_runs_the_scheduler_says_count():
+    h = History()
+    h.task("a", "w-1", 1, 0.0, 1.0, "finished")
+    h.task("a", "w-1", 1, 1.0, 2.0, "finished", counts=False)     # a recompute
+    h.task("r", "w-1", 1, 2.0, 3.0, "error", counts=False)        # failed with a retry left
+    h.task("r", "w-1", 1, 3.0, 4.0, "finished")
+    h.task("f", "w-1", 1, 4.0, 5.0, "error")
+    h.task("l", "w-1", 1, 5.0, 6.0, "lost")
+    assert (h.ended, h.done, h.failed) == (5, 2, 1)

@@ -201,10 +201,15 @@ def test_status_lines_count_tasks_not_runs(cluster, client, tmp_path):
     assert first.result(30) == 1
     del first
     wait_for(lambda: "nap-1" not in cluster.scheduler.tasks)
-    assert client.submit(nap, 1, key="nap-1").result(30) == 1       # the same key, run again
-    wait_for(lambda: cluster.history.ended == 4)
-    assert sorted(r.status for r in cluster.history.tasks()) == ["error", "finished", "finished", "finished"]
-    assert "tasks 2 done, 0 running, 0 failed" in status_lines([cluster])[0]
+    # the same key submitted again once its task was forgotten: a new task (as in dask), counted
+    assert client.submit(nap, 1, key="nap-1").result(30) == 1
+    with pytest.raises(ValueError):
+        client.submit(fails_first, str(tmp_path / "tried-2"), key="flaky-2").result(30)   # no retry: failed
+    wait_for(lambda: cluster.history.ended == 5)
+    assert sorted(r.status for r in cluster.history.tasks()) == ["error", "error", "finished", "finished", "finished"]
+    # the retried failure is neither failed nor a second task
+    assert (cluster.history.done, cluster.history.failed) == (3, 1)
+    assert "tasks 3 done, 0 running, 1 failed" in status_lines([cluster])[0]
 
 
 def test_status_lines_name_the_last_death(cluster):

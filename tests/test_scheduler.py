@@ -1206,3 +1206,19 @@ def test_a_task_erred_for_a_forgotten_input_is_not_linked_to_that_key_submitted_
     assert not s.tasks["b"].dependents
     s.release("a")
     assert "b" in s.tasks and "a" not in s.tasks
+
+
+def test_a_run_counts_its_task_done_on_its_first_finish_and_failed_with_no_retry_left():
+    """What the live views count (History.done, History.failed), decided as each run ends."""
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("r", retries=1), spec("f")])
+    assert s.run_ending("a", finished=True) == (None, True)
+    finish(s, "a")
+    died(s, death("w1"), {})                  # a's only copy lost with w1, and still wanted: run again
+    assert s.tasks["a"].state == "processing"
+    assert s.run_ending("a", finished=True) == (None, False)      # the recompute: a counted already
+    assert s.run_ending("r", finished=False) == (None, False)     # a retry left: not failed (yet)
+    fail(s, "r")
+    assert s.run_ending("r", finished=False) == (None, True)
+    assert s.run_ending("f", finished=False) == (None, True)
+    assert s.run_ending("gone", finished=True) == (None, True)    # a run whose task was forgotten

@@ -154,17 +154,17 @@ class Dispatcher:
         outlet = self._outlets.get(worker)
         if not msgs and (outlet is None or not outlet.cork):
             return
-        key_of, record, spec_of = self._scheduler.key_of, self._history.task, self._scheduler.spec_of
+        key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         with self._lock:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key
                 t = type(m)
                 if t is P.Finished or t is P.Failed:
                     key = key_of(m.seq)
                     if key is not None:
-                        spec = spec_of(key)
+                        finished = t is P.Finished
+                        submitter, counts = ending(key, finished)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
-                               "finished" if t is P.Finished else "error", m.serde if t is P.Finished else 0.0,
-                               spec.submitter if spec else None)
+                               "finished" if finished else "error", m.serde if finished else 0.0, submitter, counts)
             post = self.apply(self._scheduler.handle_messages(worker, msgs) if msgs else [])
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])

@@ -171,6 +171,16 @@ class Scheduler:
         ts = self.tasks.get(key)
         return ts.spec if ts is not None else None
 
+    def run_ending(self, key: str, finished: bool) -> tuple[Optional[str], bool]:
+        """What the task stream records of a run of ``key`` that just ended, read before the
+        run's end is handled: (the task that submitted it, or None; whether the run counts
+        its task among the tasks done, being its first finish, or failed, with no retry left)."""
+        ts = self.tasks.get(key)
+        if ts is None:
+            return None, True
+        spec = ts.spec
+        return (spec.submitter if spec is not None else None), (not ts.type_name if finished else ts.retries <= 0)
+
     def acquire(self, key: str) -> list:
         """One more Future of ``key`` holds it like any other (``Admission.acquire``)."""
         return self.admission.acquire(key)

@@ -5,16 +5,18 @@ An ipywidgets widget (HTML parts in tabs) whose values a thread of its own
 its comm channel, so the view moves while the kernel runs other cells or waits in
 ``gather``. The progress, the task stream and the insights are drawn only while their tab
 is shown. Each refresh reads the cluster once: ``cluster.workers`` (one take of the
-cluster's lock, as any user call), the task records that ended since the last refresh
-(the history's tail) and the states of the tasks the scheduler holds (a copy of a dict, no
-lock; their groups only for the progress tab); the scheduler thread does nothing more for
-it. The HTML of a part is sent only when it changed.
+cluster's lock, as any user call), the history's counts of tasks done and failed (kept as
+runs end: no task record is read for them) and the states of the tasks the scheduler holds
+(a copy of a dict, no lock; their groups only for the progress tab); the scheduler thread
+does nothing more for it. Task records are read only for the tab that shows them. The HTML
+of a part is sent only when it changed.
 
 What it costs the cluster: the refresh runs in the user's process and holds the GIL while
 it computes, which delays the scheduler thread's and the submitting thread's wake-ups. So
-it reads no more than it draws (a map of 20,000 tasks: 1-8 ms a refresh on the workers
-tab, 15-30 ms with the progress tab's per-group scan), and it waits 100 times its own CPU
-time when that is longer than ``interval``: never more than 1 % of a core.
+it reads no more than it draws (a busy map of 20,000 tasks: 2-4 ms a refresh on the
+workers tab, where reading each ended run's record took ~10 a second before; 15-30 ms with
+the progress tab's per-group count), and it waits 100 times its own CPU time when that is
+longer than ``interval``: never more than 1 % of a core.
 
 The thread ends when the widget is closed, or once it has drawn the closed cluster, or
 when the cluster is garbage. One widget per cluster is shared by every cell showing it.
@@ -27,13 +29,12 @@ import sys
 import threading
 import time
 import weakref
-from collections import Counter, deque
-from itertools import compress, filterfalse, starmap
+from collections import Counter
+from itertools import compress, filterfalse
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Optional
 
 from . import render
-from .history import TaskRecord
 from .insights import insights
 
 __all__ = ["dashboard", "mimebundle", "Snapshot", "StaticView", "WIDGET_MIME"]
@@ -42,8 +43,8 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STREAM_SECONDS = 60.0
 STREAM_BARS = 1000         # the newest task bars drawn live: ~150 kB of SVG a second at most
 KEYS_KEPT = 1_000_000      # failed keys remembered so that a task failing again counts once
-RECENT_KEYS = 100_000      # the newest finished keys remembered (two halves, rolling), for the same:
-                           # a rerun comes soon after (a death, a retry); ~8 MB, not a million keys' ~64 MB
+RECENT_KEYS = 100_000      # the progress tab's newest finished keys remembered (two halves, rolling), for
+                           # the same: a rerun comes soon after (a retry); ~8 MB, not a million keys' ~64 MB
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
 COST_SHARE = 0.01          # a refresh waits at least its CPU time / COST_SHARE before the next
@@ -185,17 +186,18 @@ class _Live:
 
 
 class Snapshot:
-    """Reads a cluster once per refresh and draws its parts; remembers the counts of the
-    task records already seen, so each refresh reads only the new ones."""
+    """Reads a cluster once per refresh and draws its parts. The header's counts are the
+    history's (``History.done``, ``History.failed``: kept as runs end, so a refresh reads no
+    task record for them); task records are read only for the tab that shows them: the last
+    ``STREAM_BARS`` for the task stream, and those ended since its last drawing for the
+    progress tab, which counts each key once."""
 
     def __init__(self, cluster: Any):
         self._cluster = weakref.ref(cluster)
-        self.done: Counter = Counter()       # group -> finished (as of the last progress drawing: see _attribute)
-        self.done_total = 0                  # tasks finished, each key once
-        self._unattributed: list = []        # keys counted in done_total, not yet in done by group
+        self.done: Counter = Counter()       # group -> tasks finished, as of the progress tab's last drawing
         self.failed: Counter = Counter()     # group -> failed
-        self._ended = 0                      # history.ended when last read
-        self._recent: deque = deque(maxlen=STREAM_BARS)   # the newest records (tuples) of the last STREAM_SECONDS
+        self.counted_from: Optional[int] = None   # history.ended when the progress counts began (None: never drawn)
+        self._ended = 0                      # history.ended when the progress tab was last drawn
         self._groups: dict = {}              # key's head -> group (key_group is a little slow)
         self._finished: set = set()          # keys counted done lately (the history's strings, shared)...
         self._finished_before: set = set()   # ...and the half before those
@@ -213,30 +215,31 @@ class Snapshot:
         status = cluster.status
         workers = list(cluster.workers.values())
         deaths = list(cluster.deaths)
-        self._read_records(cluster.history, now)
+        history = cluster.history
+        done, failed_for_good = history.done, history.failed
         running = {k for w in workers for k in w.running}
         known = list(cluster.scheduler.tasks.values())
         if tab == "progress":
-            self._attribute()
+            self._read_records(history)
             running_by: Counter = Counter()
             for head, n in Counter(_heads(running)).items():
                 running_by[self.group(head)] += n
             waiting, erred = self._pending(known)
             waiting -= running_by                # what runs is processing too
             failed = self.failed | erred         # per group, the larger of the errors seen and held now
-            n_waiting, n_failed = sum(waiting.values()), sum(failed.values())
+            n_waiting = sum(waiting.values())
+            n_failed = max(failed_for_good, sum(erred.values()))
         else:                                    # the header's totals: one pass, no group
             states = Counter(map(_STATE, known))
             n_waiting = max(0, sum(states[s] for s in _PENDING) - len(running))
-            n_failed = max(sum(self.failed.values()), states["erred"])
+            n_failed = max(failed_for_good, states["erred"])   # erred: KilledWorker too (no run erred)
         fractions = {k: cluster.config[k] for k in FRACTIONS}
-        head = _header(repr(cluster).strip("<>"), workers, self.done_total, len(running),
-                       n_waiting, n_failed, deaths, now)
+        head = _header(repr(cluster).strip("<>"), workers, done, len(running), n_waiting, n_failed, deaths, now)
         parts = [_workers_part(workers, fractions, deaths, cluster.memory_limit),
-                 _progress_part(self.done, running_by, waiting, failed) if tab == "progress" else None,
+                 self._progress_part(running_by, waiting, failed, history) if tab == "progress" else None,
                  self._stream_part(cluster, workers, deaths, now) if tab == "task stream" else None,
-                 insights(cluster.history.tasks(), cluster.history.startups(), deaths, cluster.threads_per_worker,
-                          transfers=cluster.history.transfers()).html() if tab == "insights" else None]
+                 insights(history.tasks(), history.startups(), deaths, cluster.threads_per_worker,
+                          transfers=history.transfers()).html() if tab == "insights" else None]
         return head, parts, status not in ("closed", "stopped", "broken", "forked")
 
     def _pending(self, tasks: list) -> tuple:
@@ -265,28 +268,29 @@ class Snapshot:
                 self._groups.clear()
         return group
 
-    def _read_records(self, history: Any, now: float) -> None:
+    def _read_records(self, history: Any) -> None:
+        """The records ended since the progress tab's last drawing, into its counts by group.
+        Those the history no longer keeps (the newest ``history.TASKS`` are kept) are not
+        counted: then the tab counts from the oldest kept (``counted_from``)."""
         ended = history.ended
-        new = history.tail(ended - self._ended, raw=True)     # tuples: key, worker, thread, start, stop, status
+        gap = ended - self._ended
+        new = history.tail(gap, raw=True)     # tuples: key, worker, thread, start, stop, status
         self._ended = ended
-        # In C, no Python step per record: during a busy map a refresh reads ~10,000 of them,
-        # and its thread holds the GIL the scheduler thread waits for.
-        # And in chunks with a pause between them: a C call over a large set holds the GIL
+        kept = len(new) - list(map(_STATUS, new)).count("lost")
+        if self.counted_from is None or kept < gap:      # never drawn, or runs went unread
+            self.counted_from = ended - kept
+            self.done.clear()
+            self.failed.clear()
+            self._finished, self._finished_before, self._failed = set(), set(), set()
+        # In chunks with a pause between them: a C call over a large set holds the GIL
         # throughout (no switch interval cuts it), and the scheduler thread waits meanwhile.
         for start in range(0, len(new), CHUNK):
             if start:
                 time.sleep(GIL_PAUSE)
             self._count(new[start:start + CHUNK])
-        if len(self._unattributed) > RECENT_KEYS:
-            self._attribute()
-        recent = self._recent
-        recent.extend(new)
-        cut = now - STREAM_SECONDS
-        while recent and recent[0][4] < cut:      # in the order their ends were seen
-            recent.popleft()
 
     def _count(self, records: list) -> None:
-        """The finished and failed runs among ``records``, each key once."""
+        """The finished and failed runs among ``records``, by group, each key once."""
         keys, statuses = list(map(_FIRST, records)), list(map(_STATUS, records))
         if "error" in statuses:
             failed = set(compress(keys, map("error".__eq__, statuses))) - self._failed
@@ -304,22 +308,19 @@ class Snapshot:
         self._finished |= fresh
         if len(self._finished) >= RECENT_KEYS // 2:
             self._finished_before, self._finished = self._finished, set()
-        self.done_total += len(fresh)
-        self._unattributed += fresh
+        for head, n in Counter(_heads(fresh)).items():
+            self.done[self.group(head)] += n
 
-    def _attribute(self) -> None:
-        """The finished keys counted since, into ``done`` by group: only the progress tab
-        shows that, so it is worked out when that tab is drawn (or the backlog is large)."""
-        keys, self._unattributed = self._unattributed, []
-        for start in range(0, len(keys), CHUNK):
-            if start:
-                time.sleep(GIL_PAUSE)
-            for head, n in Counter(_heads(keys[start:start + CHUNK])).items():
-                self.done[self.group(head)] += n
+    def _progress_part(self, running: Counter, waiting: Counter, failed: Counter, history: Any) -> str:
+        part = _progress_part(self.done, running, waiting, failed)
+        if self.counted_from:
+            part += (f'<div style="{render.FONT};color:#777">done and failed: the runs since the '
+                     f'{self.counted_from + 1:,}th (the history keeps the newest {history.capacity:,})</div>')
+        return part
 
     def _stream_part(self, cluster: Any, workers: list, deaths: list, now: float) -> str:
         span = (now - STREAM_SECONDS, now)
-        records = list(starmap(TaskRecord, list(self._recent)))
+        records = [r for r in cluster.history.tail(STREAM_BARS) if r.stop >= span[0]]
         names = sorted({w.name for w in workers} | {r.worker for r in records}, key=_order)
         lanes = [(n, t) for n in names for t in range(1, cluster.threads_per_worker + 1)]
         recent = [d for d in deaths if d.time >= span[0]]

@@ -83,17 +83,32 @@ class History:
         self._memory: dict[str, Series] = {}      # worker name -> series; insertion order = spawn order
         self._dead: deque = deque()               # names of dead workers, oldest first
         self.ended = 0                            # runs that finished or failed (not lost): progress
+        # Tasks, not runs, for the live views' counts (read without a lock: ints). Written by
+        # the thread that records runs, which the scheduler tells whether a run counts.
+        self.done = 0                             # tasks finished (a task run again counts once)
+        self.failed = 0                           # tasks failed for good (not a failure retried)
         self._startups: deque = deque(maxlen=DEAD_WORKERS * 4)   # (worker, ready at, seconds from spawn)
         self._moving: dict[str, float] = {}      # worker name -> seconds it spent moving data, last seen
 
     def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
-             serde: float = 0.0, submitter: Optional[str] = None) -> None:
+             serde: float = 0.0, submitter: Optional[str] = None, counts: bool = True) -> None:
         """One run ended (the fields of ``TaskRecord``). A run no task submitted keeps no
-        field for it (most runs: 8 bytes each of 100,000 kept)."""
+        field for it (most runs: 8 bytes each of 100,000 kept). ``counts``: its task is
+        counted done (its first finish) or failed (no retry left) by this run."""
         self._tasks.append((key, worker, thread, start, stop, status, serde) if submitter is None
                            else (key, worker, thread, start, stop, status, serde, submitter))
         if status != "lost":
             self.ended += 1
+            if counts:
+                if status == "finished":
+                    self.done += 1
+                else:
+                    self.failed += 1
+
+    @property
+    def capacity(self) -> int:
+        """How many task records are kept (the newest)."""
+        return self._tasks.maxlen
 
     def up(self, worker: str, t: float, seconds: float) -> None:
         """``worker`` became ready at unix time ``t``, ``seconds`` after it was spawned."""

@@ -16,17 +16,14 @@ from typing import Any, Callable, Optional, TextIO
 
 from ..cluster import live_clusters, watch
 from ..config import check_seconds, format_bytes
-from .dashboard import KEYS_KEPT
 
 __all__ = ["live", "status_lines"]
 
 
-def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None, seen: Optional[dict] = None) -> list:
-    """The block's lines for these clusters (one ``cluster.workers`` each, and the task
-    records ended since the last call: ``seen`` keeps, per cluster, what was read). Tasks
-    are counted by key: a task run again, or one that failed and then succeeded on a
-    retry, counts once."""
-    seen = {} if seen is None else seen
+def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None) -> list:
+    """The block's lines for these clusters (one ``cluster.workers`` each, and the history's
+    counts). Tasks are counted, not runs: a task that failed and then succeeded on a retry
+    counts done once and not failed, one run again after its result was lost counts once."""
     lines = []
     for c in clusters:
         if c.status == "closed":
@@ -35,18 +32,11 @@ def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None, seen
         states = Counter(w.status for w in workers)
         memory = sum(w.memory or 0 for w in workers)
         limit = sum(w.memory_limit or 0 for w in workers)
-        ended, done, failed = seen.get(c, (0, set(), set()))
-        now_ended = c.history.ended
-        for r in c.history.tail(now_ended - ended, raw=True):     # a task run again counts once
-            keys = done if r[5] == "finished" else failed if r[5] == "error" else None
-            if keys is not None and len(keys) < KEYS_KEPT:
-                keys.add(r[0])
-        seen[c] = (now_ended, done, failed)
         running = sum(len(w.running) for w in workers)
         state = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no worker"
         lines.append(f"localcluster: {len(workers)} workers ({state}) · memory {format_bytes(memory)}"
                      + (f" of {format_bytes(limit)}" if limit else "")
-                     + f" · tasks {len(done)} done, {running} running, {len(failed - done)} failed")
+                     + f" · tasks {c.history.done} done, {running} running, {c.history.failed} failed")
         deaths = c.deaths
         if deaths:
             lines.append("  last death: " + deaths[-1].headline().removeprefix("localcluster: "))
@@ -70,7 +60,6 @@ class live:
         self._thread: Optional[threading.Thread] = None
         self._unwatch: Optional[Callable[[], None]] = None
         self.drawn = 0                       # redraws so far (0 when not on a terminal)
-        self._seen: dict = {}
 
     def __enter__(self) -> "live":
         out = self.file if self.file is not None else sys.stdout
@@ -90,7 +79,7 @@ class live:
         try:
             while True:
                 last = self._stop.wait(self.interval)
-                drawer.draw(status_lines(self.clusters, self.extra, self._seen))
+                drawer.draw(status_lines(self.clusters, self.extra))
                 self.drawn += 1
                 if last:
                     break

@@ -24,9 +24,10 @@ scheduler; signals, messages and spawns are carried out after the lock is let go
 
 Threads: the scheduler thread runs everything above. User threads only read, under the
 cluster's lock: ``snapshot``, ``logs``, ``dump_stacks``, ``wait_for``; and one that waits
-for a single future reads its worker's channel itself (``read_for``): the loop lends it the
-channel, and its task results go to the dispatcher from that thread, so the reply wakes one
-thread instead of two. Frames with anything else it leaves, in order, for the scheduler thread.
+for a single future reads its worker's channel itself (``read_for``, its part
+``LentReading`` in reading.py): the loop lends it the channel, and its task results go to
+the dispatcher from that thread, so the reply wakes one thread instead of two. Frames with
+anything else it leaves, in order, for the scheduler thread (``Nanny.held``).
 
 Owns: the nannies (name -> Nanny; only the scheduler thread adds or removes one, under
 the lock, and connects or disconnects its channel in the dispatcher in the same hold),
@@ -39,15 +40,13 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import select
 import selectors
 import shutil
 import signal
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from ..worker import logs
 from ..wire import protocol as P
@@ -57,16 +56,14 @@ from ..engine.dispatch import Dispatcher
 from ..views.history import History
 from ..engine.lifecycle import Lifecycle, Phase
 from ..engine.loop import EventLoop
-from ..system.machine import hold_interrupts, release_interrupts
 from .nanny import Nanny
 from ..views.render import key_group
 from .output import OutputStream
+from .reading import OWN, LentReading
 from .policy import (Accept, Adapt, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused,
                      Slot, Spawn)
 
 logger = logging.getLogger("localcluster")
-
-_OWN = (P.Ready, P.Fatal, P.Log, P.Pressure)
 
 
 @dataclass
@@ -114,7 +111,7 @@ class Supervisor:
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
         self._names = itertools.count()
-        self._readers: set = set()      #: idents of the user threads reading a lent channel (read_for); any thread
+        self._reading = LentReading(loop, dispatch, self._took_held)   #: user threads reading for their futures
 
     @property
     def target(self) -> int:
@@ -350,99 +347,20 @@ class Supervisor:
         with n.reading:
             self._take_held(n)
 
-    # --- a user thread reading for its future ---------------------------------------------
+    # --- a user thread reading for its future (reading.py) -------------------------------
 
     def read_for(self, worker: str, done: Callable[[], bool], watch: Callable[[Optional[Callable[[], None]]], None],
                  deadline: Optional[float]) -> None:
-        """On a user thread that waits for one future whose task runs on ``worker``: read
-        that worker's channel here until ``done()`` (or ``deadline``, monotonic), instead of
-        the scheduler thread reading it and then waking this one. ``watch(ring)`` hands the
-        future what wakes this thread when another thread ends it, ``watch(None)`` takes it
-        back. Returns at once when the channel is lent to another thread already or its
-        worker is gone, and early when a frame carries more than task results (the scheduler
-        thread takes that frame next, in order) or the worker goes: the caller then waits as
-        usual. Never blocks the scheduler thread: it only waits for ``reading`` while one
-        frame is handled here."""
+        """On a user thread that waits for one future whose task runs on ``worker``: read that
+        worker's channel here until ``done()`` or ``deadline`` (``LentReading.read_for``)."""
         n = self.nannies.get(worker)        # a dict read; lend() says whether its channel is live
-        chan = n.chan if n is not None else None
-        if chan is None or not self._loop.lend(chan, n.bell.ring):
-            return
-        me = threading.get_ident()
-        bell = n.bell
-
-        def ring() -> None:                 # on the thread that ends the future
-            if threading.get_ident() != me:
-                bell.ring()
-        self._readers.add(me)
-        try:
-            fd, wake = chan.fileno(), bell.fileno()
-            if fd < 0 or wake < 0:
-                return
-            watch(ring)
-            while not done():
-                timeout = None
-                if deadline is not None:
-                    timeout = deadline - time.monotonic()
-                    if timeout <= 0:
-                        return
-                try:
-                    readable, writable, _ = select.select([fd, wake], [fd] if chan.wants_write() else [], [], timeout)
-                except (OSError, ValueError):       # closed under us: its worker is gone
-                    return
-                if wake in readable:
-                    bell.quiet()
-                if writable:
-                    chan.flush()
-                if fd in readable and not self._read_lent(n, chan):
-                    return
-        finally:
-            watch(None)
-            self._readers.discard(me)
-            self._loop.give_back(chan)
+        if n is not None:
+            self._reading.read_for(n, done, watch, deadline)
 
     def reads_here(self) -> bool:
         """Whether this thread is reading a worker's channel for its future (read_for):
         like the scheduler thread, it must not run what could wait for that channel."""
-        return threading.get_ident() in self._readers
-
-    def _read_lent(self, n: Nanny, chan: Any) -> bool:
-        """One frame of a lent channel, read and handled on this thread; False: stop reading
-        (the channel is closed, or the frame is left for the scheduler thread)."""
-        with n.reading:
-            held = hold_interrupts()        # a Ctrl-C lands after the state change, not inside it
-            try:
-                if n.held or chan.closed:
-                    return False
-                try:
-                    msgs = chan.receive()
-                except (EOFError, OSError):     # the scheduler thread sees it once given back
-                    return False
-                except Exception:   # a frame that does not decode: as on the scheduler thread
-                    raise self._dispatch.break_("channel reader, on a thread reading for its future",
-                                                traceback.format_exc()) from None
-                tasks: list = []
-                for m in msgs:
-                    for one in (m.messages if type(m) is P.Batch else (m,)):
-                        t = type(one)
-                        if t in _OWN or t is P.Ask:
-                            n.held.append(msgs)
-                            self._loop.run_soon(lambda: self._took_held(n))
-                            return False
-                        tasks.append(one)
-                if tasks:
-                    busy = self._loop.lent_busy
-                    me = threading.get_ident()
-                    busy[me] = time.monotonic()        # the watchdog watches this thread meanwhile
-                    try:
-                        self._dispatch.on_worker_messages(n.name, tasks)
-                    except Exception:   # as on the scheduler thread: a bug here breaks the cluster
-                        raise self._dispatch.break_("scheduler, on a thread reading for its future",
-                                                    traceback.format_exc()) from None
-                    finally:
-                        busy.pop(me, None)
-                return True
-            finally:
-                release_interrupts(held)
+        return self._reading.reads_here()
 
     def _on_output(self, stream: OutputStream) -> None:
         if not stream.read():
@@ -457,7 +375,7 @@ class Supervisor:
         for m in msgs:
             for one in (m.messages if type(m) is P.Batch else (m,)):
                 t = type(one)
-                (own if t in _OWN else asks if t is P.Ask else tasks).append(one)
+                (own if t in OWN else asks if t is P.Ask else tasks).append(one)
         records: list = []
         ready = pressed = False
         for m in own:

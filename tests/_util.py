@@ -1,6 +1,8 @@
 """Helpers shared by the tests."""
 from __future__ import annotations
 
+import sys
+import threading
 import time
 
 
@@ -74,3 +76,34 @@ def require(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)}", allow_module_level=True)
+
+
+def released(path):
+    block_until(path)
+    return 1
+
+
+def reading(ident: int) -> bool:
+    """Whether thread ``ident`` is inside a read of a lent channel now."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_name == "read_for":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def released_once_reading(client, tmp_path) -> tuple:
+    """A future whose task ends once this thread waits in result(), reading the channel
+    (Supervisor.read_for): its reply is read by this thread, whatever the load. And the
+    helper thread that ends it (join it after the wait)."""
+    marker = str(tmp_path / "go")
+    fut = client.submit(released, marker, pure=False)
+    me = threading.get_ident()
+
+    def release() -> None:
+        wait_for(lambda: reading(me))
+        open(marker, "w").close()
+    helper = threading.Thread(target=release)
+    helper.start()
+    return fut, helper

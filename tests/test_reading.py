@@ -8,12 +8,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
-import sys
 import threading
 import time
 
 import pytest
-from _util import block_until, wait_for
+from _util import released_once_reading
 
 import localcluster
 from localcluster import KilledWorker
@@ -28,36 +27,6 @@ def inc(x):
 def late(x, seconds=0.3):
     time.sleep(seconds)       # still running when the test's thread starts to wait
     return x
-
-
-def released(path):
-    block_until(path)
-    return 1
-
-
-def reading(ident: int) -> bool:
-    """Whether thread ``ident`` is inside a read of a lent channel now."""
-    frame = sys._current_frames().get(ident)
-    while frame is not None:
-        if frame.f_code.co_name == "read_for":
-            return True
-        frame = frame.f_back
-    return False
-
-
-def released_once_reading(client, tmp_path) -> tuple:
-    """A future whose task ends once this thread waits in result(), reading the channel; and
-    the helper thread that ends it (join it after the wait)."""
-    marker = str(tmp_path / "go")
-    fut = client.submit(released, marker, pure=False)
-    me = threading.get_ident()
-
-    def release() -> None:
-        wait_for(lambda: reading(me))
-        open(marker, "w").close()
-    helper = threading.Thread(target=release)
-    helper.start()
-    return fut, helper
 
 
 def test_result_reads_its_reply_on_the_waiting_thread(client, tmp_path):

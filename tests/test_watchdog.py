@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from _util import block_until, wait_for
+from _util import block_until, released_once_reading, wait_for
 import localcluster
 from localcluster import Client, ClusterBroken, LocalCluster
 from localcluster.engine import dispatch
@@ -69,17 +69,23 @@ def test_a_thread_stuck_handling_what_it_read_for_its_future_fails_every_other_w
             try:
                 localcluster.wait([bystander], timeout=20)
                 seen.append(bystander.exception(0))
+            except BaseException as e:      # not broken in time: the assertion below says so
+                seen.append(e)
             finally:
                 release.set()
         helper = threading.Thread(target=other_waiter)
         monkeypatch.setattr(S.Scheduler, "handle_messages", stuck_in_handling)
+        # its reply comes once this thread reads the channel itself: under load, a task that
+        # ends at once may be read by the scheduler thread before result() is called
+        fut, releaser = released_once_reading(cl, tmp_path)
         helper.start()
         try:
             with pytest.raises(ClusterBroken):
-                cl.submit(inc, 2).result(30)
+                fut.result(30)
         finally:
             release.set()
             helper.join(30)
+            releaser.join(30)
         assert isinstance(seen[0], ClusterBroken), seen
         text = str(seen[0])
         assert "'MainThread', handling results it read while waiting for a future" in text

@@ -252,3 +252,43 @@ def test_the_explained_error_is_dasks_killedworker_and_survives_pickling():
     assert "crash, SIGSEGV" in text and "line 3 in f" in text
     assert "tcp://127.0.0.6:40999: no word from its nanny within 5 s" in text and "its machine" in text
     assert "recreate_error_locally" not in text      # dask's would run the crash in the user's own process
+
+
+def test_a_worker_started_after_its_nannys_recorder_is_gone_writes_nothing(tmp_path, monkeypatch):
+    """A nanny closing tears its recorder down (and its directory) before it stops a worker
+    that was starting: that worker's faulthandler must not make the directory again, which
+    nothing would remove (a loaded run found one left)."""
+    import faulthandler
+    import types
+    from localcluster.integrations.dask_nanny import DeathRecorder, FaultHandler, record_dir
+    if faulthandler.is_enabled():           # pytest's, which the handler's teardown turns off
+        monkeypatch.setattr(FaultHandler, "teardown", _and_back(FaultHandler.teardown))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    worker = types.SimpleNamespace(nanny="tcp://127.0.0.1:1", address="tcp://127.0.0.1:2")
+    handler = FaultHandler()
+    handler.setup(worker)
+    handler.teardown(worker)
+    assert handler.file is None and list(tmp_path.glob("localcluster-dask-*/*")) == []
+    # with the nanny's directory there (its recorder set up), the worker writes into it, and
+    # leaves the directory to the nanny when it stops in order
+    directory = record_dir(worker.nanny)
+    handler = FaultHandler()
+    handler.setup(worker)
+    try:
+        assert sorted(os.listdir(directory)) == [f"address-{os.getpid()}", f"faulthandler-{os.getpid()}.log"]
+        assert DeathRecorder.read_address(types.SimpleNamespace(directory=directory), os.getpid()) == worker.address
+    finally:
+        handler.teardown(worker)
+    assert os.listdir(directory) == []
+    os.rmdir(directory)
+
+
+def _and_back(teardown):
+    def run(self, worker):
+        import faulthandler
+        try:
+            teardown(self, worker)
+        finally:
+            faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    return run

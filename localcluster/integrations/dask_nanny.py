@@ -81,9 +81,10 @@ def require(obj: Any, names: tuple, what: str) -> None:
             f"or leave install() out (dask's plain KilledWorker).")
 
 
-def record_dir(nanny_address: str) -> str:
+def record_dir(nanny_address: str, create: bool = True) -> str:
     """The nanny's record directory, outside the worker directory (dask deletes that before
-    the exit hook runs), private to this user: the worker finds it from its nanny's address."""
+    the exit hook runs), private to this user: the worker finds it from its nanny's address.
+    Only the nanny's recorder creates it (``create``), and removes it in its teardown."""
     base = os.path.join(tempfile.gettempdir(), f"localcluster-dask-{os.getuid()}")
     try:
         os.mkdir(base, 0o700)
@@ -93,7 +94,8 @@ def record_dir(nanny_address: str) -> str:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise RuntimeError(f"{base} is not a private directory of this user: remove it, or set TMPDIR elsewhere")
     path = os.path.join(base, "".join(c if c.isalnum() or c in ".-" else "-" for c in nanny_address))
-    os.makedirs(path, 0o700, exist_ok=True)
+    if create:
+        os.makedirs(path, 0o700, exist_ok=True)
     return path
 
 
@@ -298,25 +300,29 @@ class FaultHandler(WorkerPlugin):
         self.file = None
         if not worker.nanny:
             return
-        directory = record_dir(worker.nanny)
-        self.file = open(fault_file(directory, os.getpid()), "a")
+        # A worker started while its nanny closes comes after the recorder's teardown: it
+        # writes nothing then (nothing would remove it), as with a nanny that has no recorder.
+        directory = record_dir(worker.nanny, create=False)
+        try:
+            self.file = open(fault_file(directory, os.getpid()), "a")
+        except FileNotFoundError:
+            return
         faulthandler.enable(file=self.file, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=self.file, all_threads=True)
         with open(address_file(directory, os.getpid()), "w") as f:
             f.write(worker.address)
 
     def teardown(self, worker) -> None:
-        """A worker that stops in order leaves nothing behind (its nanny may be gone already)."""
+        """A worker that stops in order leaves nothing behind (the directory is its nanny's,
+        kept for the next worker, removed by the recorder's teardown)."""
         if self.file is not None:
             faulthandler.unregister(signal.SIGUSR1)
             faulthandler.disable()
             self.file.close()
-            directory = os.path.dirname(self.file.name)
-            for remove, path in ((os.unlink, self.file.name), (os.unlink, address_file(directory, os.getpid())),
-                                 (os.rmdir, directory)):
+            for path in (self.file.name, address_file(os.path.dirname(self.file.name), os.getpid())):
                 try:
-                    remove(path)
-                except OSError:        # already gone, or the directory holds another worker's file
+                    os.unlink(path)
+                except OSError:        # already gone with the nanny's directory
                     pass
 
 

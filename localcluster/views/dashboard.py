@@ -13,7 +13,7 @@ of a part is sent only when it changed.
 
 What it costs the cluster: the refresh runs in the user's process and holds the GIL while
 it computes, which delays the scheduler thread's and the submitting thread's wake-ups. So
-it reads no more than it draws (a busy map of 20,000 tasks: 2-4 ms a refresh on the
+it reads no more than it draws (a busy map of 20,000 tasks: ~5 ms a refresh on the
 workers tab, where reading each ended run's record took ~10 a second before; 15-30 ms with
 the progress tab's per-group count), and it waits 100 times its own CPU time when that is
 longer than ``interval``: never more than 1 % of a core.

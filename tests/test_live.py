@@ -225,3 +225,21 @@ def test_progress_live_shows_the_block_and_the_futures_count(cluster, client):
         got = localcluster.progress(client.map(nap, range(3)), file=tty, live=True)
     seen = _drain(master)
     assert b"3/3 done" in seen and got == (3, 0) and b"localcluster: 2 workers" in seen
+
+
+def test_the_progress_tab_says_when_it_counts_only_the_kept_runs(monkeypatch):
+    """Runs the history no longer keeps when the tab is first drawn are not counted by group,
+    and the tab says from which run it counts."""
+    from localcluster.views import history
+    monkeypatch.setattr(history, "TASKS", 5)
+    with localcluster.LocalCluster(n_workers=1, forward_logs=False) as c, localcluster.Client(c) as cl:
+        assert cl.gather(cl.map(inc, range(8), pure=False)) == list(range(1, 9))
+        wait_for(lambda: c.history.ended == 8)
+        head, parts, _ = dash.Snapshot(c).take("progress")
+    assert '<b class="lc-done">8</b> done' in head                 # the header counts every task
+    assert "the runs after the first 3 (the history keeps the newest 5)" in parts[1]
+    assert re.search(r"<code>inc</code>.*?<td[^>]*>5</td>", parts[1])   # the tab, the kept runs
+
+
+def inc(x):
+    return x + 1

@@ -14,8 +14,7 @@ of a part is sent only when it changed.
 What it costs the cluster: the refresh runs in the user's process and holds the GIL while
 it computes, which delays the scheduler thread's and the submitting thread's wake-ups. So
 it reads no more than it draws (a busy map of 20,000 tasks: ~5 ms a refresh on the
-workers tab, where reading each ended run's record took ~10 a second before; 15-30 ms with
-the progress tab's per-group count), and it waits 100 times its own CPU time when that is
+workers tab, which reads no task record; 15-30 ms with the progress tab's per-group count), and it waits 100 times its own CPU time when that is
 longer than ``interval``: never more than 1 % of a core.
 
 The thread ends when the widget is closed, or once it has drawn the closed cluster, or
@@ -314,8 +313,8 @@ class Snapshot:
     def _progress_part(self, running: Counter, waiting: Counter, failed: Counter, history: Any) -> str:
         part = _progress_part(self.done, running, waiting, failed)
         if self.counted_from:
-            part += (f'<div style="{render.FONT};color:#777">done and failed: the runs since the '
-                     f'{self.counted_from + 1:,}th (the history keeps the newest {history.capacity:,})</div>')
+            part += (f'<div style="{render.FONT};color:#777">done and failed: the runs after the first '
+                     f'{self.counted_from:,} (the history keeps the newest {history.capacity:,})</div>')
         return part
 
     def _stream_part(self, cluster: Any, workers: list, deaths: list, now: float) -> str:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 from dask import delayed
@@ -35,8 +36,13 @@ def grow(limit_bytes: int):
 
 def wait_here(workdir: str):
     """Dump this worker's stacks (SIGUSR1: as a user would of a hung worker), write its pid and
-    its nanny's, then wait (bounded) for the kill."""
-    os.kill(os.getpid(), signal.SIGUSR1)
+    its nanny's, then wait (bounded) for the kill.
+
+    The signal goes to this thread, not the process: a process-directed one is taken by the
+    main thread whenever the kernel schedules it, which on a loaded machine came after the
+    kill (the death's log_tail was empty); a thread's own signal is handled before
+    pthread_kill returns."""
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
     with open(os.path.join(workdir, "pid.tmp"), "w") as f:
         f.write(f"{os.getpid()} {os.getppid()}")
     os.rename(os.path.join(workdir, "pid.tmp"), os.path.join(workdir, "pid"))

@@ -78,11 +78,11 @@ def _install_parent_hooks() -> None:
     from localcluster.wire import channel
     from localcluster import client, future
     from localcluster.engine import dispatch
-    from localcluster.supervision import supervisor
+    from localcluster.supervision import reading, supervisor
     _wrap(client.Client, "submit", before="submit")
     _wrap(channel, "_send_chunks", before="send")
     _wrap(supervisor.Supervisor, "_on_channel", before="woke")
-    _wrap(supervisor.Supervisor, "_read_lent", before="woke")
+    _wrap(reading.LentReading, "_read_lent", before="woke")
     _wrap(dispatch.Dispatcher, "on_worker_messages", before="decoded")
     _wrap(future.Future, "settle", before="resolving")
 

@@ -6,16 +6,19 @@ import time
 
 import pytest
 
-from _util import release, wait_for
+from _util import wait_for
 
 from localcluster import Client, LocalCluster, TaskTimeoutError
 
 
 def hold_gil(seconds, marker):
+    """libc system() with the GIL held (PyDLL): its shell makes the marker the test waits
+    for while this thread already waits inside the call, so the worker can read no Stop
+    once the marker is there. (Made before the C call, the marker left a gap: on a loaded
+    machine the worker read Stop in it and exited 0.) The shell is the worker's child: its
+    nanny kills it with the worker's process group."""
     import ctypes
-    sleep = ctypes.PyDLL(None).sleep
-    release(marker)                     # the test waits for this: the task is past unpickling
-    sleep(seconds)                      # libc sleep() with the GIL held: Stop cannot be read
+    ctypes.PyDLL(None).system(f"touch '{marker}' && exec sleep {int(seconds)}".encode())
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """How a worker's threads share its channel: whoever is idle reads, a run queued wakes one
-idle executor, and the main thread reads only while every executor is busy."""
+idle executor, and the main thread reads only while every executor is busy, called once
+nobody has read for a while (worker/turn.py)."""
 from __future__ import annotations
 
 import os
@@ -50,6 +51,25 @@ def test_a_worker_whose_every_thread_is_busy_still_sends_data_and_takes_cancels(
         assert not (tmp_path / "ran").exists(), "the cancelled run was executed"
 
 
+class _Turn:
+    """The main thread's turn, recorded: what arm, disarm and now were asked (no timer)."""
+
+    def __init__(self):
+        self.calls: list = []
+        self.armed = False
+
+    def arm(self):
+        self.calls.append("arm")
+        self.armed = True
+
+    def disarm(self):
+        self.calls.append("disarm")
+        self.armed = False
+
+    def now(self):
+        self.calls.append("now")
+
+
 class _Counting(threading.Condition):
     """Records how many waiters each notify asked for (notify_all asks for all of them)."""
 
@@ -68,8 +88,10 @@ def worker():
     mine, theirs = socket.socketpair()
     board = Board(4)
     w = Worker({"name": "w", "nthreads": 4, "board_fd": os.dup(board.fd), "sock_fd": theirs.detach()})
-    w._work, w._main_turn = _Counting(w._lock), _Counting(w._lock)
+    real = w.turn
+    w._work, w.turn = _Counting(w._lock), _Turn()
     yield w
+    real.close()
     w.chan.close()
     w.board.close()
     board.close()
@@ -109,16 +131,28 @@ def _hand_offs(w, got):
     with w._lock:
         w._reader = None
     assert w._next_run(1) is None and w._reader == 1
-    assert w._work.calls == [1] and w._main_turn.calls == []
+    assert w._work.calls == [1] and not w.turn.armed
     # Two runs: the two idle executors take them; the reader takes none. Still not the main thread.
     w._queue(_run(2))
     w._queue(_run(3))
     wait_for(lambda: len(got) == 3)
     assert sorted(r.seq for r in got.values()) == [1, 2, 3] and w._idle == 0
-    assert w._work.calls == [1, 1, 1] and w._main_turn.calls == []
-    # The reader takes a run while every other executor is busy: now the main thread must read.
+    assert w._work.calls == [1, 1, 1] and "arm" not in w.turn.calls
+    # The reader takes a run while every other executor is busy: nobody reads now, so the main
+    # thread's turn is armed (not a wake-up: it is called only if the run outlasts the delay).
     w._queue(_run(4))
     with w._lock:
         w._reader = None
     assert w._next_run(1).seq == 4
-    assert w._main_turn.calls == [1]
+    assert w.turn.calls[-1] == "arm" and w.turn.armed
+    # One more run taken while the channel is still unread: the first moment stands.
+    w._queue(_run(5))
+    with w._lock:
+        w._busy -= 1        # as if another executor had ended its run
+    assert w._next_run(2, ran=False).seq == 5
+    assert w.turn.calls.count("arm") == 2 and w.turn.armed
+    # A run ends and its executor takes the reader role back: the main thread is not called.
+    with w._lock:
+        w._busy -= 1
+    assert w._next_run(1, ran=True) is None and w._reader == 1
+    assert w.turn.calls[-1] == "disarm" and not w.turn.armed

@@ -8,8 +8,9 @@ Threads::
                      EOF -> exit. An idle executor takes the role itself, so a Run that arrives
                      at an idle worker is executed by the thread that read it: no thread hop
                      (a GIL hand-off between threads costs more than a process round trip).
-                     The main thread reads only while every executor is busy, and is nudged
-                     off the socket (a self-pipe) as soon as one becomes idle.
+                     The main thread reads only while every executor is busy, called once
+                     nobody has read for 2 ms (turn.py: a kernel timer, not a wake-up per
+                     run), and is nudged off the socket (a self-pipe) as soon as one becomes idle.
     executor x N     take runs from the run queue, mark the status board, run, reply
     flusher          sends results that executors batched while more runs were queued
     heartbeat        stamps the board every second (a GIL held by C code stops it: that is
@@ -39,6 +40,7 @@ from ..wire.channel import BlockingChannel, encode
 from ..system.machine import rss
 from . import calls
 from .store import Store, StoreError
+from .turn import MainTurn
 
 FLUSH_DELAY = 0.002
 
@@ -94,13 +96,13 @@ class Worker:
         self._next_look = 0.0           # monotonic time of the next look at RSS before a run
         self._pressed = False           # said Pressure, and RSS has not fallen below the line since
         self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
-        # Under _lock: the run queue, the reader role, the idle count. Two conditions on it, so
-        # that a wake-up goes to the one thread that has something to do: a run queued wakes
-        # one idle executor (not every thread: with 4 executors that herd cost ~60 µs a round
-        # trip), and the main thread is woken only when nobody is left to read.
+        # Under _lock: the run queue, the reader role, the idle count. A wake-up goes to the one
+        # thread that has something to do: a run queued wakes one idle executor (not every
+        # thread: with 4 executors that herd cost ~60 µs a round trip), and the main thread is
+        # called only once nobody has read the channel for a while (turn.py).
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)     # idle executors wait here
-        self._main_turn = threading.Condition(self._lock)   # the main thread waits here
+        self.turn = MainTurn()                            # the main thread waits for its turn here
         self._runs: deque = deque()
         self._reader: Any = None        # who holds the reader role: "main", an executor row, or None
         self._idle = 0                  # executors waiting for work (woken ones count until they run)
@@ -135,10 +137,7 @@ class Worker:
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
         self.chan.send(P.Ready(os.getpid(), versions()))
         while True:
-            with self._lock:
-                while self._reader is not None or self._idle:
-                    self._main_turn.wait()
-                self._reader = "main"
+            self._main_turn()
             try:
                 while not self._idle:
                     ready, _, _ = select.select([self.chan, self._nudge_r], [], [])
@@ -152,6 +151,17 @@ class Worker:
                 with self._lock:
                     self._reader = None
                     self._work.notify()     # the executor that became idle takes the role
+
+    def _main_turn(self) -> None:
+        """Main thread: wait until nobody reads the channel and no executor is idle to, then
+        take the reader role."""
+        while True:
+            with self._lock:
+                if self._reader is None and not self._idle:
+                    self._reader = "main"
+                    self.turn.disarm()
+                    return
+            self.turn.wait()
 
     def _read_and_handle(self) -> None:
         try:
@@ -266,6 +276,9 @@ class Worker:
         waiter: list = [threading.Event(), None]
         with self._asks_lock:
             self._asks[request] = waiter
+        with self._lock:
+            if self._reader is None:        # its answer needs a reader: call the main thread now
+                self.turn.now()
         self._send_drops()
         self.chan.send(P.Ask(request, seq, body))
         if not waiter[0].wait(timeout):
@@ -379,11 +392,12 @@ class Worker:
                     self._rejoin_turn.notify()      # a seceded task comes back before any queued run
                 elif self._runs and self._busy < self.nthreads:
                     if self._reader is None and not self._idle:
-                        self._main_turn.notify()    # nobody else is left to read the channel
+                        self.turn.arm()             # nobody else is left to read the channel
                     self._busy += 1
                     return self._runs.popleft()
                 if self._reader is None:
                     self._reader = row
+                    self.turn.disarm()
                     return None
                 self._idle += 1
                 if self._reader == "main" and not self._nudged:

@@ -1,0 +1,127 @@
+"""When a worker's main thread takes its turn at reading the channel.
+
+The channel needs a reader while every executor runs a task: Cancel, Export (another
+worker waits for data held here) and the answers to a task's own requests come that way.
+Waking the main thread each time an executor starts a run cost a round trip 20-50 µs
+(a futex wake, then the main thread and the executor contending for the GIL), for a
+no-op run that is over in a few. So the main thread is called only once nobody has read
+for ``DELAY``: the executor that leaves the channel unread arms a kernel timer (one
+``timerfd_settime`` call, which wakes nobody); whoever takes the reader role back first
+disarms it. A run that ends sooner costs two system calls; a longer one gets its reader
+``DELAY`` late.
+
+A timerfd, not SIGALRM: a timer signal would have to be kept off the executor threads
+(their system calls, and those of the C code a task calls), and a blocked signal is
+inherited by every program a task starts. The main thread waits in ``select`` on the
+timerfd and on a pipe (``now``: a task waiting for an answer calls it at once).
+``os.timerfd_create`` is 3.13's; before, libc's through ctypes. Where there is no
+timerfd (not Linux), ``arm`` calls the main thread at once.
+"""
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Callable, Optional
+
+__all__ = ["MainTurn", "DELAY"]
+
+DELAY = 0.002       # seconds a busy worker's channel may go unread before the main thread reads it
+
+
+def _timerfd() -> tuple[int, Optional[Callable[[float], None]]]:
+    """(a non-blocking CLOCK_MONOTONIC timerfd, a function setting it: seconds, 0 to stop),
+    or (-1, None) where there is none."""
+    flags = os.O_NONBLOCK | os.O_CLOEXEC            # TFD_NONBLOCK, TFD_CLOEXEC
+    if hasattr(os, "timerfd_create"):                # 3.13
+        fd = os.timerfd_create(time.CLOCK_MONOTONIC, flags=flags)
+        return fd, lambda seconds: os.timerfd_settime(fd, initial=seconds)
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        create, settime = libc.timerfd_create, libc.timerfd_settime
+    except (OSError, AttributeError):
+        return -1, None
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    class Itimerspec(ctypes.Structure):
+        _fields_ = [("it_interval", Timespec), ("it_value", Timespec)]
+
+    create.argtypes, create.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(Itimerspec), ctypes.c_void_p]
+    settime.restype = ctypes.c_int
+    fd = create(time.CLOCK_MONOTONIC, flags)
+    if fd < 0:
+        return -1, None
+    spec = Itimerspec()
+    at = ctypes.pointer(spec)
+
+    def set_(seconds: float) -> None:
+        spec.it_value.tv_sec, spec.it_value.tv_nsec = int(seconds), int(seconds % 1 * 1e9)
+        if settime(fd, 0, at, None) < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return fd, set_
+
+
+class MainTurn:
+    """The main thread's call to the channel (see the module docstring). ``arm``, ``disarm``
+    and ``now`` run under the worker's lock; ``wait`` on the main thread, outside it."""
+
+    def __init__(self, delay: float = DELAY):
+        self.delay = delay
+        self.armed = False          #: nobody reads and the main thread is due; under the worker's lock
+        self._tfd, self._set = _timerfd()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+
+    @property
+    def timed(self) -> bool:
+        """A kernel timer calls the main thread (else ``arm`` calls it at once)."""
+        return self._set is not None
+
+    def arm(self) -> None:
+        """Nobody reads the channel now: call the main thread in ``delay`` unless someone
+        reads again first. Armed already: the first moment stands (a stream of short runs
+        must not put the reader off for ever)."""
+        if self.armed:
+            return
+        self.armed = True
+        if self._set is not None:
+            self._set(self.delay)
+        else:
+            self.now()
+
+    def disarm(self) -> None:
+        """Someone reads the channel again."""
+        if self.armed:
+            self.armed = False
+            if self._set is not None:
+                self._set(0)
+
+    def now(self) -> None:
+        """Call the main thread at once (a task waits for an answer that only a reader brings)."""
+        try:
+            os.write(self._w, b"\0")
+        except BlockingIOError:     # a call is already waiting in the pipe
+            pass
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Main thread: until called (the caller checks again why). False if ``timeout``
+        passed first."""
+        fds = [self._r] if self._tfd < 0 else [self._r, self._tfd]
+        ready = select.select(fds, [], [], timeout)[0]
+        for fd in ready:
+            try:
+                while os.read(fd, 512 if fd == self._r else 8):
+                    pass
+            except BlockingIOError:
+                pass
+        return bool(ready)
+
+    def close(self) -> None:
+        for fd in (self._r, self._w, self._tfd):
+            if fd >= 0:
+                os.close(fd)

@@ -9,7 +9,9 @@ its ``initializer``) and stamp ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux
 for every process) as each round trip passes. A step's figure is the median over the round
 trips, after 50 warm-up ones; the sum of the medians is close to, not exactly, the median
 of the totals. Each hook costs ~0.3 µs, so the total reads a little above bench.py's round
-trip. localcluster only; Linux.
+trip. localcluster only; Linux. Last, how many times a round trip the workers' threads slept
+and were woken (voluntary context switches, from /proc): a wake-up taken off the path shows
+there whatever the machine's load.
 
 Steps, in order (the process that spends the time in brackets):
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import os
 import statistics
 import sys
 import time
@@ -91,6 +94,20 @@ def noop(x):
     return x
 
 
+def context_switches(pid: int) -> dict:
+    """Voluntary context switches of each thread of process ``pid`` (a thread that sleeps
+    and is woken counts one each time): {"main": n, thread id: n, ...}."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration):
+            continue
+        out["main" if int(tid) == pid else tid] = n
+    return out
+
+
 def measure(n: int, workers: int, threads: int) -> dict:
     import localcluster
     _install_parent_hooks()
@@ -101,11 +118,14 @@ def measure(n: int, workers: int, threads: int) -> dict:
             client.submit(noop, -i, pure=False).result(60)
         starts, ends = [], []
         MARKS.clear()
+        pids = [w.pid for w in cluster.workers.values()]
+        before = [context_switches(p) for p in pids]
         for i in range(n):
             t0 = time.perf_counter()
             client.submit(noop, i, pure=False).result(60)
             starts.append(t0)
             ends.append(time.perf_counter())
+        after = [context_switches(p) for p in pids]
         parent = {k: sorted(v) for k, v in MARKS.items()}
         marks = defaultdict(list)
         for k, v in parent.items():
@@ -131,8 +151,10 @@ def measure(n: int, workers: int, threads: int) -> dict:
             for (a, b), x, y in zip(zip(STEPS, STEPS[1:]), points, points[1:]):
                 steps[f"{a} -> {b}"].append((y - x) * 1e6)
             totals.append((t1 - t0) * 1e6)
+    switches = {"main": sum(a.get("main", 0) - b.get("main", 0) for a, b in zip(after, before)) / n,
+                "all": sum(sum(a.values()) - sum(b.get(t, 0) for t in a) for a, b in zip(after, before)) / n}
     return {"steps": {k: statistics.median(v) for k, v in steps.items() if v}, "aligned": len(totals),
-            "n": n, "total_median": statistics.median(totals) if totals else None}
+            "n": n, "total_median": statistics.median(totals) if totals else None, "switches": switches}
 
 
 def main(argv=None) -> int:
@@ -150,6 +172,9 @@ def main(argv=None) -> int:
     for step, us in res["steps"].items():
         print(f"  {step:24s} {us:7.1f} µs")
     print(f"  {'sum of the medians':24s} {sum(res['steps'].values()):7.1f} µs")
+    sw = res["switches"]
+    print(f"  the workers' threads slept and were woken {sw['all']:.2f} times a round trip "
+          f"(their main threads {sw['main']:.2f})")
     return 0
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from _util import block_until, release, stop_session, wait_for
 from test_resources import counted, text
-from test_scheduler import Checked, death, died, finish, running, sends, spec
+from test_scheduler import Checked, death, died, fail, finish, running, sends, spec
 
 from localcluster import Client, Event, KilledWorker, LocalCluster, Lock, Queue, Semaphore, Variable
 from localcluster.scheduler.records import Reply
@@ -186,6 +186,31 @@ def test_a_future_cancelled_while_queued_is_not_let_go_of_twice():
     s.submit([spec("a")])
     s.coordinate(P.SetVariable("v", None))
     assert s.tasks["a"].wanted == 1
+
+
+def test_a_future_cancelled_while_queued_whose_task_an_erred_dependent_keeps_is_no_reference_any_more():
+    """Found by the state machine in a loaded run: a cancelled task that a dependent still
+    links to stays as a released record, the very Task the queue's token names, and a new
+    dependent runs that Task again. The token counts no more (the cancel dropped every
+    reference): nothing is handed over or let go of for it."""
+    s = sched("w1", "w2")
+    s.submit([spec("a")])
+    finish(s, "a")
+    s.submit([spec("d", "a")])
+    assert s.tasks["d"].worker in s.tasks["a"].who_has      # a is there: no transfer
+    fail(s, "d")
+    ask(s, "w1", 1, P.QueuePut("q", *item("future", "a")))
+    assert s.tasks["a"].wanted == 2                 # the client's and the queue's
+    where = next(iter(s.tasks["a"].who_has))
+    died(s, death(where), {})                       # a is lost, and wanted: it runs again
+    assert s.tasks["a"].state in ("waiting", "ready", "processing")
+    s.cancel(["a"])                                 # validate() runs after it (Checked)
+    kept = s.tasks["a"]
+    assert kept.state == "released" and kept.wanted == 0 and "d" in s.tasks
+    s.submit([spec("e", "a")])                      # a runs again, the same Task, for e
+    assert s.tasks["a"] is kept and kept.state != "released" and kept.wanted == 0
+    assert ask(s, "w1", 2, P.QueueGet("q"))[2][0][1] == ()
+    assert kept.wanted == 0 and s.tasks["e"].wanted == 1
 
 
 def test_a_variable_keeps_its_futures_until_set_again_or_deleted_and_wakes_its_waiters():

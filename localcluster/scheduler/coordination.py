@@ -15,8 +15,8 @@ order) and forgets its tasks' waiting requests and the items they were putting.
 
 Futures in values. The futures inside a queued item or a variable's value are held while
 the value is there (``hold``: each key counts once more in its task's ``wanted``; what is kept
-here is an opaque token of that reference, so that a task cancelled meanwhile, and maybe
-submitted again, is never let go of twice). A get hands one reference per key to the asker
+here is a token of that reference, (Task, its cancels), so that a task cancelled meanwhile,
+and then run again for a dependent or submitted again, is never let go of twice). A get hands one reference per key to the asker
 (``hand_over``): a task's worker holds it in Asking's books until it has made its own futures
 and drops it; the parent's thread releases it.
 """
@@ -63,7 +63,7 @@ class _Event:
 @dataclass(eq=False)
 class _Queue:
     maxsize: int
-    items: deque = field(default_factory=deque)     #: (Payload, tokens of the references held)
+    items: deque = field(default_factory=deque)     #: (Payload, tokens of the references held: (Task, cancels))
     getters: deque = field(default_factory=deque)   #: (Asker, batch); only while they cannot be served
     putters: deque = field(default_factory=deque)   #: (Asker, item); only while the queue is full
 
@@ -308,28 +308,35 @@ class Coordination:
     # --- references to the futures inside values ------------------------------------------
 
     def _hold(self, keys: tuple) -> tuple:
-        """One more reference to each known key; its Task is the token, so that a task
-        cancelled meanwhile (every reference dropped), or submitted again, is told apart."""
+        """One more reference to each known key; its token is (its Task, the cancels it went
+        through), so that a task cancelled meanwhile (every reference dropped), and then run
+        again for a dependent, or submitted again (another Task), is told apart."""
         held = []
         for key in keys:
             ts = self._task(key)
             if ts is not None and ts.state != "released":
                 ts.wanted += 1
-                held.append(ts)
+                held.append((ts, ts.cancels))
         return tuple(held)
+
+    def _live(self, token: tuple) -> bool:
+        """Whether a reference token still counts in its task's ``wanted``: not once its task
+        was cancelled, which drops every reference."""
+        ts, cancels = token
+        return self._task(ts.key) is ts and ts.cancels == cancels
 
     def _let_go(self, held: list) -> list:
         """Release the references ``_hold`` took, of tasks still known as they were."""
-        return self._release_keys([ts.key for ts in held if self._task(ts.key) is ts])
+        return self._release_keys([t[0].key for t in held if self._live(t)])
 
     def _hand_over(self, asker: Asker, held: tuple, again: bool) -> tuple:
         """The references ``held`` (``again``: one more of each) are ``asker``'s now: a task's
         worker keeps them in Asking's books until it drops them. Returns their keys."""
-        keys = [ts.key for ts in held if self._task(ts.key) is ts]
+        live = [t[0] for t in held if self._live(t)]
+        keys = [ts.key for ts in live]
         if again:
-            for ts in held:
-                if self._task(ts.key) is ts:
-                    ts.wanted += 1
+            for ts in live:
+                ts.wanted += 1
         if asker.worker is not None and keys:
             self._held(asker.worker, keys, self._key_of(asker.seq))
         return tuple(keys)
@@ -383,8 +390,8 @@ class Coordination:
 
     def validate(self) -> None:
         """AssertionError naming the first broken rule."""
-        def counted(ts: Task) -> bool:      # in its task's wanted, or its task is gone (cancelled)
-            return self._task(ts.key) is not ts or ts.wanted > 0
+        def counted(token: tuple) -> bool:      # in its task's wanted, or its task was cancelled
+            return not self._live(token) or token[0].wanted > 0
 
         waiting: dict = {}
         for name, sem in self.semaphores.items():
@@ -408,14 +415,14 @@ class Coordination:
                 waiting[(asker.worker, asker.request)] = ("put", name)
             for _payload, held in list(q.items) + [item for _a, item in q.putters]:
                 for token in held:
-                    assert counted(token), f"queue {name!r} holds {token!r}, which nothing counts as wanted"
+                    assert counted(token), f"queue {name!r} holds {token[0]!r}, which nothing counts as wanted"
         for name, askers in self.unset.items():
             assert askers and name not in self.variables, f"variable {name!r}: waiters while set, or none kept"
             for asker in askers:
                 waiting[(asker.worker, asker.request)] = ("variable", name)
         for name, (_payload, held) in self.variables.items():
             for token in held:
-                assert counted(token), f"variable {name!r} holds {token!r}, which nothing counts as wanted"
+                assert counted(token), f"variable {name!r} holds {token[0]!r}, which nothing counts as wanted"
         assert waiting == self.waits, f"the index of waiting requests is off: {self.waits} != {waiting}"
 
 

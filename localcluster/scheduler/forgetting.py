@@ -126,6 +126,7 @@ class Forgetting:
             if dts is not None and dts.state in PENDING:
                 out += self._cancel(dts)
         ts.wanted = 0
+        ts.cancels += 1
         out += self.release(ts)
         return out
 

@@ -194,7 +194,7 @@ EMPTY: frozenset = frozenset()
 class Task:
     __slots__ = ("key", "state", "spec", "deps", "dependents", "waiting_on", "who_has", "worker",
                  "seq", "suspicious", "deaths", "error", "retries", "nbytes", "data", "wanted",
-                 "type_name", "order", "fetchers")
+                 "type_name", "order", "fetchers", "cancels")
 
     # Every field: used under the cluster's lock by whichever thread brings the scheduler an
     # event; written by the scheduler and its parts (placement, transfers, forgetting) only.
@@ -237,6 +237,9 @@ class Task:
         self.order = order
         #: waiting, ready, processing: fetch requests answered once it is in memory (else ())
         self.fetchers: tuple = ()
+        #: cancels it went through: a reference taken before one (a token, coordination.py)
+        #: counts no more, though a dependent may run this very Task again
+        self.cancels = 0
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

@@ -14,7 +14,8 @@ leaves out 1.0, by resampling whole blocks (the median of the blocks' own ratios
 neighbouring rounds drift together; the interval from rounds resampled one by one is also
 given. The spread of the rounds without the dashboard says how much is noise. Each
 refresh during a round is timed and placed: the submit rounds that had one inside their
-timed part are counted, and their ratio is given apart. Before every round, in both modes, the collector runs
+timed part are counted, and their ratio is given apart. Each round starts after a random
+wait of up to one refresh interval (both modes), so that the refreshes fall anywhere in it. Before every round, in both modes, the collector runs
 (``gc.collect()``, as pyperf does between runs): the harness's own steps (building a widget,
 closing the last one, timing its refreshes) leave garbage that would otherwise be collected
 during whichever round follows them. It also times
@@ -125,12 +126,17 @@ def main(argv=None) -> int:
     end = time.monotonic() + args.minutes * 60
     try:
         one_round(peer)                      # warm-up: imports, caches, the first spawn's pages
+        phase = random.Random(1)             # where in a round the widget's refreshes fall
         i = 0
         while time.monotonic() < end or i % 4 or i < 8:      # whole ABBA blocks, two at least
             mode = ("without", "with", "with", "without")[i % 4]
             view = peer.cluster.dashboard(interval=1.0) if mode == "with" else None
             seen = timing(view) if view is not None else []
             gc.collect()
+            # A widget refreshes a second after it is built: without this wait, that first
+            # refresh would come after the submit loop (~0.6 s) nearly every round, and the
+            # submit row would measure a widget that never refreshes during it. Both modes wait.
+            time.sleep(phase.uniform(0.0, 1.0))
             r = one_round(peer)
             r["mode"] = mode
             rounds[mode].append(r)

@@ -119,3 +119,18 @@ def test_cancel_who_has_and_info_from_a_task():
     out = ask(s, a.worker, a.seq, P.CancelKeys(("b",)))
     assert [r.status for r in out if getattr(r, "key", None) == "b" and type(r).__name__ == "Resolve"] == ["cancelled"]
     assert "b" not in s.tasks
+
+
+def test_a_cancel_drops_the_references_tasks_hold_and_their_later_drop_lets_go_of_nothing():
+    """A task on w1 holds a future of ``a``; the client cancels ``a`` (every reference goes)
+    and submits it again. The task's Drop, arriving after, must not let go of the new
+    submit's one reference."""
+    s = sched("w1")
+    s.submit([spec("a")])
+    ask(s, "w1", 0, P.Hold(("a",)))
+    assert s.tasks["a"].wanted == 2 and s.asking.holds["w1"]["a"][0] == 1
+    s.cancel(["a"])
+    assert "w1" not in s.asking.holds
+    s.submit([spec("a")])
+    ask(s, "w1", 0, P.Drop(("a",)))
+    assert s.tasks["a"].wanted == 1 and s.tasks["a"].state != "released"

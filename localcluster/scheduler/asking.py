@@ -79,6 +79,21 @@ class Asking:
             out.append(key)
         return out
 
+    def cancelled(self, key: str) -> None:
+        """``key`` was cancelled, which drops every reference to it: the workers' and those
+        kept for tasks to run again. A Drop the worker sends for it later is then ignored,
+        instead of letting go of a reference made since (the key submitted again)."""
+        for worker in [w for w, holds in self.holds.items() if key in holds]:
+            del self.holds[worker][key]
+            if not self.holds[worker]:
+                del self.holds[worker]
+        for owner in [o for o, keys in self.orphans.items() if key in keys]:
+            kept = [k for k in self.orphans[owner] if k != key]
+            if kept:
+                self.orphans[owner] = kept
+            else:
+                del self.orphans[owner]
+
     def seceded_on(self, seq: int, ws: Optional[WorkerState], thread: int = 0, started: float = 0.0) -> None:
         if ws is None or seq in self.seceded or ws.processing.get(seq) is None:
             return

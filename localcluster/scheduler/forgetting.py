@@ -29,7 +29,7 @@ class Forgetting:
     def __init__(self, task: Callable[[str], Optional[Task]], drop: Callable[..., Optional[Task]],
                  worker: Callable[[Optional[str]], Optional[WorkerState]], workers: Callable[[], Iterable[WorkerState]],
                  unassigned: Callable[[int], None], maybe_retire: Callable[..., list],
-                 transition: Callable[[Task, str, str], None]):
+                 transition: Callable[[Task, str, str], None], references_dropped: Callable[[str], None]):
         self._task = task                    # the scheduler's tasks.get
         self._drop = drop                    # the scheduler's tasks.pop: a forgotten task leaves
         self._worker = worker                # the scheduler's workers.get; ``has`` and ``processing`` are written here
@@ -37,6 +37,7 @@ class Forgetting:
         self._unassigned = unassigned        # Placement.unassigned: a run taken back no longer runs its task
         self._maybe_retire = maybe_retire    # the scheduler's: a closing worker may be done now
         self._to = transition                # the scheduler's one writer of Task.state
+        self._references_dropped = references_dropped   # Asking.cancelled: tasks' references go with a cancel
         #: seq -> key of each run taken back (cancelled, released, inputs lost) that its worker has
         #: not answered; the worker's ``processing[seq]`` is None meanwhile, and the seq is in no run
         self.cancelled_runs: dict[int, str] = {}
@@ -125,8 +126,9 @@ class Forgetting:
             dts = self._task(dkey)
             if dts is not None and dts.state in PENDING:
                 out += self._cancel(dts)
-        ts.wanted = 0
+        ts.wanted = 0                   # every reference: the clients', the tasks' (Asking), the values' (Coordination)
         ts.cancels += 1
+        self._references_dropped(ts.key)
         out += self.release(ts)
         return out
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, get_args
 from .records import SLACK, Task, TaskState, WorkerState
 
 if TYPE_CHECKING:
+    from .asking import Asking
     from .forgetting import Forgetting
     from .placement import Placement
     from .transfers import Transfers
@@ -26,6 +27,7 @@ class Scheduler(Protocol):
     placement: Placement
     forgetting: Forgetting
     transfers: Transfers
+    asking: Asking
 
     @property
     def ready_keys(self) -> set: ...
@@ -46,6 +48,7 @@ def check(s: "Scheduler") -> None:
     _check_runs(s)
     _check_workers(s)
     _check_transfers(s)
+    _check_references(s)
 
 
 def _with_story(s: "Scheduler", e: AssertionError, key: Optional[str]) -> AssertionError:
@@ -172,3 +175,20 @@ def _check_transfers(s: "Scheduler") -> None:
         assert req in t.exports and t.exports[req].key == key, f"relaying ({key!r}, {target}) has no export"
     for ack, (key, target) in t.unacked.items():
         assert target in s.workers, f"unacked put {ack} of {key!r} to dead worker {target}"
+
+
+def _check_references(s: "Scheduler") -> None:
+    """Every reference tasks hold (Asking's books: on their workers, and kept for a task to
+    run again) counts in its key's ``wanted``: a cancel, which zeroes ``wanted``, drops them."""
+    held: dict = {}
+    for holds in s.asking.holds.values():
+        for key, (count, _owner) in holds.items():
+            held[key] = held.get(key, 0) + count
+    for keys in s.asking.orphans.values():
+        for key in keys:
+            held[key] = held.get(key, 0) + 1
+    for key, n in held.items():
+        ts = s.tasks.get(key)
+        if ts is not None:
+            assert ts.wanted >= n, _with_story(s, AssertionError(
+                f"{key!r}: tasks hold {n} references to it, its wanted counts {ts.wanted}"), key)

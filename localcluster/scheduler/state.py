@@ -117,8 +117,11 @@ class Scheduler:
         #: ready queues and runs (seq -> (key, worker)); moves tasks ready -> processing
         self.placement = Placement(tasks.get, workers.values, self.transfers.relay, self._to)
         #: letting go: release, cancel, and the cancelled runs (seq -> key) until their worker answers
+        #: the clients of tasks (get_client; the part below): futures held on workers,
+        #: runs that seceded, and the function ids of what tasks submit
+        self.asking = Asking()
         self.forgetting = Forgetting(tasks.get, tasks.pop, workers.get, workers.values, self.placement.unassigned,
-                                     self.roster.maybe_retire, self._to)
+                                     self.roster.maybe_retire, self._to, self.asking.cancelled)
         #: a task's way to ready (queued on placement) or to erred, with its pending dependents
         self.readiness = Readiness(tasks.get, workers.__contains__, self.gone.__contains__, self.placement.push,
                                    self.placement.drop_worker, self.forgetting.unassign, self._to)
@@ -132,9 +135,6 @@ class Scheduler:
         self._deferring = False
         #: Client.run's calls not answered yet (request ids from the same counter)
         self.calls = Calls(self._request, workers.get, self.gone.__contains__)
-        #: the clients of tasks (get_client; the part below): futures held on workers,
-        #: runs that seceded, and the function ids of what tasks submit
-        self.asking = Asking()
         #: the ends of runs as workers report them (finished, failed, skipped, given back)
         self.outcomes = Outcomes(tasks.get, workers.get, self.placement, self.transfers, self.forgetting,
                                  self.readiness, self.asking, self._orphans_settled, self.roster.maybe_retire,

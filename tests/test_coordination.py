@@ -262,6 +262,31 @@ def test_a_restart_gives_back_the_tasks_leases_to_the_parent_that_waits():
     assert answers(s.clear(RuntimeError("restart"))) == {("parent", req): True}
 
 
+def test_a_restart_grants_nothing_to_the_tasks_it_forgets():
+    """The tasks of every worker go at once: a lease one of them frees, or an item, never goes
+    to a request of another (the hypothesis machine found a Lock granted so, to a task that
+    the restart forgets)."""
+    s = sched("w1", "w2")
+    ask(s, "w1", 1, acquire("L", "a", kind="lock"))
+    assert ask(s, "w2", 1, acquire("L", "b", kind="lock")) == {}          # w2's task waits for w1's
+    ask(s, "w1", 2, P.QueuePut("q", *item(1)))
+    assert ask(s, "w1", 3, P.QueueGet("q", 2)) == {}                       # a batch of 2: waits
+    assert ask(s, "w2", 2, P.QueueGet("q", 1)) == {}                       # behind it
+    req, out = s.coordinate(acquire("L", "p", kind="lock"))
+    out = s.clear(RuntimeError("restart"))
+    assert answers(out) == {("parent", req): True}                         # the parent's turn; no task's
+    assert s.coordination.waits == {}
+
+
+def test_a_death_hands_a_queued_item_on_to_the_next_task_waiting():
+    s = sched("w1", "w2")
+    ask(s, "w1", 1, P.QueuePut("q", *item(1)))
+    assert ask(s, "w1", 2, P.QueueGet("q", 2)) == {}
+    assert ask(s, "w2", 1, P.QueueGet("q", 1)) == {}
+    got = answers(died(s, death("w1"), {}), "w2")
+    assert list(got) == [1] and [serialize.loads(p) for p, _keys in got[1]] == [1]
+
+
 def test_bad_requests_break_nothing():
     s = sched("w1")
     with pytest.raises(TypeError):

@@ -142,10 +142,10 @@ class Coordination:
         what, name = entry
         return self._unwait(asker, what, name) + [asker.answer(_TIMED_OUT[what])]
 
-    def _unwait(self, asker: Asker, what: str, name: Any) -> list:
+    def _unwait(self, asker: Asker, what: str, name: Any, feed: bool = True) -> list:
         """Take ``asker``'s waiting request out of its queue of waiters (its index entry is
         gone already), letting go of the item it was putting; a container left with nothing
-        is dropped, and a queue serves the next getter it now can."""
+        is dropped, and (``feed``) a queue serves the next getter it now can."""
         out: list = []
         if what == "semaphore":
             sem = self.semaphores[name]
@@ -162,7 +162,8 @@ class Coordination:
             for p in [p for p in q.putters if _same(p[0], asker)]:
                 q.putters.remove(p)
                 out += self._let_go(list(p[1][1]))
-            out += self._feed(name, q)      # a getter of a batch gone: the next may be served now
+            if feed:                        # a getter of a batch gone: the next may be served now
+                out += self._feed(name, q)
         else:
             waiting = [w for w in self.unset[name] if not _same(w, asker)]
             if waiting:
@@ -360,14 +361,27 @@ class Coordination:
     def worker_gone(self, worker: str) -> list:
         """``worker`` died: its tasks' leases go to the next waiters, and their waiting
         requests (and the items they were putting) are forgotten."""
+        return self._workers_gone({worker})
+
+    def _workers_gone(self, workers: set) -> list:
+        """The tasks of ``workers`` are gone. Every request and lease of theirs goes first, and
+        only then are the leases granted and the queues fed: a lease or an item never goes to
+        a request of one of them (answered, then forgotten with its worker)."""
         out: list = []
-        for key in [k for k in self.waits if k[0] == worker]:
+        fed: set = set()
+        for key in [k for k in self.waits if k[0] in workers]:
             what, name = self.waits.pop(key)
-            out += self._unwait(Asker(worker, key[1]), what, name)
+            out += self._unwait(Asker(key[0], key[1]), what, name, feed=False)
+            if what in ("get", "put"):
+                fed.add(name)
         for name, sem in list(self.semaphores.items()):
-            for lease in [lease for lease, a in sem.held.items() if a.worker == worker]:
+            for lease in [lease for lease, a in sem.held.items() if a.worker in workers]:
                 del sem.held[lease]
             out += self._grant(name, sem)
+        for name in sorted(fed):
+            q = self.queues.get(name)
+            if q is not None:
+                out += self._feed(name, q)
         return out
 
     def clear(self) -> list:
@@ -381,10 +395,7 @@ class Coordination:
             q.items = deque((p, ()) for p, _k in q.items)
             q.putters = deque((a, (p, ())) for a, (p, _k) in q.putters)
         self.variables = {n: (p, ()) for n, (p, _k) in self.variables.items()}
-        out: list = []
-        for worker in sorted(workers):
-            out += self.worker_gone(worker)
-        return out
+        return self._workers_gone(workers)
 
     # --- invariants ---------------------------------------------------------------------
 

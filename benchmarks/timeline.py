@@ -11,7 +11,8 @@ trips, after 50 warm-up ones; the sum of the medians is close to, not exactly, t
 of the totals. Each hook costs ~0.3 µs, so the total reads a little above bench.py's round
 trip. localcluster only; Linux. Last, how many times a round trip the workers' threads slept
 and were woken (voluntary context switches, from /proc): a wake-up taken off the path shows
-there whatever the machine's load.
+there whatever the machine's load. The same count for the parent's scheduler thread: a
+round trip its user thread reads itself should not wake it.
 
 Steps, in order (the process that spends the time in brackets):
 
@@ -38,6 +39,7 @@ import bisect
 import os
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -120,12 +122,15 @@ def measure(n: int, workers: int, threads: int) -> dict:
         MARKS.clear()
         pids = [w.pid for w in cluster.workers.values()]
         before = [context_switches(p) for p in pids]
+        sched = next(t.native_id for t in threading.enumerate() if t.name == "localcluster-scheduler")
+        sched_before = context_switches(os.getpid())[str(sched)]
         for i in range(n):
             t0 = time.perf_counter()
             client.submit(noop, i, pure=False).result(60)
             starts.append(t0)
             ends.append(time.perf_counter())
         after = [context_switches(p) for p in pids]
+        sched_woken = context_switches(os.getpid())[str(sched)] - sched_before
         parent = {k: sorted(v) for k, v in MARKS.items()}
         marks = defaultdict(list)
         for k, v in parent.items():
@@ -152,7 +157,8 @@ def measure(n: int, workers: int, threads: int) -> dict:
                 steps[f"{a} -> {b}"].append((y - x) * 1e6)
             totals.append((t1 - t0) * 1e6)
     switches = {"main": sum(a.get("main", 0) - b.get("main", 0) for a, b in zip(after, before)) / n,
-                "all": sum(sum(a.values()) - sum(b.get(t, 0) for t in a) for a, b in zip(after, before)) / n}
+                "all": sum(sum(a.values()) - sum(b.get(t, 0) for t in a) for a, b in zip(after, before)) / n,
+                "scheduler": sched_woken / n}
     return {"steps": {k: statistics.median(v) for k, v in steps.items() if v}, "aligned": len(totals),
             "n": n, "total_median": statistics.median(totals) if totals else None, "switches": switches}
 
@@ -174,7 +180,7 @@ def main(argv=None) -> int:
     print(f"  {'sum of the medians':24s} {sum(res['steps'].values()):7.1f} µs")
     sw = res["switches"]
     print(f"  the workers' threads slept and were woken {sw['all']:.2f} times a round trip "
-          f"(their main threads {sw['main']:.2f})")
+          f"(their main threads {sw['main']:.2f}); the parent's scheduler thread {sw['scheduler']:.2f}")
     return 0
 
 

@@ -332,6 +332,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "adapt_interval": _seconds("adapt_interval", allow_none=False),
     "log_lines": _int("log_lines", 1),
     "resources": _resources,
+    "spin_wait": _seconds("spin_wait", allow_none=True, zero_is_none=True),
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -354,6 +355,7 @@ DEFAULTS: dict[str, Any] = {
     "adapt_interval": 0.5,        # adapt(): wait_count (3) intervals in a row needing fewer workers: one goes (policy.py)
     "log_lines": 1000,
     "resources": None,            # every worker's abstract resources, {"MEM": 2, "GPU": 1}: submit(resources=)
+    "spin_wait": 0.0002,          # a thread waiting for a reply polls that long before it sleeps, if the machine is calm (spin.py)
 }
 
 _lock = threading.Lock()

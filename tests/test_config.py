@@ -53,6 +53,7 @@ LEVELS = {
     "memory_leak_restart": (("30", 30.0), (None, None), (5, 5.0)),
     "adapt_interval": (("0.25", 0.25), (2, 2.0), (0.1, 0.1)),
     "log_lines": (("10", 10), (20, 20), ("30", 30)),
+    "spin_wait": (("0", None), (0.001, 0.001), ("0.0005", 0.0005)),
     "resources": (("MEM=2, GPU=0.5", {"MEM": 2, "GPU": 0.5}), ({"MEM": 4}, {"MEM": 4}),
                   ({"GPU": np.int64(1)}, {"GPU": 1})),
 }
@@ -189,6 +190,7 @@ BAD = {
     "memory_leak_restart": ("a number of seconds > 0 or None", [0, -1, "soon", True]),
     "adapt_interval": ("a number of seconds > 0", [None, "none", 0, -1, "soon", True, float("inf")]),
     "log_lines": ("an integer >= 1", [0, "many", 10.0, None]),
+    "spin_wait": ("a number of seconds > 0, or None or 0 to disable", [-1, "long", True, float("inf")]),
     "resources": ("a dict of resource names (str) to positive numbers", [{"MEM": 0}, {"MEM": -1}, {1: 2},
                   {"GPU": True}, {"GPU": math.nan}, {"GPU": math.inf}, {"": 1}, {"MEM": "2"}, ["MEM"], 3,
                   "MEM", "MEM=x", "=2"]),

@@ -126,7 +126,7 @@ class Nanny:
             "memory_pause": self.settings.get("memory_pause"),
             "spill_dir": self.spill_dir, "initializer": self.initializer,
             "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
-            "log_level": logs.worker_level(),
+            "log_level": logs.worker_level(), "spin_wait": self.settings.get("spin_wait") or 0.0,
         }
         env = dict(os.environ)
         for k, v in _WORKER_ENV.items():

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 from ..engine.dispatch import Dispatcher
 from ..engine.loop import EventLoop
 from ..system.machine import hold_interrupts, release_interrupts
+from ..system.spin import poll_for
 from ..wire import protocol as P
 from .nanny import Nanny
 
@@ -39,10 +40,12 @@ OWN = (P.Ready, P.Fatal, P.Log, P.Pressure)
 
 
 class LentReading:
-    def __init__(self, loop: EventLoop, dispatch: Dispatcher, took_held: Callable[[Nanny], None]):
+    def __init__(self, loop: EventLoop, dispatch: Dispatcher, took_held: Callable[[Nanny], None],
+                 spin_wait: float = 0.0):
         self._loop = loop
         self._dispatch = dispatch
         self._took_held = took_held     # the supervisor's: the scheduler thread handles a frame left for it
+        self._spin_wait = spin_wait     # seconds of polling before the first select sleeps (spin.py)
         self._readers: set = set()      #: idents of the threads reading a lent channel; each adds and removes its own
 
     def read_for(self, n: Nanny, done: Callable[[], bool], watch: Callable[[Optional[Callable[[], None]]], None],
@@ -70,12 +73,19 @@ class LentReading:
             if fd < 0 or wake < 0:
                 return
             watch(ring)
+            spin = self._spin_wait
             while not done():
                 timeout = None
                 if deadline is not None:
                     timeout = deadline - time.monotonic()
                     if timeout <= 0:
                         return
+                if spin:                    # once: the reply of a short task comes while polling
+                    spin = 0.0
+                    poller = select.poll()
+                    poller.register(fd, select.POLLIN)
+                    poller.register(wake, select.POLLIN)
+                    poll_for(poller, self._spin_wait if timeout is None else min(timeout, self._spin_wait))
                 try:
                     readable, writable, _ = select.select([fd, wake], [fd] if chan.wants_write() else [], [], timeout)
                 except (OSError, ValueError):       # closed under us: its worker is gone

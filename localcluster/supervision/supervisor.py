@@ -111,7 +111,8 @@ class Supervisor:
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
         self._names = itertools.count()
-        self._reading = LentReading(loop, dispatch, self._took_held)   #: user threads reading for their futures
+        #: user threads reading for their futures
+        self._reading = LentReading(loop, dispatch, self._took_held, settings.config.get("spin_wait") or 0.0)
 
     @property
     def target(self) -> int:

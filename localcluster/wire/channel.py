@@ -313,6 +313,10 @@ class BlockingChannel:
             for fd in fds:
                 os.close(fd)
 
+    def has_pending(self) -> bool:
+        """Whole messages read already and not taken (``recv_all`` returns them at once)."""
+        return bool(self._pending)
+
     def recv_all(self) -> list:
         """Block until at least one whole message; return every whole message read so far."""
         while not self._pending:

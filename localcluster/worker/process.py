@@ -38,6 +38,7 @@ from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, encode
 from ..system.machine import rss
+from ..system.spin import poll_for
 from . import calls
 from .store import Store, StoreError
 from .turn import MainTurn
@@ -108,6 +109,11 @@ class Worker:
         self._idle = 0                  # executors waiting for work (woken ones count until they run)
         self._nudge_r, self._nudge_w = os.pipe()
         self._nudged = False
+        # An executor taking the reader role polls the channel for a while before it sleeps
+        # (spin.py: only while no task on the machine waits for a CPU)
+        self.spin_wait = cfg.get("spin_wait", 0.0)
+        self._poller = select.poll()
+        self._poller.register(self.chan.fileno(), select.POLLIN)
         self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
         self.fns: dict[int, Any] = {}
         self.cancelled: set = set()
@@ -370,6 +376,10 @@ class Worker:
                     self._nudged = False
             if self.chan not in ready:
                 return
+        elif self.spin_wait and not self._busy and not self.chan.has_pending():
+            # the next run of a short round trip comes soon; not while another executor
+            # runs a task, whose turns at the GIL the polling would take
+            poll_for(self._poller, self.spin_wait)
         self._read_and_handle()
 
     # --- executor threads -------------------------------------------------------------

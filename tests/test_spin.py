@@ -1,0 +1,130 @@
+"""Polling a little before sleeping (system/spin.py): only while the kernel says no task
+waits for a CPU, and then a short round trip wakes no sleeping thread, in the worker or in
+the user's thread waiting in result()."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+import pytest
+
+from localcluster import Client, LocalCluster
+from localcluster.system import spin
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def psi(tmp_path, monkeypatch):
+    """A pressure file of our own, whose "some" total the test sets (µs)."""
+    path = tmp_path / "cpu"
+
+    def stalled(total_us: int) -> None:
+        path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
+                        f"full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    monkeypatch.setattr(spin, "_PSI", str(path))
+    monkeypatch.setattr(spin, "_last", (0.0, None, False))
+    return stalled
+
+
+def test_calm_compares_the_time_tasks_waited_for_a_cpu_with_the_time_gone_by(psi):
+    psi(1_000_000)
+    assert not spin.calm(now=100.0)                     # the first look: nothing to compare with
+    psi(1_000_500)                                      # 0.5 ms stalled in 100 ms: calm
+    assert spin.calm(now=100.1)
+    psi(1_020_500)                                      # 20 ms stalled in 100 ms: busy
+    assert not spin.calm(now=100.2)
+    psi(1_020_600)
+    assert not spin.calm(now=100.2 + spin.LOOK / 2)     # too soon to look again: the last view stands
+    assert spin.calm(now=100.3)
+    psi(1_020_700)
+    assert not spin.calm(now=105.0)                     # a look after long without one says no
+
+
+def test_without_pressure_information_nothing_is_calm(monkeypatch, tmp_path):
+    monkeypatch.setattr(spin, "_PSI", str(tmp_path / "absent"))
+    monkeypatch.setattr(spin, "_last", (0.0, None, False))
+    assert not spin.calm(now=1.0)
+    assert not spin.calm(now=1.1)
+
+
+class Poller:
+    """A select.poll stand-in that counts its calls and never has anything ready."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def poll(self, timeout):
+        assert timeout == 0, "polling must never sleep"
+        self.calls += 1
+        return []
+
+
+def test_on_a_busy_machine_a_wait_polls_not_once(monkeypatch):
+    monkeypatch.setattr(spin, "calm", lambda now=None: False)
+    p = Poller()
+    assert spin.poll_for(p, 10.0) == []                 # returns at once: a 10 s window is not spent
+    assert p.calls == 0
+
+
+def test_on_a_calm_machine_a_wait_polls_until_its_window_is_over_or_the_reply_is_there(monkeypatch):
+    monkeypatch.setattr(spin, "calm", lambda now=None: True)
+    p = Poller()
+    assert spin.poll_for(p, 0.002) == []
+    assert p.calls >= 1
+    assert spin.poll_for(p, 0) == [] and spin.poll_for(p, -1) == []     # no window: no poll
+    a, b = socket.socketpair()
+    with a, b:
+        import select
+        real = select.poll()
+        real.register(a, select.POLLIN)
+        b.send(b"x")
+        assert spin.poll_for(real, 10.0) == [(a.fileno(), select.POLLIN)]
+
+
+# --- through real processes ----------------------------------------------------------------
+
+def always_calm():
+    """A worker's initializer: its machine is calm whatever the load (as the parent's, below)."""
+    spin.calm = lambda now=None: True
+
+
+def noop(x):
+    return x
+
+
+def woken(pid: int, tid: "int | None" = None) -> int:
+    """Times the threads of process ``pid`` (or only thread ``tid``) slept and were woken."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        if tid is not None and int(t) != tid:
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{t}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration):
+            continue
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts from /proc")
+def test_a_round_trip_on_a_calm_machine_wakes_neither_the_worker_nor_the_waiting_thread(monkeypatch):
+    """Without polling, each round trip puts the worker's reading thread to sleep until the
+    next run comes, and the user's thread until the reply comes (one wake-up each, at least).
+    With it, neither sleeps. The window is long here (50 ms) so that a loaded machine's
+    delays stay inside it; calm is forced, in both processes, for the same reason."""
+    monkeypatch.setattr(spin, "calm", lambda now=None: True)
+    n = 300
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False, spin_wait=0.05,
+                      initializer=always_calm) as cluster, Client(cluster) as client:
+        for i in range(20):
+            assert client.submit(noop, i, pure=False).result(30) == i
+        (pid,) = [w.pid for w in cluster.workers.values()]
+        me = threading.get_native_id()
+        worker0, mine0 = woken(pid), woken(os.getpid(), me)
+        for i in range(n):
+            assert client.submit(noop, i, pure=False).result(30) == i
+        worker, mine = (woken(pid) - worker0) / n, (woken(os.getpid(), me) - mine0) / n
+    assert worker < 0.3 and mine < 0.3, f"woken a round trip: the worker {worker:.2f}, this thread {mine:.2f}"

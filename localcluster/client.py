@@ -35,6 +35,8 @@ from .worker import client as _in_tasks
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
 
 _client_numbers = itertools.count()
+# submit's options when every keyword is left at its default, by ``pure``: made once
+_DEFAULT_OPTIONS = {flag: Options(flag, 0, None, 0, None, False, None) for flag in (False, True)}
 
 
 def _lookup(client_id: Optional[str]) -> Optional["Client"]:
@@ -162,11 +164,9 @@ class Client:
     # --- submitting -------------------------------------------------------------------
 
     def _check(self) -> None:
-        if self.status == "forked":
-            self.gateway.check_open()       # says what a fork means
-        if self.status != "running":
+        if self._closed:
             raise RuntimeError("this Client is closed")
-        self.gateway.check_open()
+        self.gateway.check_open()           # says what a fork means, or that the cluster is closed
 
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
@@ -178,7 +178,8 @@ class Client:
         holds on its worker, ``{"MEM": 1}``, out of what each worker declares
         (``LocalCluster(resources=)``); a ValueError if no worker ever could. dask's
         ``fifo_timeout`` and ``actor`` are never passed to ``fn`` (client_specs.dask_keywords)."""
-        dask_keywords("submit", kwargs, ("fifo_timeout",))
+        if kwargs:
+            dask_keywords("submit", kwargs, ("fifo_timeout",))
         return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
                                 priority=priority, workers=workers, allow_other_workers=allow_other_workers,
                                 resources=resources)
@@ -230,6 +231,10 @@ class Client:
 
     def _options(self, pure: Any, retries: Any, timeout: Any, priority: Any, workers: Any,
                  allow_other_workers: Any, resources: Optional[tuple] = None) -> Options:
+        if (retries == 0 and type(retries) is int and timeout is None and priority == 0 and type(priority) is int
+                and workers is None and allow_other_workers is False and resources is None):
+            self._check()                   # the defaults (a submit in a loop): nothing else to check
+            return _DEFAULT_OPTIONS[bool(pure)]
         check_submit_options(retries, timeout, priority)
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")

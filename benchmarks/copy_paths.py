@@ -15,7 +15,9 @@ read there (as bench.py's ``touch`` task and its parent do). Linux only; numpy.
 - vm_writev, vm_readv: the parent copies straight between its memory and a worker's with
   ``process_vm_writev`` / ``process_vm_readv`` (one copy, into the receiver's fresh anonymous
   memory; the receiver says where its buffer is first). Allowed from a parent to its child
-  under the default Yama ptrace policy; a worker may not do it to its parent.
+  under the default Yama ptrace policy; a worker may not do it to its parent. The receiver's
+  buffer is numpy's (which asks for transparent huge pages above 4 MB, as the floor's copy
+  does), and once an anonymous mapping of 4 KiB pages, to show what the page size costs.
 
 Ratios are against the floor in the same run: > 0.8 is issue 28's target.
 """
@@ -94,8 +96,12 @@ def child(sock: socket.socket, n: int) -> None:
             del v
             m.close()
             sock.send(b"%d" % s)
-        elif msg == b"writev":                      # in: a fresh buffer; say where it is
-            dst = np.empty(n // 8)
+        elif msg in (b"writev", b"writev-4k"):     # in: a fresh buffer; say where it is
+            if msg == b"writev":        # numpy asks for huge pages (MADV_HUGEPAGE) above 4 MB
+                dst = np.empty(n // 8)
+            else:                       # an anonymous mapping of 4 KiB pages
+                m = mmap.mmap(-1, n)
+                dst = np.frombuffer(m, dtype=np.float64)
             sock.send(b"%d" % dst.ctypes.data)
             sock.recv(1)
             sock.send(b"%d" % _touch(dst))
@@ -149,8 +155,8 @@ def main(argv=None) -> int:
         _send_fd(here, b"memfd", os.dup(warm_in))
         here.recv(64)
 
-    def vm_writev_in() -> None:
-        here.send(b"writev")
+    def vm_writev_in(tag: bytes = b"writev") -> None:
+        here.send(tag)
         addr = int(here.recv(64))
         writev(pid, src.ctypes.data, addr, n)
         here.send(b"x")
@@ -173,7 +179,8 @@ def main(argv=None) -> int:
         _touch(dst)
 
     ways = {"floor (a.copy())": floor, "in: memfd (today)": memfd_in, "in: warm memfd (pool)": warm_memfd_in,
-            "in: process_vm_writev": vm_writev_in, "out: memfd (today)": lambda: memfd_out(b"out-memfd"),
+            "in: process_vm_writev": vm_writev_in, "in: vm_writev, 4 KiB pages": lambda: vm_writev_in(b"writev-4k"),
+            "out: memfd (today)": lambda: memfd_out(b"out-memfd"),
             "out: warm memfd (pool)": lambda: memfd_out(b"out-warm"), "out: process_vm_readv": vm_readv_out}
     times: dict = {k: [] for k in ways}
     try:

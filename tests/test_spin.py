@@ -25,26 +25,34 @@ def psi(tmp_path, monkeypatch):
         path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
                         f"full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     monkeypatch.setattr(spin, "_PSI", str(path))
-    monkeypatch.setattr(spin, "_last", (0.0, None, False, 0.0))
+    monkeypatch.setattr(spin, "_last", (0.0, None, 1.0, False))
     monkeypatch.setattr(spin, "_ALONE", False)
     return stalled
 
 
-def test_calm_compares_the_time_tasks_waited_for_a_cpu_with_the_time_gone_by(psi):
-    psi(1_000_000)
-    assert not spin.calm(now=100.0)                     # the first look: nothing to compare with
-    psi(1_000_500)                                      # 0.5 ms stalled in 100 ms: calm
-    assert spin.calm(now=100.1)
-    psi(1_000_600)
-    assert spin.calm(now=100.1 + spin.LOOK / 2)         # too soon to look again: the last view stands
-    psi(1_020_600)                                      # 20 ms stalled in 100 ms: busy
-    assert not spin.calm(now=100.2)
-    psi(1_020_700)                                      # calm again, but polling stays off a while
-    assert not spin.calm(now=100.3)
-    psi(1_020_800)
-    assert spin.calm(now=100.2 + spin.BACK_OFF + 0.01)
-    psi(1_020_900)
-    assert not spin.calm(now=110.0)                     # a look after long without one says no
+def test_calm_averages_the_share_of_time_tasks_waited_for_a_cpu(psi):
+    total, now = 1_000_000, 100.0
+
+    def look(stalled_share: float) -> bool:         # one look, 0.1 s after the last
+        nonlocal total, now
+        total += int(stalled_share * 0.1 * 1e6)
+        now += 0.1
+        psi(total)
+        return spin.calm(now=now)
+
+    psi(total)
+    assert not spin.calm(now=now)                   # the first look: nothing to compare with
+    assert [look(0.0) for _ in range(4)] == [False, False, False, True]    # calm from the 4th calm look
+    for _ in range(10):
+        look(0.05)                                  # a round trip's own share: a woken thread waits a little
+    assert look(0.4)                                # a lone burst does not stop polling
+    assert look(0.05)
+    assert not look(0.7)                            # a busy machine does, at once
+    assert [look(0.7) for _ in range(5)] == [False] * 5
+    assert [look(0.05) for _ in range(3)] == [False, False, True]          # and back once it calms down
+    psi(total + 1_000_000)                          # a second stalled, but
+    assert spin.calm(now=now + spin.LOOK / 2)       # too soon to look again: the last view stands
+    assert not spin.calm(now=now + 5.0)             # a look after long without one counts as busy
 
 
 def test_on_one_cpu_nothing_is_calm(psi, monkeypatch):
@@ -56,7 +64,7 @@ def test_on_one_cpu_nothing_is_calm(psi, monkeypatch):
 
 def test_without_pressure_information_nothing_is_calm(monkeypatch, tmp_path):
     monkeypatch.setattr(spin, "_PSI", str(tmp_path / "absent"))
-    monkeypatch.setattr(spin, "_last", (0.0, None, False, 0.0))
+    monkeypatch.setattr(spin, "_last", (0.0, None, 1.0, False))
     monkeypatch.setattr(spin, "_ALONE", False)
     assert not spin.calm(now=1.0)
     assert not spin.calm(now=1.1)

@@ -197,6 +197,11 @@ def test_every_worker_paused_is_said_once_and_every_timeout_says_why(tmp_path, s
         for name in names:
             cl.submit(hold_until, 230, marker, workers=[name], pure=False).result(30)
         wait_for(lambda: all(i.status == "paused" for i in c.workers.values()))
+        # On a loaded machine the second hold_until, running while both workers were paused
+        # already, may itself outlast stall_warning (1 s): a warning of its own, "1 is pending"
+        # (a loaded run saw it). The stall under test starts now.
+        said.lines.clear()
+        said.event.clear()
         futures = cl.map(inc, range(10))
         assert said.event.wait(15), "no stall warning"
         (line,) = said.lines

@@ -9,9 +9,12 @@ two of them a round trip). A thread still polling when the reply comes pays none
 
 Polling takes a CPU, so it is only done while the machine is calm: the kernel's pressure
 stall information (``/proc/pressure/cpu``, "some": the time in which at least one runnable
-task waited for a CPU) grew by less than ``CALM`` of the wall time since the last look. A
-thread that spins on a busy machine would keep from the CPU the very process it waits for;
-there the waits sleep at once, as without spinning. Where there is no PSI (not Linux, or a
+task waited for a CPU) grew by less than ``CALM`` of the wall time, on average over the last
+looks. A round trip without polling reads 5-16 % here (a woken thread waits a little for its
+CPU), with it about the same, because a polling thread yields its CPU between two polls to
+any thread that waits for one; two test suites side by side read 50-85 %. A thread that
+spins on a busy machine would keep from the CPU the very process it waits for; there the
+waits sleep at once, as without spinning. Where there is no PSI (not Linux, or a
 kernel without it), and on a single CPU, never.
 
 Any thread; each process keeps its own view of the pressure, looked at, at most, every
@@ -26,15 +29,15 @@ from typing import Optional
 
 __all__ = ["calm", "poll_for", "CALM", "LOOK"]
 
-CALM = 0.05         # the share of wall time tasks may have waited for a CPU, and polling still be done
-LOOK = 0.02         # seconds between two looks at the pressure
-BACK_OFF = 0.5      # seconds without polling after a look that found the machine busy
+CALM = 0.25         # the share of wall time tasks may wait for a CPU, on average, and polling still be done
+LOOK = 0.05         # seconds between two looks at the pressure
+WEIGHT = 0.3        # of the newest look in the average (the older ones fade: a lone burst does not stop polling)
 
 _PSI = "/proc/pressure/cpu"
-#: (monotonic time of the last look, the "some" total in µs then, whether polling is on, until
-#: when it stays off). One tuple, replaced whole: two threads looking at once both read the
-#: file, and either's view is right (no lock, which a fork could inherit held).
-_last: tuple = (0.0, None, False, 0.0)
+#: (monotonic time of the last look, the "some" total in µs then, the average share stalled,
+#: whether polling is on). One tuple, replaced whole: two threads looking at once both read
+#: the file, and either's view is right (no lock, which a fork could inherit held).
+_last: tuple = (0.0, None, 1.0, False)
 
 
 def _cpus() -> int:
@@ -58,23 +61,26 @@ def _stalled_us() -> Optional[int]:
 
 
 def calm(now: Optional[float] = None) -> bool:
-    """Whether no task waited for a CPU, or hardly, since the last look. The first look, one
-    after a second without any, and every look for ``BACK_OFF`` seconds after one that found
-    the machine busy say no: polling that makes the machine busy stops, and stays stopped
-    long enough not to start again every other look."""
+    """Whether tasks waited for a CPU less than ``CALM`` of the time, on average over the
+    last looks. It starts from "busy": the first looks, and those after a second without
+    any, count as fully stalled, so polling starts only after a few calm looks in a row."""
     global _last
     now = time.monotonic() if now is None else now
-    then, before, was_calm, off_until = _last
+    then, before, share, on = _last
     elapsed = now - then
     if elapsed < LOOK or _ALONE:
-        return was_calm
+        return on
     stalled = _stalled_us()
-    measured = stalled is not None and before is not None and elapsed < 1.0
-    quiet = measured and (stalled - before) * 1e-6 < CALM * elapsed
-    if measured and not quiet:
-        off_until = now + BACK_OFF
-    _last = (now, stalled, quiet and now >= off_until, off_until)
-    return _last[2]
+    if stalled is None or before is None or elapsed >= 1.0:
+        seen = 1.0
+    else:
+        seen = min(1.0, (stalled - before) * 1e-6 / elapsed)
+    share += WEIGHT * (seen - share)
+    _last = (now, stalled, share, share < CALM)
+    return _last[3]
+
+
+_yield = getattr(os, "sched_yield", lambda: None)
 
 
 def poll_for(poller: "select.poll", window: float) -> list:
@@ -88,3 +94,4 @@ def poll_for(poller: "select.poll", window: float) -> list:
         ready = poller.poll(0)
         if ready or time.perf_counter() >= end:
             return ready
+        _yield()            # a thread waiting for this CPU gets it now, not at the next preemption

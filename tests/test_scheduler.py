@@ -813,7 +813,7 @@ def test_fetch_exports_from_the_holder():
     s.submit([spec("a")])
     finish(s, "a")
     req, acts = s.fetch("a")
-    assert sends(acts) == [("w1", P.Export("a", req))]
+    assert sends(acts) == [("w1", P.Export("a", req, True))]
     payload = dumps(7)
     assert s.data("w1", req, "a", payload, None) == [Deliver(req, "a", payload, None)]
 
@@ -847,7 +847,7 @@ def test_pending_fetch_from_dead_holder_goes_to_another_holder():
     ((holder, exp),) = sends(acts, P.Export)
     other = ({"w1", "w2"} - {holder}).pop()
     acts = died(s, death(holder), {})
-    assert sends(acts) == [(other, P.Export("x", req))]
+    assert sends(acts) == [(other, P.Export("x", req, True))]
     payload = dumps(1)
     assert s.data(other, req, "x", payload, None) == [Deliver(req, "x", payload, None)]
 
@@ -860,7 +860,7 @@ def test_pending_fetch_from_dead_only_holder_waits_for_recompute():
     acts = died(s, death("w1"), {})
     assert runs(acts) == [("a", "w2")] and not delivers(acts)
     acts = finish(s, "a")
-    assert sends(acts, P.Export) == [("w2", P.Export("a", req))]
+    assert sends(acts, P.Export) == [("w2", P.Export("a", req, True))]
 
 
 def test_pending_fetch_of_scattered_data_from_its_dead_only_holder():

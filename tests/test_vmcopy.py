@@ -107,3 +107,66 @@ def test_the_probe_is_refused_for_a_process_that_is_not_ours_to_read(monkeypatch
     monkeypatch.setattr(vmcopy, "read_from", refused)
     assert not vmcopy.available(os.getpid())
     assert vmcopy._verdict is False
+
+
+# --- a fetched value copied out of its worker (Export(locate=True) -> Located -> Unpin) -------
+
+from localcluster import Client, LocalCluster  # noqa: E402
+from localcluster.engine.dispatch import copy_located  # noqa: E402
+from localcluster.wire import protocol as P  # noqa: E402
+from localcluster.wire import serialize  # noqa: E402
+
+
+def big(n):
+    return bytes(range(256)) * (n // 256)
+
+
+def pinned():
+    from localcluster.worker.process import current
+    return len(current()[0].pinned)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The parent's copies out of a worker: (address, nbytes) of each."""
+    seen = []
+    real = vmcopy.read_from
+
+    def counted(pid, remote, n, into=None):
+        seen.append(n)
+        return real(pid, remote, n, into)
+    monkeypatch.setattr(vmcopy, "read_from", counted)
+    return seen
+
+
+def test_a_large_result_is_copied_out_of_its_worker_and_let_go_of_there(reads):
+    n = 3 << 20
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not read its workers' memory (ptrace refused)")
+        reads.clear()
+        f = client.submit(big, n)
+        assert f.result(30) == big(n)
+        assert n in reads                                         # the bytes came by process_vm_readv
+        assert client.run(pinned) == {"worker-0": 0}              # and the worker let go of them
+        reads.clear()
+        assert client.submit(big, 1024).result(30) == big(1024)  # small: with its Finished, as before
+        assert reads == []
+
+
+def test_without_the_right_to_read_a_worker_a_large_result_comes_by_memfd(reads, monkeypatch):
+    monkeypatch.setattr(vmcopy, "_verdict", False)                # as under ptrace_scope 2
+    n = 3 << 20
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(big, n).result(30) == big(n)
+        assert reads == [] and client.run(pinned) == {"worker-0": 0}
+
+
+def test_a_value_whose_worker_is_gone_before_the_copy_is_an_error_naming_it(child):
+    p, _, outbox = child(4096)
+    p.kill()
+    p.wait()
+    data = copy_located(p.pid, "worker-3", P.Located(7, "k", b"meta", ((outbox, 4096),), 4096))
+    assert data.request == 7 and data.key == "k" and data.data is None
+    err = serialize.as_exception(data.error, "k")
+    assert f"copying the data of 'k' out of worker 'worker-3' (pid {p.pid}) failed" in str(err)

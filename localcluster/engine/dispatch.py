@@ -29,6 +29,7 @@ to every pending future), never a hang.
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import time
 import traceback
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
 from ..wire import protocol as P
+from ..wire import vmcopy
 from ..scheduler import state as S
 from ..scheduler.records import Reply
 from ..wire.channel import Channel, let_go
@@ -68,6 +70,8 @@ class Outlet:
     worker: str
     chan: Channel
     cork: list = field(default_factory=list)    #: messages held back while it has a backlog; under the lock
+    #: its process, when this one may copy out of it (vmcopy.py): fetched values come as Located
+    pid: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,19 @@ class Flush:
     """Send what is queued on ``outlet``'s channel: an instruction made under the lock and
     carried out after it (``post``), so no syscall is made while holding it."""
     outlet: Outlet
+
+
+def copy_located(pid: int, worker: str, m: P.Located) -> P.Data:
+    """The value a :class:`~localcluster.wire.protocol.Located` shows, copied out of process
+    ``pid`` into fresh memory here, as the Data it stands for (or Data carrying the error)."""
+    try:
+        meta = m.meta if type(m.meta) is bytes else bytes(vmcopy.read_from(pid, *m.meta))
+        buffers = tuple(pickle.PickleBuffer(vmcopy.read_from(pid, addr, n)) for addr, n in m.spans)
+    except OSError as e:
+        error = RuntimeError(f"copying the data of {m.key!r} out of worker {worker!r} (pid {pid}) failed: "
+                             f"{e.strerror or e}; the worker likely died meanwhile (its death says why)")
+        return P.Data(m.request, m.key, None, dumps_exception(error))
+    return P.Data(m.request, m.key, P.Payload(meta, buffers, m.nbytes), None)
 
 
 class Dispatcher:
@@ -94,9 +111,10 @@ class Dispatcher:
 
     # --- the supervisor's side (scheduler thread) ---------------------------------------------
 
-    def connect(self, worker: str, chan: Channel) -> None:
-        """Caller holds the lock: ``worker``'s messages go to ``chan`` from now on."""
-        self._outlets[worker] = Outlet(worker, chan)
+    def connect(self, worker: str, chan: Channel, pid: Optional[int] = None) -> None:
+        """Caller holds the lock: ``worker``'s messages go to ``chan`` from now on. ``pid``:
+        its process, given when this one may copy out of it (``vmcopy.available``)."""
+        self._outlets[worker] = Outlet(worker, chan, pid=pid)
 
     def disconnect(self, worker: str) -> None:
         """Caller holds the lock: ``worker`` is gone; what was held back for it goes nowhere."""
@@ -154,6 +172,13 @@ class Dispatcher:
         outlet = self._outlets.get(worker)
         if not msgs and (outlet is None or not outlet.cork):
             return
+        unpin: list = []
+        if outlet is not None and outlet.pid is not None and any(type(m) is P.Located for m in msgs):
+            # Copied here, outside the lock, by the thread that read the frame: it holds the
+            # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
+            # its pid cannot belong to another process yet.
+            unpin = [S.Send(worker, P.Unpin(m.request)) for m in msgs if type(m) is P.Located]
+            msgs = [copy_located(outlet.pid, worker, m) if type(m) is P.Located else m for m in msgs]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         with self._lock:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key
@@ -165,7 +190,7 @@ class Dispatcher:
                         submitter, counts = ending(key, finished)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
                                "finished" if finished else "error", m.serde if finished else 0.0, submitter, counts)
-            post = self.apply(self._scheduler.handle_messages(worker, msgs) if msgs else [])
+            post = self.apply((self._scheduler.handle_messages(worker, msgs) if msgs else []) + unpin)
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])
         self.post(post)
@@ -242,6 +267,8 @@ class Dispatcher:
             outlet = self._outlets.get(worker)
             if outlet is None:
                 continue
+            if outlet.pid is None and any(type(m) is P.Export and m.locate for m in msgs):
+                msgs = [P.Export(m.key, m.request) if type(m) is P.Export else m for m in msgs]   # not ours to read
             ws = self._scheduler.workers.get(worker)
             if not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads:
                 # The worker has a backlog: it will not miss these for a while. Leave them

@@ -64,7 +64,7 @@ class Transfers:
             return [Deliver(req, ts.key, ts.data)]
         holder = min(ts.who_has, key=lambda w: len(self._worker(w).processing))
         self.exports[req] = Export(ts.key, holder, None, req)
-        return [Send(holder, P.Export(ts.key, req))]
+        return [Send(holder, P.Export(ts.key, req, True))]      # for this process: it may copy it out itself
 
     def answered(self, request: int) -> Optional[Export]:
         """The holder answered ``request`` (data or an error): what it was for."""

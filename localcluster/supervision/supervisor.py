@@ -50,6 +50,7 @@ from typing import Callable, Optional
 
 from ..worker import logs
 from ..wire import protocol as P
+from ..wire import vmcopy
 from ..scheduler import state as S
 from ..death import WorkerDeath, classify, crash_stack, crashing_thread, exit_signal, thread_ident, thread_stack
 from ..engine.dispatch import Dispatcher
@@ -183,9 +184,10 @@ class Supervisor:
         n = Nanny(name, s.threads, s.memory_limit, s.config, os.path.join(s.directory, name), s.initializer,
                   s.config["forward_logs"], s.config["log_lines"])
         n.spawn()
+        copyable = vmcopy.available(n.pid)      # once per process: whether a fetch may copy out of it
         with self._lock:
             self.nannies[name] = n
-            self._dispatch.connect(name, n.chan)
+            self._dispatch.connect(name, n.chan, n.pid if copyable else None)
             self.policy.spawned(name, n.pid, time.monotonic())
         self._loop.register(n.chan, lambda mask: self._on_channel(n, mask))
         for stream in n.outputs:

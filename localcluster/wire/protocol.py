@@ -146,9 +146,12 @@ class Put:
 
 @_dc
 class Export:
-    """Send the data of ``key`` back (for a gather, or to relay it to another worker)."""
+    """Send the data of ``key`` back (for a gather, or to relay it to another worker).
+    ``locate``: the parent may copy out of this worker itself (wire/vmcopy.py): answer a
+    large value with :class:`Located` instead of :class:`Data`."""
     key: str
     request: int
+    locate: bool = False
 
 
 @_dc
@@ -239,6 +242,24 @@ class Data:
     key: str
     data: Optional[Payload]
     error: Optional[bytes]
+
+
+@_dc
+class Located:
+    """Reply to ``Export(locate=True)``: where the value's pickled parts are in the worker's
+    memory, for the parent to copy out (``process_vm_readv``). The worker keeps them there,
+    unchanged, until :class:`Unpin` of the same request (or its death)."""
+    request: int
+    key: str
+    meta: Any           # the pickle's bytes, or (address, nbytes) when large
+    spans: tuple        # (address, nbytes) of each out-of-band buffer, in order
+    nbytes: int
+
+
+@_dc
+class Unpin:
+    """The parent has copied what :class:`Located` showed (or gave up): the worker lets go."""
+    request: int
 
 
 @_dc

@@ -115,7 +115,9 @@ def fresh(n: int) -> Any:
     transparent huge pages asked for when it is large: 512 times fewer page faults."""
     if n < mmap.PAGESIZE:
         return bytearray(n)
-    m = mmap.mmap(-1, n)
+    # private: an anonymous mapping is shared by default, which makes it shmem, whose pages
+    # stay 4 KiB where shmem_enabled is "never" (as here)
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if n >= HUGE and hasattr(m, "madvise"):
         try:
             m.madvise(_MADV_HUGEPAGE)

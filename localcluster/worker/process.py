@@ -33,7 +33,8 @@ from collections import deque
 from typing import Any, Optional
 
 from ..wire import protocol as P
-from ..wire import remote, serialize
+from ..wire import remote, serialize, vmcopy
+from ..wire.protocol import MEMFD_THRESHOLD
 from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, encode
@@ -134,6 +135,8 @@ class Worker:
         self._asks_lock = threading.Lock()
         self._ask_ids = itertools.count(1)
         self._drops: deque = deque()             # keys of Futures gone in tasks: appended lock-free (GC)
+        #: request -> the Payload a Located shows the parent, kept unchanged until its Unpin; reader role only
+        self.pinned: dict[int, P.Payload] = {}
 
     # --- main thread ------------------------------------------------------------------
 
@@ -202,6 +205,8 @@ class Worker:
             t = time.perf_counter_ns()
             self._export(msg)
             self.board.moved(time.perf_counter_ns() - t)
+        elif isinstance(msg, P.Unpin):
+            self.pinned.pop(msg.request, None)
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):
@@ -261,6 +266,11 @@ class Worker:
                 raise KeyError(f"worker {self.name!r} no longer holds {msg.key!r}")
             payload = self.store.payload(msg.key)
             step = "framing it for the channel"
+            located = _located(msg, payload) if msg.locate and payload.nbytes >= MEMFD_THRESHOLD else None
+            if located is not None:         # the parent copies it out (vmcopy.py): pinned until then
+                self.pinned[msg.request] = payload
+                self.chan.send(located)
+                return
             frame = encode(P.Data(msg.request, msg.key, payload, None), self.chan.charge)
         except Exception as e:
             error = StoreError(f"sending the data of {msg.key!r} from worker {self.name!r} failed while "
@@ -559,6 +569,17 @@ class Worker:
             if self.spill_at is not None:
                 self.store.spill_for_rss(self.spill_at)
             time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)
+
+
+def _located(msg: P.Export, payload: P.Payload) -> Optional[P.Located]:
+    """Where ``payload``'s parts are in this process, or None when one has no single
+    address (a buffer that is not contiguous): then it goes as Data."""
+    try:
+        meta = payload.meta if type(payload.meta) is bytes else vmcopy.address(payload.meta)
+        spans = tuple(vmcopy.address(b) for b in payload.buffers)
+    except (BufferError, OSError, TypeError):
+        return None
+    return P.Located(msg.request, msg.key, meta, spans, payload.nbytes)
 
 
 def versions() -> dict:

@@ -81,6 +81,27 @@ class Flush:
     outlet: Outlet
 
 
+_COPIES = (P.Located, P.Landing)     # what the parent copies out of or into a worker itself
+
+
+def copy_in(outlet: Outlet, m: P.Landing) -> P.Landed:
+    """Copy the buffers the worker asks for (stashed by its channel as it framed them) into
+    the fresh memory it names; the Landed that lets it use them."""
+    tokens = tuple(token for token, _addr in m.where)
+    try:
+        for token, addr in m.where:
+            view = outlet.chan.take(token)
+            if view is None:
+                return P.Landed(tokens, False)
+            vmcopy.write_to(outlet.pid, view, addr)
+    except OSError:
+        return P.Landed(tokens, False)
+    finally:
+        for token in tokens:            # whatever is left of them is no longer wanted
+            outlet.chan.take(token)
+    return P.Landed(tokens)
+
+
 def copy_located(pid: int, worker: str, m: P.Located) -> P.Data:
     """The value a :class:`~localcluster.wire.protocol.Located` shows, copied out of process
     ``pid`` into fresh memory here, as the Data it stands for (or Data carrying the error)."""
@@ -115,6 +136,8 @@ class Dispatcher:
         """Caller holds the lock: ``worker``'s messages go to ``chan`` from now on. ``pid``:
         its process, given when this one may copy out of it (``vmcopy.available``)."""
         self._outlets[worker] = Outlet(worker, chan, pid=pid)
+        if pid is not None:
+            chan.copies_into(pid)
 
     def disconnect(self, worker: str) -> None:
         """Caller holds the lock: ``worker`` is gone; what was held back for it goes nowhere."""
@@ -173,12 +196,14 @@ class Dispatcher:
         if not msgs and (outlet is None or not outlet.cork):
             return
         unpin: list = []
-        if outlet is not None and outlet.pid is not None and any(type(m) is P.Located for m in msgs):
+        if outlet is not None and outlet.pid is not None and any(type(m) in _COPIES for m in msgs):
             # Copied here, outside the lock, by the thread that read the frame: it holds the
             # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
             # its pid cannot belong to another process yet.
             unpin = [S.Send(worker, P.Unpin(m.request)) for m in msgs if type(m) is P.Located]
-            msgs = [copy_located(outlet.pid, worker, m) if type(m) is P.Located else m for m in msgs]
+            unpin += [S.Send(worker, copy_in(outlet, m)) for m in msgs if type(m) is P.Landing]
+            msgs = [copy_located(outlet.pid, worker, m) if type(m) is P.Located else m for m in msgs
+                    if type(m) is not P.Landing]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         with self._lock:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import array
 import errno
+import itertools
 import mmap
 import os
 import pickle
@@ -42,8 +43,9 @@ import struct
 import sys
 import threading
 from collections import deque
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
+from . import vmcopy
 from .protocol import MEMFD_THRESHOLD, pack_lone, unpack_lone
 
 HAVE_MEMFD = hasattr(os, "memfd_create")
@@ -52,7 +54,8 @@ _HEAD = struct.Struct("<QIQ")
 _SIZE = struct.Struct("<Q")
 _FD_FLAG = 1 << 63
 _RO_FLAG = 1 << 62
-_SIZE_MASK = _RO_FLAG - 1
+_IN_FLAG = 1 << 61          # the sender copies it into the receiver's memory itself (vmcopy.py); a token follows
+_SIZE_MASK = _IN_FLAG - 1
 _MAX_FDS = 253  # SCM_MAX_FD
 _PICKLE = b"\x80"          # a pickle's first byte (PROTO); else the envelope is protocol.pack_lone's
 _RECV = 1 << 18            # bytes per read, into a buffer kept by the reader
@@ -140,9 +143,12 @@ def _held_fd(view: memoryview) -> int:
     return obj.fd if type(obj) is _Held and view.nbytes == len(obj) else -1
 
 
-def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[list, list[int]]:
+def encode(msg: Any, charge: Optional[Callable[[int], None]] = None,
+           stash: Optional[Callable[[memoryview], int]] = None) -> tuple[list, list[int]]:
     """Frame ``msg``: (byte chunks to send, memfd descriptors to pass along). The caller closes
-    the fds. ``charge(+n)`` is called before ``n`` bytes of memfd are written, ``charge(-n)`` after."""
+    the fds. ``charge(+n)`` is called before ``n`` bytes of memfd are written, ``charge(-n)`` after.
+    ``stash(view) -> token``: a large buffer is kept by the caller, to be copied into the
+    receiver's memory once it says where (:class:`Incoming`), instead of crossing as a memfd."""
     env = pack_lone(msg)
     if env is not None:     # a lone Run or Finished: no pickle
         return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
@@ -154,18 +160,29 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[li
     shared: list[bool] = []         # per buffer: it crosses as a memfd
     held: list[int] = []            # per buffer: the descriptor it passes on as it is, else -1
     n_fds = to_write = 0
-    for v in views:
-        memfd = HAVE_MEMFD and v.nbytes >= MEMFD_THRESHOLD and n_fds < _MAX_FDS
+    sizes, inline, fds = [], [], []
+    for i, v in enumerate(views):
+        large = v.nbytes >= MEMFD_THRESHOLD
+        fd = _held_fd(v) if large else -1
+        if large and stash is not None and fd < 0:      # not a relay of a held memfd: copied in later
+            views[i] = None
+            sizes.append(v.nbytes | _IN_FLAG)
+            sizes.append(stash(v))
+            shared.append(False)
+            held.append(-1)
+            continue
+        memfd = HAVE_MEMFD and large and n_fds < _MAX_FDS
         shared.append(memfd)
-        held.append(_held_fd(v) if memfd else -1)
+        held.append(fd if memfd else -1)
         if memfd:
             n_fds += 1
             to_write += v.nbytes if held[-1] < 0 else 0
-    sizes, inline, fds = [], [], []
     if charge is not None and to_write:
         charge(to_write)
     try:
         for view, memfd, fd in zip(views, shared, held):
+            if view is None:                # stashed: its size and token are in already
+                continue
             if memfd:
                 fds.append(_to_memfd(view) if fd < 0 else os.dup(fd))
                 sizes.append(view.nbytes | _FD_FLAG)
@@ -181,10 +198,17 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None) -> tuple[li
             charge(-to_write)
     size_bytes = b"".join(_SIZE.pack(s) for s in sizes)
     total = _HEAD.size + len(size_bytes) + len(env) + sum(v.nbytes for v in inline)
-    head = _HEAD.pack(total, len(sizes), len(env)) + size_bytes
+    head = _HEAD.pack(total, len(views), len(env)) + size_bytes
     if not inline:
         return [head + env], fds
     return [head, env, *inline], fds
+
+
+class Incoming(NamedTuple):
+    """A message whose large buffers the sender copies in itself (vmcopy.py): not to be
+    used until it has, once told where each of ``landing``'s fresh buffers is (token, buffer)."""
+    msg: Any
+    landing: tuple
 
 
 class _Reader:
@@ -229,13 +253,24 @@ class _Reader:
             if avail < total:
                 break
             p = self.pos + _HEAD.size
-            sizes = [_SIZE.unpack_from(buf, p + 8 * i)[0] for i in range(nbuf)]
-            p += 8 * nbuf
+            sizes = []
+            for _ in range(nbuf):
+                (s,) = _SIZE.unpack_from(buf, p)
+                p += 8
+                if s & _IN_FLAG:            # its token follows
+                    s = (s, _SIZE.unpack_from(buf, p)[0])
+                    p += 8
+                sizes.append(s)
             env = bytes(buf[p:p + env_len])
             p += env_len
             bufs = []
+            incoming = []                   # (token, the fresh buffer the sender is to fill)
             for s in sizes:
-                if s & _FD_FLAG:
+                if type(s) is tuple:
+                    dest = vmcopy.fresh(s[0] & _SIZE_MASK)
+                    incoming.append((s[1], dest))
+                    bufs.append(pickle.PickleBuffer(dest))
+                elif s & _FD_FLAG:
                     bufs.append(_from_memfd(self.fds.popleft(), s & _SIZE_MASK, self.hold))
                 else:
                     readonly, s = s & _RO_FLAG, s & _SIZE_MASK
@@ -243,7 +278,8 @@ class _Reader:
                         bufs.append(pickle.PickleBuffer((bytes if readonly else bytearray)(view[p:p + s])))
                     p += s
             self.pos += total
-            yield pickle.loads(env, buffers=bufs) if env[:1] == _PICKLE else unpack_lone(env)
+            msg = pickle.loads(env, buffers=bufs) if env[:1] == _PICKLE else unpack_lone(env)
+            yield Incoming(msg, tuple(incoming)) if incoming else msg
         if self.pos > (1 << 20) and self.pos * 2 > len(buf):
             del buf[:self.pos]
             self.pos = 0
@@ -341,6 +377,10 @@ class Channel:
         self._outbox: deque = deque()   # (chunks, fds) not yet (fully) sent
         self._lock = threading.Lock()
         self.closed = False
+        self.peer: Optional[int] = None     #: the peer's pid, when large buffers are copied into it
+        #: token -> a large buffer of a sent frame, kept until the peer says where it goes (any thread: dict ops)
+        self._stashed: dict[int, memoryview] = {}
+        self._tokens = itertools.count(1)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -350,12 +390,26 @@ class Channel:
         self.queue(msg)
         return self.flush()
 
+    def copies_into(self, pid: int) -> None:
+        """From now on large buffers are copied into process ``pid`` (the peer) once it says
+        where, not passed as memfds: see :meth:`take`."""
+        self.peer = pid
+
+    def _stash(self, view: memoryview) -> int:
+        token = next(self._tokens)
+        self._stashed[token] = view
+        return token
+
+    def take(self, token: int) -> Optional[memoryview]:
+        """The buffer stashed under ``token`` (once), for the caller to copy in; None if unknown."""
+        return self._stashed.pop(token, None)
+
     def queue(self, msg: Any) -> bool:
         """Frame ``msg`` and put it at the end of the outbox, in order. True: it is first in
         line and nothing is being sent, so the caller sends it with :meth:`flush`, which it may
         do after letting go of its own locks (order is kept here). False: a backlog is ahead of
         it (sent when the socket is writable), or the channel is closed."""
-        chunks, fds = encode(msg)
+        chunks, fds = encode(msg, None, self._stash if self.peer is not None else None)
         with self._lock:
             if self.closed:
                 for fd in fds:

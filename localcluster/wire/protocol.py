@@ -257,6 +257,21 @@ class Located:
 
 
 @_dc
+class Landing:
+    """Worker to parent: where to copy the large buffers of a frame it received (each stashed
+    under a token by the parent's channel): ((token, address), ...), fresh memory of this
+    worker, filled by the parent (``process_vm_writev``) before the message is used."""
+    where: tuple
+
+
+@_dc
+class Landed:
+    """Parent to worker: the buffers of those tokens are in (``ok``), or could not be."""
+    tokens: tuple
+    ok: bool = True
+
+
+@_dc
 class Unpin:
     """The parent has copied what :class:`Located` showed (or gave up): the worker lets go."""
     request: int

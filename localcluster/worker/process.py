@@ -37,7 +37,7 @@ from ..wire import remote, serialize, vmcopy
 from ..wire.protocol import MEMFD_THRESHOLD
 from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
-from ..wire.channel import BlockingChannel, encode
+from ..wire.channel import BlockingChannel, Incoming, encode
 from ..system.machine import open_statm, rss, rss_of
 from ..system.spin import poll_for
 from . import calls
@@ -137,6 +137,8 @@ class Worker:
         self._drops: deque = deque()             # keys of Futures gone in tasks: appended lock-free (GC)
         #: request -> the Payload a Located shows the parent, kept unchanged until its Unpin; reader role only
         self.pinned: dict[int, P.Payload] = {}
+        #: tokens -> a message received whose large buffers the parent copies in, until its Landed; reader role only
+        self.landing: dict[tuple, Any] = {}
 
     # --- main thread ------------------------------------------------------------------
 
@@ -207,6 +209,19 @@ class Worker:
             self.board.moved(time.perf_counter_ns() - t)
         elif isinstance(msg, P.Unpin):
             self.pinned.pop(msg.request, None)
+        elif type(msg) is Incoming:         # its large buffers come straight into this memory
+            inner = msg.msg
+            self.landing[tuple(token for token, _buf in msg.landing)] = inner
+            for one in (inner.messages if isinstance(inner, P.Batch) else (inner,)):
+                if isinstance(one, P.Run):
+                    self.pending.add(one.seq)   # a Cancel meanwhile finds it
+            self.chan.send(P.Landing(tuple((token, vmcopy.address(buf)[0]) for token, buf in msg.landing)))
+        elif isinstance(msg, P.Landed):
+            inner = self.landing.pop(msg.tokens)
+            if not msg.ok:
+                raise RuntimeError(f"the parent could not copy the data of {type(inner).__name__} into this "
+                                   f"worker (process_vm_writev failed)")
+            self._handle(inner)
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):

@@ -139,6 +139,7 @@ class Worker:
         self.pinned: dict[int, P.Payload] = {}
         #: tokens -> a message received whose large buffers the parent copies in, until its Landed; reader role only
         self.landing: dict[tuple, Any] = {}
+        self._behind: deque = deque()   #: messages read after a landing one, handled once it has landed
 
     # --- main thread ------------------------------------------------------------------
 
@@ -184,6 +185,9 @@ class Worker:
             self._handle(msg)
 
     def _handle(self, msg: Any) -> None:
+        if self.landing and type(msg) is not P.Landed:
+            self._behind.append(msg)    # in order: an Export of a key whose Put waits for its bytes
+            return
         if isinstance(msg, P.Batch):
             for m in msg.messages:
                 self._handle(m)
@@ -222,6 +226,8 @@ class Worker:
                 raise RuntimeError(f"the parent could not copy the data of {type(inner).__name__} into this "
                                    f"worker (process_vm_writev failed)")
             self._handle(inner)
+            while self._behind and not self.landing:
+                self._handle(self._behind.popleft())
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):

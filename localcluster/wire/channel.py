@@ -471,6 +471,7 @@ class Channel:
             for fd in fds:
                 os.close(fd)
         self._outbox.clear()
+        self._stashed.clear()       # the peer is gone: nobody will say where these go
 
     def close(self) -> None:
         with self._lock:

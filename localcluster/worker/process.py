@@ -201,42 +201,21 @@ class Worker:
             else:
                 self._queue(msg)
         elif isinstance(msg, P.Put):
-            t = time.perf_counter_ns()
-            self.store.put_payload(msg.key, msg.data)
-            self.board.moved(time.perf_counter_ns() - t)
-            if msg.ack:
-                self.chan.send(P.Stored(msg.ack))
-            self._arrived(msg.key)
+            self._put(msg)
         elif isinstance(msg, P.Export):
             t = time.perf_counter_ns()
             self._export(msg)
             self.board.moved(time.perf_counter_ns() - t)
         elif isinstance(msg, P.Unpin):
             self.pinned.pop(msg.request, None)
-        elif type(msg) is Incoming:         # its large buffers come straight into this memory
-            inner = msg.msg
-            self.landing[tuple(token for token, _buf in msg.landing)] = inner
-            for one in (inner.messages if isinstance(inner, P.Batch) else (inner,)):
-                if isinstance(one, P.Run):
-                    self.pending.add(one.seq)   # a Cancel meanwhile finds it
-            self.chan.send(P.Landing(tuple((token, vmcopy.address(buf)[0]) for token, buf in msg.landing)))
+        elif type(msg) is Incoming:
+            self._park(msg)
         elif isinstance(msg, P.Landed):
-            inner = self.landing.pop(msg.tokens)
-            if not msg.ok:
-                raise RuntimeError(f"the parent could not copy the data of {type(inner).__name__} into this "
-                                   f"worker (process_vm_writev failed)")
-            self._handle(inner)
-            while self._behind and not self.landing:
-                self._handle(self._behind.popleft())
+            self._landed(msg)
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):
-            for seq in msg.seqs:
-                if self.parked.pop(seq, None) is not None:
-                    self.pending.discard(seq)
-                    self.chan.send(P.Skipped(seq))
-                elif seq in self.pending:
-                    self.cancelled.add(seq)
+            self._cancel(msg.seqs)
         elif isinstance(msg, P.Steal):
             taken = tuple(seq for seq in msg.seqs if self._unqueue(seq))
             self.pending.difference_update(taken)
@@ -259,6 +238,42 @@ class Worker:
             os._exit(0)
         else:
             raise TypeError(f"unexpected message {msg!r}")
+
+    def _put(self, msg: P.Put) -> None:
+        t = time.perf_counter_ns()
+        self.store.put_payload(msg.key, msg.data)
+        self.board.moved(time.perf_counter_ns() - t)
+        if msg.ack:
+            self.chan.send(P.Stored(msg.ack))
+        self._arrived(msg.key)
+
+    def _cancel(self, seqs: tuple) -> None:
+        """Not started: dropped (Skipped). Started or queued: its result will be ignored."""
+        for seq in seqs:
+            if self.parked.pop(seq, None) is not None:
+                self.pending.discard(seq)
+                self.chan.send(P.Skipped(seq))
+            elif seq in self.pending:
+                self.cancelled.add(seq)
+
+    def _park(self, msg: Incoming) -> None:
+        """A message whose large buffers the parent copies straight into this memory: it
+        waits until they have landed, and so does everything read after it."""
+        inner = msg.msg
+        self.landing[tuple(token for token, _buf in msg.landing)] = inner
+        for one in (inner.messages if isinstance(inner, P.Batch) else (inner,)):
+            if isinstance(one, P.Run):
+                self.pending.add(one.seq)       # a Cancel meanwhile finds it
+        self.chan.send(P.Landing(tuple((token, vmcopy.address(buf)[0]) for token, buf in msg.landing)))
+
+    def _landed(self, msg: P.Landed) -> None:
+        inner = self.landing.pop(msg.tokens)
+        if not msg.ok:
+            raise RuntimeError(f"the parent could not copy the data of {type(inner).__name__} into this "
+                               f"worker (process_vm_writev failed)")
+        self._handle(inner)
+        while self._behind and not self.landing:
+            self._handle(self._behind.popleft())
 
     def _unqueue(self, seq: int) -> bool:
         """Take run ``seq`` out of the queue (or the parked runs) if no executor took it yet."""

@@ -18,13 +18,19 @@ user code.
 Frame layout (little endian)::
 
     u64 total | u32 n_buffers | u64 env_len | n_buffers x u64 (size; bit 63: memfd, bit 62:
-    read-only) | envelope | inline buffers
+    read-only; bit 61: copied in by the sender, and a u64 token follows) | envelope | inline buffers
 
 The envelope is the pickled message, or (a first byte other than pickle's PROTO) a lone
 Run or Finished in protocol's fixed layout, with no buffers.
 
 An inline buffer comes back as writable as it was sent (a bytearray, or a writable
 array's memory); a memfd mapping is private, so always writable.
+
+Where the parent may copy into its worker's memory (vmcopy.py, ``copies_into``), its
+channel does not write large buffers into memfds: it stashes them (``take`` hands them
+back) and frames a token in their place (size bit 61). The worker's reader allocates fresh
+memory for each and yields the message wrapped in :class:`Incoming`, not to be used until
+the parent has copied the bytes in (ARCHITECTURE.md).
 
 The parent's end is non-blocking: ``send`` never waits for a slow worker; what
 does not fit goes to an outbox that the scheduler thread flushes when the socket

@@ -641,11 +641,12 @@ FLOOR_METRICS = ("idle_rss", "latency", "bandwidth", "startup")
 
 # Table rows: (row, label, unit, higher is better, targets). A target is (reference column,
 # least ratio): the ratio is "localcluster better" (> 1 better), so "<= 0.5x PPE's time" is
-# ("ppe_spawn", 2.0) and "<= 3x the floor's round trip" is ("floor", 1/3). Issue 11's table.
+# ("ppe_spawn", 2.0) and "<= 5x the floor's round trip" is ("floor", 1/5). Issue 11's table,
+# with issue 28's round trip: at most 5x the floor (issue 11 said 3x).
 ROWS = [
     ("submit_tps", "no-op submit loop", "tasks/s", True, [("ppe_spawn", 3.0), ("dask", 25.0)]),
     ("map_tps", "no-op map", "tasks/s", True, [("ppe_spawn", 4.0)]),
-    ("rtt_median_us", "round trip median", "µs", False, [("ppe_spawn", 2.0), ("floor", 1 / 3)]),
+    ("rtt_median_us", "round trip median", "µs", False, [("ppe_spawn", 2.0), ("floor", 1 / 5)]),
     ("rtt_p90_us", "round trip p90", "µs", False, []),
     ("first_result_s", "start -> first result", "s", False, [("floor", 1 / 1.5)]),
     ("workers_up_s", "start -> all workers up", "s", False, [("floor", 1 / 2)]),

@@ -172,3 +172,19 @@ def test_a_value_whose_worker_is_gone_before_the_copy_is_an_error_naming_it(chil
     assert data.request == 7 and data.key == "k" and data.data is None
     err = serialize.as_exception(data.error, "k")
     assert f"copying the data of 'k' out of worker 'worker-3' (pid {p.pid}) failed" in str(err)
+
+
+def first_plus(a, i):
+    return a[0] + i
+
+
+def test_tasks_sent_with_the_landed_their_input_waits_for_run(reads):
+    """A scattered value's Put waits in its worker for its bytes; the Runs that need it come
+    right behind, and the parent's Landed came in the same frame as Runs (a Batch): handled
+    behind the very Put that waited for it, it hung every task (a loaded run found it)."""
+    import numpy as np
+    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        big = client.scatter(np.ones(2_000_000))
+        fs = [client.submit(first_plus, big, i, pure=False) for i in range(40)]
+        assert client.gather(fs, timeout=30) == [1.0 + i for i in range(40)]
+        assert cluster.deaths == []

@@ -185,12 +185,11 @@ class Worker:
             self._handle(msg)
 
     def _handle(self, msg: Any) -> None:
-        if self.landing and type(msg) is not P.Landed:
-            self._behind.append(msg)    # in order: an Export of a key whose Put waits for its bytes
-            return
-        if isinstance(msg, P.Batch):
+        if isinstance(msg, P.Batch):    # one by one: the Landed a parked message waits for may be inside
             for m in msg.messages:
                 self._handle(m)
+        elif self.landing and type(msg) is not P.Landed:
+            self._behind.append(msg)    # in order: an Export of a key whose Put waits for its bytes
         elif isinstance(msg, P.Run):
             if msg.fn is not None:
                 self.fns[msg.fn_id] = msg.fn

@@ -1,4 +1,4 @@
-"""Poll a little before sleeping, while no task on the machine waits for a CPU.
+"""Poll a little before sleeping, while the machine's CPUs are not contended.
 
 A thread that waits for a reply soon to come (the worker's reader after it answered a run,
 the user's thread in ``result()``) first polls its descriptors for up to ``window`` seconds,
@@ -27,6 +27,8 @@ import select
 import time
 from typing import Optional
 
+from .machine import usable_cpus
+
 __all__ = ["calm", "poll_for", "CALM", "LOOK"]
 
 CALM = 0.25         # the share of wall time tasks may wait for a CPU, on average, and polling still be done
@@ -40,15 +42,8 @@ _PSI = "/proc/pressure/cpu"
 _last: tuple = (0.0, None, 1.0, False)
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):       # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 #: one CPU: whoever polls keeps from it the very process it waits for
-_ALONE = _cpus() < 2
+_ALONE = usable_cpus() < 2
 
 
 def _stalled_us() -> Optional[int]:

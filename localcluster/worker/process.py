@@ -34,7 +34,6 @@ from typing import Any, Optional
 
 from ..wire import protocol as P
 from ..wire import remote, serialize, vmcopy
-from ..wire.protocol import MEMFD_THRESHOLD
 from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, Incoming, encode
@@ -112,7 +111,7 @@ class Worker:
         self._nudge_r, self._nudge_w = os.pipe()
         self._nudged = False
         # An executor taking the reader role polls the channel for a while before it sleeps
-        # (spin.py: only while no task on the machine waits for a CPU)
+        # (spin.py: only while the machine's CPUs are not contended)
         self.spin_wait = cfg.get("spin_wait", 0.0)
         self._poller = select.poll()
         self._poller.register(self.chan.fileno(), select.POLLIN)
@@ -301,7 +300,7 @@ class Worker:
                 raise KeyError(f"worker {self.name!r} no longer holds {msg.key!r}")
             payload = self.store.payload(msg.key)
             step = "framing it for the channel"
-            located = _located(msg, payload) if msg.locate and payload.nbytes >= MEMFD_THRESHOLD else None
+            located = _located(msg, payload) if msg.locate and payload.nbytes >= P.MEMFD_THRESHOLD else None
             if located is not None:         # the parent copies it out (vmcopy.py): pinned until then
                 self.pinned[msg.request] = payload
                 self.chan.send(located)

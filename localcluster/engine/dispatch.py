@@ -295,10 +295,12 @@ class Dispatcher:
             if outlet.pid is None and any(type(m) is P.Export and m.locate for m in msgs):
                 msgs = [P.Export(m.key, m.request) if type(m) is P.Export else m for m in msgs]   # not ours to read
             ws = self._scheduler.workers.get(worker)
-            if not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads:
+            if (not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads
+                    and not any(type(m) is P.Landed for m in msgs)):
                 # The worker has a backlog: it will not miss these for a while. Leave them
                 # for the scheduler thread to send in one frame when the worker next reports
-                # (or on the next tick), instead of one syscall per submit.
+                # (or on the next tick), instead of one syscall per submit. Not a Landed: the
+                # worker holds back everything it reads behind the value that waits for it.
                 outlet.cork.extend(msgs)
                 continue
             flushes += self._queue(outlet, msgs)

@@ -29,7 +29,7 @@ class DaskCalls:
         self._options = options        # the Client's check of submit's options
 
     def get_versions(self, check: bool = False) -> dict:
-        from .worker.process import versions
+        from .worker.boot import versions
         mine = versions()
         theirs = self._client.gateway.worker_versions()
         if check:

@@ -125,7 +125,7 @@ def big(n):
 
 def pinned():
     from localcluster.worker.process import current
-    return len(current()[0].pinned)
+    return len(current()[0].transfers.pinned)
 
 
 @pytest.fixture

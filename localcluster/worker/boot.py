@@ -92,8 +92,23 @@ def main(cfg: dict) -> None:
             with open(cfg["initializer"], "rb") as f:       # 0600 in the cluster's 0700 directory
                 init, initargs = pickle.load(f)
             init(*initargs)
-        worker.serve()
+        worker.serve(versions())
     except SystemExit:
         raise
     except BaseException:
         process.fatal(worker, traceback.format_exc(), cfg.get("name"))
+
+
+def versions() -> dict:
+    """What this process runs: Python, platform and the packages whose versions must match
+    the parent's (Ready, and Client.get_versions)."""
+    import platform
+    out = {"python": platform.python_version(), "platform": sys.platform}
+    for mod in ("localcluster", "cloudpickle", "tblib"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            out[mod] = None
+    if "numpy" in sys.modules:
+        out["numpy"] = sys.modules["numpy"].__version__
+    return out

@@ -33,7 +33,7 @@ from collections import deque
 from typing import Any, Optional
 
 from ..wire import protocol as P
-from ..wire import remote, serialize, vmcopy
+from ..wire import remote, serialize
 from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, Incoming, encode
@@ -41,6 +41,7 @@ from ..system.machine import open_statm, rss, rss_of
 from ..system.spin import poll_for
 from . import calls
 from .store import Store, StoreError
+from .transfers import Transfers
 from .turn import MainTurn
 
 FLUSH_DELAY = 0.002
@@ -134,20 +135,17 @@ class Worker:
         self._asks_lock = threading.Lock()
         self._ask_ids = itertools.count(1)
         self._drops: deque = deque()             # keys of Futures gone in tasks: appended lock-free (GC)
-        #: request -> the Payload a Located shows the parent, kept unchanged until its Unpin; reader role only
-        self.pinned: dict[int, P.Payload] = {}
-        #: tokens -> a message received whose large buffers the parent copies in, until its Landed; reader role only
-        self.landing: dict[tuple, Any] = {}
-        self._behind: deque = deque()   #: messages read after a landing one, handled once it has landed
+        self.transfers = Transfers(self.chan.send)     # large values the parent copies in and out
 
     # --- main thread ------------------------------------------------------------------
 
-    def serve(self) -> None:
+    def serve(self, versions: dict) -> None:
+        """Start the threads, say Ready (with ``versions``: boot.py's), and read until the end."""
         for row in range(1, self.nthreads + 1):
             threading.Thread(target=self._execute, args=(row,), name=f"localcluster-exec-{row}", daemon=True).start()
         threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
-        self.chan.send(P.Ready(os.getpid(), versions()))
+        self.chan.send(P.Ready(os.getpid(), versions))
         while True:
             self._main_turn()
             try:
@@ -187,8 +185,8 @@ class Worker:
         if isinstance(msg, P.Batch):    # one by one: the Landed a parked message waits for may be inside
             for m in msg.messages:
                 self._handle(m)
-        elif self.landing and type(msg) is not P.Landed:
-            self._behind.append(msg)    # in order: an Export of a key whose Put waits for its bytes
+        elif self.transfers.holds(msg):
+            pass                        # in order, behind a message whose bytes have not landed
         elif isinstance(msg, P.Run):
             if msg.fn is not None:
                 self.fns[msg.fn_id] = msg.fn
@@ -205,11 +203,13 @@ class Worker:
             self._export(msg)
             self.board.moved(time.perf_counter_ns() - t)
         elif isinstance(msg, P.Unpin):
-            self.pinned.pop(msg.request, None)
+            self.transfers.unpin(msg.request)
         elif type(msg) is Incoming:
-            self._park(msg)
+            self.transfers.park(msg, self.pending)
         elif isinstance(msg, P.Landed):
-            self._landed(msg)
+            self._handle(self.transfers.landed(msg))
+            for held in self.transfers.released():
+                self._handle(held)
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
         elif isinstance(msg, P.Cancel):
@@ -254,25 +254,6 @@ class Worker:
             elif seq in self.pending:
                 self.cancelled.add(seq)
 
-    def _park(self, msg: Incoming) -> None:
-        """A message whose large buffers the parent copies straight into this memory: it
-        waits until they have landed, and so does everything read after it."""
-        inner = msg.msg
-        self.landing[tuple(token for token, _buf in msg.landing)] = inner
-        for one in (inner.messages if isinstance(inner, P.Batch) else (inner,)):
-            if isinstance(one, P.Run):
-                self.pending.add(one.seq)       # a Cancel meanwhile finds it
-        self.chan.send(P.Landing(tuple((token, vmcopy.address(buf)[0]) for token, buf in msg.landing)))
-
-    def _landed(self, msg: P.Landed) -> None:
-        inner = self.landing.pop(msg.tokens)
-        if not msg.ok:
-            raise RuntimeError(f"the parent could not copy the data of {type(inner).__name__} into this "
-                               f"worker (process_vm_writev failed)")
-        self._handle(inner)
-        while self._behind and not self.landing:
-            self._handle(self._behind.popleft())
-
     def _unqueue(self, seq: int) -> bool:
         """Take run ``seq`` out of the queue (or the parked runs) if no executor took it yet."""
         if self.parked.pop(seq, None) is not None:
@@ -300,10 +281,7 @@ class Worker:
                 raise KeyError(f"worker {self.name!r} no longer holds {msg.key!r}")
             payload = self.store.payload(msg.key)
             step = "framing it for the channel"
-            located = _located(msg, payload) if msg.locate and payload.nbytes >= P.MEMFD_THRESHOLD else None
-            if located is not None:         # the parent copies it out (vmcopy.py): pinned until then
-                self.pinned[msg.request] = payload
-                self.chan.send(located)
+            if self.transfers.pin(msg, payload):     # the parent copies it out (transfers.py)
                 return
             frame = encode(P.Data(msg.request, msg.key, payload, None), self.chan.charge)
         except Exception as e:
@@ -603,30 +581,6 @@ class Worker:
             if self.spill_at is not None:
                 self.store.spill_for_rss(self.spill_at)
             time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)
-
-
-def _located(msg: P.Export, payload: P.Payload) -> Optional[P.Located]:
-    """Where ``payload``'s parts are in this process, or None when one has no single
-    address (a buffer that is not contiguous): then it goes as Data."""
-    try:
-        meta = payload.meta if type(payload.meta) is bytes else vmcopy.address(payload.meta)
-        spans = tuple(vmcopy.address(b) for b in payload.buffers)
-    except (BufferError, OSError, TypeError):
-        return None
-    return P.Located(msg.request, msg.key, meta, spans, payload.nbytes)
-
-
-def versions() -> dict:
-    import platform
-    out = {"python": platform.python_version(), "platform": sys.platform}
-    for mod in ("localcluster", "cloudpickle", "tblib"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:
-            out[mod] = None
-    if "numpy" in sys.modules:
-        out["numpy"] = sys.modules["numpy"].__version__
-    return out
 
 
 def fatal(worker: Any, tb: str, name: Any = None) -> None:

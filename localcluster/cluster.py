@@ -139,6 +139,7 @@ class LocalCluster:
             # backlog), then the supervisor's (memory, timeouts, heartbeats, respawns)
             self._chores()
             self._dispatch.uncork()
+            self._dispatch.trim()
             self._supervisor.tick(now)
             self._stall.tick(now)      # a stall_warning with no task ending: one WARNING saying why
         try:
@@ -147,6 +148,7 @@ class LocalCluster:
             self._dispatch.break_("scheduler thread", traceback.format_exc())
             self._supervisor.reap_all()
         finally:
+            self._dispatch.trim(everything=True)
             self._life.to(Phase.STOPPED)   # from CLOSING or BROKEN: the only ways out of the loop
             self._loop.fail_pending()     # after the move: a command handed over later fails at once
 

@@ -241,3 +241,19 @@ def test_managed_memory_matches_rss_growth(kind, n, how):
         growth = after - before
         assert abs(managed - growth) <= 0.10 * growth + 5 * (1 << 20), (managed, growth)
         assert client.submit(fingerprint, held).result(60) == fingerprint(make(kind, n))
+
+
+def test_warm_memory_left_by_a_large_argument_goes_back_to_the_system_when_idle():
+    """A worker keeps the memory the parent copied a large argument into, for the next one
+    (wire/recycle.py); unused, it goes back within about two heartbeats."""
+    np = pytest.importorskip("numpy")
+    from localcluster.wire import vmcopy
+    n = 50_000_000
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not write into its workers' memory (ptrace refused)")
+        client.submit(_data.warm_up, "numpy", pure=False).result(60)
+        before = client.submit(_data.rss_here, pure=False).result(60)
+        assert client.submit(np.sum, np.ones(n // 8), pure=False).result(60) == n // 8
+        assert client.submit(_data.rss_here, pure=False).result(60) - before > 0.8 * n     # kept warm
+        wait_for(lambda: client.submit(_data.rss_here, pure=False).result(60) - before < 0.1 * n, timeout=30)

@@ -310,6 +310,28 @@ def test_spill_for_rss_without_a_directory_does_nothing(changes):
     assert spilled_keys(store) == set() and changes.calls == calls
 
 
+def test_spilling_for_rss_gives_back_the_warm_memory_a_spilled_value_leaves(tmp_path, changes):
+    """A value the parent copied into recycled memory (wire/recycle.py) leaves it warm when
+    spilled, and RSS does not fall: ``let_go`` gives it back after each spill, so spilling
+    stops once under the line instead of emptying the store."""
+    from localcluster.system.machine import rss
+    from localcluster.wire.recycle import Recycler
+    recycler = Recycler(1 << 30)
+    store = Store(str(tmp_path), None, changes)
+    n = 64 << 20
+    for key in ("old", "new"):          # "old" is spilled first (least recently used)
+        value = np.full(n // 8, 7.0)
+        made = serialize.dumps_result(value)
+        buf = recycler.take(n)
+        buf[:] = made.buffers[0].raw()  # as the parent's copy: every page written
+        store.put_payload(key, Payload(made.meta, (pickle.PickleBuffer(buf),), made.nbytes))
+        del value, made, buf
+    line = rss() - n // 2               # one value's memory given back brings RSS under it
+    store.spill_for_rss(line, lambda: recycler.trim(everything=True))
+    assert spilled_keys(store) == {"old"} and rss() < line
+    assert store["old"].sum() == store["new"].sum() == 7.0 * (n // 8)
+
+
 # --- errors name the key ----------------------------------------------------------------------
 
 def _spill_one(tmp_path, changes, key="the-key"):

@@ -188,3 +188,71 @@ def test_tasks_sent_with_the_landed_their_input_waits_for_run(reads):
         fs = [client.submit(first_plus, big, i, pure=False) for i in range(40)]
         assert client.gather(fs, timeout=30) == [1.0 + i for i in range(40)]
         assert cluster.deaths == []
+
+
+def where_and_sum(a, mark=b""):
+    """Where ``a`` is, its sum, and the bytes just past its end in the memory it was copied into
+    (a buffer is a whole number of 2 MiB pages): what the previous task wrote there, when the
+    memory is the same, not fresh (the kernel may hand out the same address for a new map)."""
+    import ctypes
+    at, n = vmcopy.address(a)
+    before = ctypes.string_at(at + n, 8)
+    if mark:
+        ctypes.memmove(at + n, mark, 8)
+    return at, float(a.sum()), before
+
+
+def noop():
+    return None
+
+
+def test_the_next_argument_lands_in_warm_memory_never_over_a_value_still_held():
+    """recycle.py through a worker: the memory a large argument was copied into is used again
+    for the next one once the task is over, but never while the store holds a value in it."""
+    np = pytest.importorskip("numpy")
+    n = 1_000_000                                                 # 8 MB, in a buffer of 8 MiB
+    zero = bytes(8)
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not write into its workers' memory (ptrace refused)")
+        first, total, seen = client.submit(where_and_sum, np.full(n, 1.0), b"marked-1", pure=False).result(30)
+        assert (total, seen) == (n, zero)
+        client.submit(noop, pure=False).result(30)                # the executor is past the first run
+        at, total, seen = client.submit(where_and_sum, np.full(n, 2.0), pure=False).result(30)
+        assert (at, total, seen) == (first, 2.0 * n, b"marked-1")   # the same memory, the new bytes
+        client.submit(noop, pure=False).result(30)
+        [held] = client.scatter([np.full(n, 3.0)])                # lands there, and the store keeps it
+        at, total, seen = client.submit(where_and_sum, held, b"marked-3").result(30)
+        assert (at, total, seen) == (first, 3.0 * n, b"marked-1")
+        other, total, seen = client.submit(where_and_sum, np.full(n, 4.0), pure=False).result(30)
+        assert other != first and (total, seen) == (4.0 * n, zero)     # fresh: the held value's is in use
+        assert client.submit(where_and_sum, held).result(30) == (first, 3.0 * n, b"marked-3")   # untouched
+        assert cluster.deaths == []
+
+
+def full(n, x):
+    import numpy as np
+    return np.full(n, x)
+
+
+def test_a_result_is_copied_out_into_warm_memory_once_the_last_one_there_is_dropped():
+    """The parent's side of recycle.py: a result it no longer refers to leaves its memory for
+    the next one; one still held is never written over."""
+    import ctypes
+    pytest.importorskip("numpy")
+    n = 1_000_000
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not read its workers' memory (ptrace refused)")
+        f = client.submit(full, n, 1.0, pure=False)
+        r = f.result(30)
+        first, size = vmcopy.address(r)
+        ctypes.memmove(first + size, b"marked-1", 8)             # past its end, in the same 8 MiB
+        del f, r
+        g = client.submit(full, n, 2.0, pure=False)
+        r = g.result(30)
+        assert vmcopy.address(r)[0] == first and ctypes.string_at(first + size, 8) == b"marked-1"
+        assert r.sum() == 2.0 * n
+        h = client.submit(full, n, 3.0, pure=False)
+        assert vmcopy.address(h.result(30))[0] != first           # ``r`` is still held
+        assert r.sum() == 2.0 * n and h.result().sum() == 3.0 * n

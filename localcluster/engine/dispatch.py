@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ..wire import protocol as P
 from ..wire import vmcopy
+from ..wire.recycle import Recycler
 from ..scheduler import state as S
 from ..scheduler.records import Reply
 from ..wire.channel import Channel, let_go
@@ -54,6 +55,7 @@ logger = logging.getLogger("localcluster")
 
 _RELEASE_CHUNK = 5000      # keys let go under the lock at once (~20 µs each)
 _RELEASE_TURN = 0.05       # seconds of releasing per wake-up, then the loop's other work
+RECYCLE_BUDGET = 1 << 30   # bytes of result memory kept warm for the next copy out of a worker
 
 
 class Listener(Protocol):
@@ -102,12 +104,13 @@ def copy_in(outlet: Outlet, m: P.Landing) -> P.Landed:
     return P.Landed(tokens)
 
 
-def copy_located(pid: int, worker: str, m: P.Located) -> P.Data:
+def copy_located(pid: int, worker: str, m: P.Located, fresh: Callable[[int], Any] = vmcopy.fresh) -> P.Data:
     """The value a :class:`~localcluster.wire.protocol.Located` shows, copied out of process
-    ``pid`` into fresh memory here, as the Data it stands for (or Data carrying the error)."""
+    ``pid`` into memory here (``fresh(n)``: recycle.py's take), as the Data it stands for
+    (or Data carrying the error)."""
     try:
         meta = m.meta if type(m.meta) is bytes else bytes(vmcopy.read_from(pid, *m.meta))
-        buffers = tuple(pickle.PickleBuffer(vmcopy.read_from(pid, addr, n)) for addr, n in m.spans)
+        buffers = tuple(pickle.PickleBuffer(vmcopy.read_from(pid, addr, n, fresh(n))) for addr, n in m.spans)
     except OSError as e:
         error = RuntimeError(f"copying the data of {m.key!r} out of worker {worker!r} (pid {pid}) failed: "
                              f"{e.strerror or e}; the worker likely died meanwhile (its death says why)")
@@ -129,6 +132,8 @@ class Dispatcher:
         self._requests: dict[int, Future] = {}     #: fetch / replicate answers, by request id; under the lock
         self._retired: deque = deque()             #: workers the scheduler let go of, for the supervisor
         self._released: deque = deque()            #: keys whose last Future is gone; any thread appends, lock-free
+        #: the memory results are copied out of workers into, kept warm for the next (any thread)
+        self._recycler = Recycler(RECYCLE_BUDGET)
 
     # --- the supervisor's side (scheduler thread) ---------------------------------------------
 
@@ -202,7 +207,8 @@ class Dispatcher:
             # its pid cannot belong to another process yet.
             unpin = [S.Send(worker, P.Unpin(m.request)) for m in msgs if type(m) is P.Located]
             unpin += [S.Send(worker, copy_in(outlet, m)) for m in msgs if type(m) is P.Landing]
-            msgs = [copy_located(outlet.pid, worker, m) if type(m) is P.Located else m for m in msgs
+            fresh = self._recycler.take
+            msgs = [copy_located(outlet.pid, worker, m, fresh) if type(m) is P.Located else m for m in msgs
                     if type(m) is not P.Landing]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         with self._lock:
@@ -359,6 +365,11 @@ class Dispatcher:
         (the channel's reader, the supervisor, flushes on a write event)."""
         chan = outlet.chan
         self._loop.run_soon(lambda: chan.closed or self._loop.want_write(chan, chan.wants_write()))
+
+    def trim(self, everything: bool = False) -> None:
+        """Scheduler thread: let go of result memory unused for a second (all of it, as the
+        cluster closes)."""
+        self._recycler.trim(everything)
 
     def uncork(self) -> None:
         """Scheduler thread, every tick: send what was held back behind a backlog."""

@@ -220,8 +220,9 @@ class Incoming(NamedTuple):
 class _Reader:
     """Accumulates bytes and passed descriptors; yields whole decoded messages."""
 
-    def __init__(self, hold: bool = False) -> None:
+    def __init__(self, hold: bool = False, fresh: Callable[[int], Any] = vmcopy.fresh) -> None:
         self.hold = hold            # keep received memfds' descriptors (_Held)
+        self.fresh = fresh          # memory for a buffer the sender copies in (recycle.py's take)
         self.buf = bytearray()
         self.pos = 0
         self.fds: deque[int] = deque()
@@ -273,7 +274,7 @@ class _Reader:
             incoming = []                   # (token, the fresh buffer the sender is to fill)
             for s in sizes:
                 if type(s) is tuple:
-                    dest = vmcopy.fresh(s[0] & _SIZE_MASK)
+                    dest = self.fresh(s[0] & _SIZE_MASK)
                     incoming.append((s[1], dest))
                     bufs.append(pickle.PickleBuffer(dest))
                 elif s & _FD_FLAG:
@@ -328,10 +329,11 @@ def _skip(chunks: list, n: int) -> list:
 class BlockingChannel:
     """The worker's end: blocking reads, thread-safe whole-frame sends."""
 
-    def __init__(self, sock: socket.socket, charge: Optional[Callable[[int], None]] = None):
+    def __init__(self, sock: socket.socket, charge: Optional[Callable[[int], None]] = None,
+                 fresh: Callable[[int], Any] = vmcopy.fresh):
         self.sock = sock
         self.charge = charge        # passed to encode(): the memfd bytes it writes
-        self._reader = _Reader()
+        self._reader = _Reader(fresh=fresh)
         self._pending: deque = deque()
         self._lock = threading.Lock()
 

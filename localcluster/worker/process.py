@@ -14,7 +14,8 @@ Threads::
     executor x N     take runs from the run queue, mark the status board, run, reply
     flusher          sends results that executors batched while more runs were queued
     heartbeat        stamps the board every second (a GIL held by C code stops it: that is
-                     how the parent tells "unresponsive"), and spills when RSS passes target
+                     how the parent tells "unresponsive"), spills when RSS passes target, and
+                     gives back landing memory unused for a second (recycle.py)
 
 The process starts in boot.py (``BOOT``, ``main``), which makes the ``Worker`` and serves.
 """
@@ -34,6 +35,7 @@ from typing import Any, Optional
 
 from ..wire import protocol as P
 from ..wire import remote, serialize
+from ..wire.recycle import Recycler
 from ..wire.board import Board
 from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, Incoming, encode
@@ -45,6 +47,7 @@ from .transfers import Transfers
 from .turn import MainTurn
 
 FLUSH_DELAY = 0.002
+RECYCLE_BUDGET = 1 << 30     # bytes of warm landing memory kept, without a memory_limit (a quarter of it with one)
 
 # The run each executor thread is executing (``run``, ``row``), and whether it seceded or
 # rejoined: what get_client, secede, get_worker (client.py) and cancelled() read in a task.
@@ -88,13 +91,17 @@ class Worker:
         # the memfd of every large value it sends is charged to its memory cgroup, however
         # long the receiver keeps it: the group's limit makes room for those (cgroup.py)
         self.allowance = SharedAllowance(*cfg["cgroup"]) if cfg.get("cgroup") else None
-        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]),
-                                    self.allowance.charge if self.allowance else None)
         limit = cfg.get("memory_limit")
+        # the memory the parent copies large arguments into, kept warm for the next ones
+        self.recycler = Recycler(limit // 4 if limit else RECYCLE_BUDGET)
+        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]),
+                                    self.allowance.charge if self.allowance else None, self.recycler.take)
         target = cfg.get("memory_target")
         self.spill_at = int(limit * target) if limit and target else None
         pause = cfg.get("memory_pause")
         self.pause_at = int(limit * pause) if limit and pause else None
+        # past this RSS, warm memory nobody uses goes back at once (the memory limit's first line)
+        self.trim_at = min((x for x in (self.spill_at, self.pause_at) if x), default=limit // 2 if limit else None)
         self._next_look = 0.0           # monotonic time of the next look at RSS before a run
         self._statm = open_statm(os.getpid())   # kept open: a look is one pread (~1.5 µs, not ~10)
         self._pressed = False           # said Pressure, and RSS has not fallen below the line since
@@ -483,13 +490,16 @@ class Worker:
         if now < self._next_look:
             return
         self._next_look = now + 0.001
-        used = rss_of(self._statm) if self._statm is not None else rss()
+        used = self._rss()
         if used is None:
             return
         over = used > self.pause_at
         if over and not self._pressed:
             self.chan.send(P.Pressure(used))
         self._pressed = over
+
+    def _rss(self) -> Optional[int]:
+        return rss_of(self._statm) if self._statm is not None else rss()
 
     def _reply(self, reply: Any) -> None:
         self.pending.discard(reply.seq)
@@ -578,9 +588,12 @@ class Worker:
                 self._flush_wanted.set()
             if self.allowance is not None:
                 self.allowance.settle()
+            self.recycler.trim()
+            if self.trim_at is not None and (self._rss() or 0) > self.trim_at:
+                self.recycler.trim(everything=True)     # before any value is spilled or a run paused
             if self.spill_at is not None:
-                self.store.spill_for_rss(self.spill_at)
-            time.sleep(min(0.1, self.heartbeat) if self.spill_at is not None else self.heartbeat)
+                self.store.spill_for_rss(self.spill_at, lambda: self.recycler.trim(everything=True))
+            time.sleep(min(0.1, self.heartbeat) if self.trim_at is not None else self.heartbeat)
 
 
 def fatal(worker: Any, tb: str, name: Any = None) -> None:

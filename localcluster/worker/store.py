@@ -179,8 +179,10 @@ class Store:
                 return
             self._spill_one(victim)
 
-    def spill_for_rss(self, limit: int) -> None:
-        """Process memory (not just what we manage) is over ``limit``: spill LRU until under."""
+    def spill_for_rss(self, limit: int, let_go: Callable[[], Any] = lambda: None) -> None:
+        """Process memory (not just what we manage) is over ``limit``: spill LRU until under.
+        ``let_go()`` after each value spilled: memory kept for reuse (recycle.py) that its
+        bytes may have returned to, and that RSS still counts, goes back to the system."""
         if self.directory is None:
             return
         with self._lock:
@@ -190,6 +192,7 @@ class Store:
                 if victim is None:
                     break
                 changed |= self._spill_one(victim)
+                let_go()
             if changed:
                 self._changed()
 

@@ -12,6 +12,7 @@ read there (as bench.py's ``touch`` task and its parent do). Linux only; numpy.
   the receiver maps it privately and populates it for reading;
 - warm memfd (a pool of pre-faulted segments): the same, into a memfd whose pages exist
   already (written once before the timed runs), so the kernel allocates nothing;
+- vm_writev, vm_readv, warm: the same into memory written before (wire/recycle.py lends it);
 - vm_writev, vm_readv: the parent copies straight between its memory and a worker's with
   ``process_vm_writev`` / ``process_vm_readv`` (one copy, into the receiver's fresh anonymous
   memory; the receiver says where its buffer is first). Allowed from a parent to its child
@@ -84,6 +85,7 @@ def _recv(sock: socket.socket) -> tuple:
 
 def child(sock: socket.socket, n: int) -> None:
     out = np.ones(n // 8)               # what this "worker" sends back in the out-ways
+    kept = np.zeros(n // 8)             # written once: the warm buffer of the "writev-warm" way
     warm = os.memfd_create("warm-out", os.MFD_CLOEXEC)
     os.write(warm, out.data.cast("B"))
     while True:
@@ -96,9 +98,11 @@ def child(sock: socket.socket, n: int) -> None:
             del v
             m.close()
             sock.send(b"%d" % s)
-        elif msg in (b"writev", b"writev-4k"):     # in: a fresh buffer; say where it is
+        elif msg in (b"writev", b"writev-4k", b"writev-warm"):     # in: a buffer; say where it is
             if msg == b"writev":        # numpy asks for huge pages (MADV_HUGEPAGE) above 4 MB
                 dst = np.empty(n // 8)
+            elif msg == b"writev-warm":     # pages written before: what wire/recycle.py lends
+                dst = kept
             else:                       # an anonymous mapping of 4 KiB pages
                 m = mmap.mmap(-1, n)
                 dst = np.frombuffer(m, dtype=np.float64)
@@ -170,18 +174,22 @@ def main(argv=None) -> int:
         del v
         m.close()
 
-    def vm_readv_out() -> None:
+    kept = np.zeros(n // 8)
+
+    def vm_readv_out(warm: bool = False) -> None:
         here.send(b"out-readv")
         addr = int(here.recv(64))
-        dst = np.empty(n // 8)
+        dst = kept if warm else np.empty(n // 8)
         readv(pid, dst.ctypes.data, addr, n)
         here.send(b"x")
         _touch(dst)
 
     ways = {"floor (a.copy())": floor, "in: memfd (today)": memfd_in, "in: warm memfd (pool)": warm_memfd_in,
             "in: process_vm_writev": vm_writev_in, "in: vm_writev, 4 KiB pages": lambda: vm_writev_in(b"writev-4k"),
+            "in: vm_writev, warm memory": lambda: vm_writev_in(b"writev-warm"),
             "out: memfd (today)": lambda: memfd_out(b"out-memfd"),
-            "out: warm memfd (pool)": lambda: memfd_out(b"out-warm"), "out: process_vm_readv": vm_readv_out}
+            "out: warm memfd (pool)": lambda: memfd_out(b"out-warm"), "out: process_vm_readv": vm_readv_out,
+            "out: vm_readv, warm memory": lambda: vm_readv_out(True)}
     times: dict = {k: [] for k in ways}
     try:
         for _ in range(args.reps + 1):          # the first round warms up, not counted

@@ -224,6 +224,7 @@ def test_dependency_on_other_worker_is_relayed():
     assert len(exports) == 1                                      # one relay for both
     holder, exp = exports[0]
     assert holder == "w2" and exp.key == "c"
+    assert exp.locate               # the parent copies it out itself, where it may (wire/vmcopy.py)
     payload = dumps(41)
     acts = s.data("w2", exp.request, "c", payload, None)
     assert sends(acts) == [("w1", P.Put("c", payload))]

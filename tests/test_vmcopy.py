@@ -156,12 +156,28 @@ def test_a_large_result_is_copied_out_of_its_worker_and_let_go_of_there(reads):
         assert reads == []
 
 
+def test_a_large_value_is_relayed_by_two_copies_through_the_parent(reads):
+    n = 3 << 20
+    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not read its workers' memory (ptrace refused)")
+        a, b = cluster.workers
+        made = client.submit(big, n, workers=[a])
+        assert client.submit(len, made, workers=[b]).result(30) == n
+        assert n in reads                                         # out of ``a`` by process_vm_readv
+        assert client.run(pinned) == {a: 0, b: 0}
+        assert client.submit(lambda x: x == big(n), made, workers=[b]).result(30)
+
+
 def test_without_the_right_to_read_a_worker_a_large_result_comes_by_memfd(reads, monkeypatch):
     monkeypatch.setattr(vmcopy, "_verdict", False)                # as under ptrace_scope 2
     n = 3 << 20
-    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
-        assert client.submit(big, n).result(30) == big(n)
-        assert reads == [] and client.run(pinned) == {"worker-0": 0}
+    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        a, b = cluster.workers
+        made = client.submit(big, n, workers=[a])
+        assert made.result(30) == big(n)
+        assert client.submit(len, made, workers=[b]).result(30) == n           # relayed, by memfd too
+        assert reads == [] and client.run(pinned) == {a: 0, b: 0}
 
 
 def test_a_value_whose_worker_is_gone_before_the_copy_is_an_error_naming_it(child):

@@ -10,7 +10,8 @@ bookkeeping of data on the move:
 - ``unacked``: ack id of a Put -> (key, target), until the worker answers Stored.
 
 A dependency on another worker is relayed through the parent: the holder gets
-``Export``; its ``Data`` reply becomes a ``Put`` to the worker that needs it. Small
+``Export``; its ``Data`` reply (or the bytes the parent copied out after ``Located``)
+becomes a ``Put`` to the worker that needs it. Small
 values are kept in the parent (``Task.data``) and put directly, with no round trip.
 """
 from __future__ import annotations
@@ -56,7 +57,9 @@ class Transfers:
         req = next(self._ids)
         self.exports[req] = Export(ts.key, holder, target.name, None)
         self.relaying[(ts.key, target.name)] = req
-        return [Send(holder, P.Export(ts.key, req))]
+        # locate: the parent copies it out of the holder itself, then into the target (two
+        # copies into warm memory beat one memfd of 4 KiB shmem pages threefold; wire/recycle.py)
+        return [Send(holder, P.Export(ts.key, req, True))]
 
     def fetch(self, ts: Task, req: int) -> list:
         """The client's request ``req`` for the data of ``ts`` (in memory somewhere)."""

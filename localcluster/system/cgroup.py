@@ -11,9 +11,12 @@ It gives three things the process tree alone does not:
   hours: counted against the worker, a client keeping results would get the worker
   killed. So the worker keeps its own limit at the ceiling *plus* the shared memory
   charged to its group *plus* what it is writing now (:class:`SharedAllowance`): the
-  ceiling bounds what the worker itself holds. The other way round, what a worker
-  receives is mapped, not copied, so it stays charged to its writer (the parent, or the
-  worker it was relayed from): the ceiling does not count it, the RSS the nanny samples does;
+  ceiling bounds what the worker itself holds. Where the parent may copy into and out of
+  its workers (wire/vmcopy.py), no memfd is written for a fetch or a relay: what a worker
+  receives is copied into its own memory and charged to its group, as anything it
+  allocates, and the ceiling counts it. Where memfds carry the data, what a worker receives
+  is mapped, not copied, so it stays charged to its writer (the parent, or the worker it
+  was relayed from): the ceiling does not count it, the RSS the nanny samples does;
 * exact OOM evidence: the group's own ``oom_kill`` counter (``memory.oom_control`` /
   ``memory.events``), which only this worker's processes can raise (oom.py reads it);
 * every descendant stops with its worker, even one that left the process group with

@@ -124,7 +124,7 @@ def big(n):
 
 
 def pinned():
-    from localcluster.worker.process import current
+    from localcluster.worker.context import current
     return len(current()[0].transfers.pinned)
 
 

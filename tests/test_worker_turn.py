@@ -64,10 +64,10 @@ def _sleep_in_c(seconds: float):
     import ctypes
     import ctypes.util
     import signal as s
-    from localcluster.worker import process
+    from localcluster.worker import context
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     rc = libc.usleep(int(seconds * 1e6))
-    worker, _run = process.current()
+    worker, _run = context.current()
     return rc, ctypes.get_errno() if rc else 0, s.SIGALRM in s.pthread_sigmask(s.SIG_BLOCK, []), worker.turn.timed
 
 

@@ -46,7 +46,7 @@ from joblib.parallel import AutoBatchingMixin, FallbackToBackend, ParallelBacken
 from .. import config
 from ..death import RemoteTraceback, TaskError
 from ..system.machine import usable_cpus
-from ..worker.process import cancelled, in_worker
+from ..worker.context import cancelled, in_worker
 
 if TYPE_CHECKING:       # imported where used: a worker that unpickles a batch loads this
     from ..client import Client     # module, and must not load the parent's machinery with it

@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 
-from . import logs, process
+from . import context, logs, process
 from .process import Worker
 
 
@@ -80,12 +80,12 @@ def main(cfg: dict) -> None:
     # would get our channel to the parent and the board (SECURITY.md).
     for fd in (cfg["sock_fd"], cfg["board_fd"]):
         os.set_inheritable(fd, False)
-    process.started()
+    context.started()
     worker = None
     try:
         take_authkey(cfg["sock_fd"])
         worker = Worker(cfg)
-        process.started(worker)
+        context.started(worker)
         if cfg.get("log_level") is not None:
             logs.install(worker.log, cfg["log_level"])
         if cfg.get("initializer") is not None:

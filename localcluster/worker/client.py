@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 from ..config import check_resources
 from ..wire import protocol as P
 from ..wire import serialize
-from . import process
+from . import context, process
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
 
@@ -43,11 +43,11 @@ def install_parent(lookup: Callable[[Optional[str]], Any]) -> None:
 
 def in_worker() -> bool:
     """True in a localcluster worker process (a task, or a thread a task started)."""
-    return process.current()[0] is not None
+    return context.current()[0] is not None
 
 
 def _worker() -> "process.Worker":
-    worker = process.current()[0]
+    worker = context.current()[0]
     if worker is None:
         raise ValueError("not in a localcluster worker: get_worker(), secede(), rejoin() and worker_client() "
                          "work inside a task (submit a function that calls them)")
@@ -59,7 +59,7 @@ def get_client(address: Any = None, timeout: Optional[float] = None, resolve_add
     worker), talking to the parent's scheduler over this worker's channel. Elsewhere: the
     current Client. ``address`` and ``resolve_address`` are dask's, with no meaning here."""
     global _client
-    worker = process.current()[0]
+    worker = context.current()[0]
     if worker is None:
         client = _parent_lookup(None) if _parent_lookup is not None else None
         if client is None:
@@ -169,7 +169,7 @@ def _rebuild(key: str) -> Any:
 
 
 def _seq() -> int:
-    run = process.current()[1]
+    run = context.current()[1]
     return run.seq if run is not None else 0
 
 

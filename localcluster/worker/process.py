@@ -42,46 +42,13 @@ from ..wire.channel import BlockingChannel, Incoming, encode
 from ..system.machine import open_statm, rss, rss_of
 from ..system.spin import poll_for
 from . import calls
+from .context import here
 from .store import Store, StoreError
 from .transfers import Transfers
 from .turn import MainTurn
 
 FLUSH_DELAY = 0.002
 RECYCLE_BUDGET = 1 << 30     # bytes of warm landing memory kept, without a memory_limit (a quarter of it with one)
-
-# The run each executor thread is executing (``run``, ``row``), and whether it seceded or
-# rejoined: what get_client, secede, get_worker (client.py) and cancelled() read in a task.
-_here = threading.local()
-_worker: "Optional[Worker]" = None        # this process's Worker, once main() made it
-_in_worker = False
-
-
-def started(worker: "Optional[Worker]" = None) -> None:
-    """This process is a worker (boot.py's ``main`` says so first), and ``worker`` its Worker
-    once made: what ``in_worker``, ``current`` and ``cancelled`` read."""
-    global _in_worker, _worker
-    _in_worker = True
-    if worker is not None:
-        _worker = worker
-
-
-def current() -> tuple:
-    """(this process's Worker or None, the run this thread executes or None)."""
-    return _worker, getattr(_here, "run", None)
-
-
-def in_worker() -> bool:
-    """Whether this process is a localcluster worker (code that would start a cluster of its
-    own, such as the joblib backend, runs in the task's thread instead)."""
-    return _in_worker
-
-
-def cancelled() -> bool:
-    """Whether the task running on this thread was cancelled (its caller gave up on it):
-    work made of steps, such as a joblib batch of calls, stops at the next one."""
-    run = getattr(_here, "run", None)
-    return _worker is not None and run is not None and run.seq in _worker.cancelled
-
 
 class Worker:
     def __init__(self, cfg: dict):
@@ -347,26 +314,26 @@ class Worker:
     def secede(self) -> None:
         """The calling task gives its thread slot back: an executor thread is started in its
         place, and the parent counts the slot free. No-op outside a task or if seceded."""
-        run = getattr(_here, "run", None)
-        if run is None or _here.seceded:
+        run = getattr(here, "run", None)
+        if run is None or here.seceded:
             return
-        _here.seceded = True
+        here.seceded = True
         thread, started = self.board.running().get(run.seq, (0, 0.0))
-        self.board.stop(_here.row)
+        self.board.stop(here.row)
         with self._lock:
             self._busy -= 1
             self._secessions += 1
             if self._runs and not self._rejoining:
                 self._work.notify()
-        threading.Thread(target=self._execute, args=(_here.row,), name=f"localcluster-exec-{next(self._rows)}",
+        threading.Thread(target=self._execute, args=(here.row,), name=f"localcluster-exec-{next(self._rows)}",
                          daemon=True).start()
         self.tell(P.Secede(started, thread), run.seq)
 
     def rejoin(self) -> None:
         """The calling task, seceded, takes a thread slot again: it waits for one (before
         any queued run) and the parent counts it busy. No-op unless it seceded."""
-        run = getattr(_here, "run", None)
-        if run is None or not _here.seceded or _here.rejoined:
+        run = getattr(here, "run", None)
+        if run is None or not here.seceded or here.rejoined:
             return
         with self._lock:
             self._rejoining += 1
@@ -376,7 +343,7 @@ class Worker:
             finally:
                 self._rejoining -= 1
             self._busy += 1
-        _here.rejoined = True
+        here.rejoined = True
         self.tell(P.Rejoin(), run.seq)
 
     def _seceded_run_over(self) -> None:
@@ -384,7 +351,7 @@ class Worker:
         it took back on rejoin, if it did, is free again."""
         with self._lock:
             self._secessions -= 1
-            if _here.rejoined:
+            if here.rejoined:
                 self._busy -= 1
             if self._rejoining:
                 self._rejoin_turn.notify()
@@ -469,9 +436,9 @@ class Worker:
             if self.pause_at is not None:
                 self._look_at_memory()
             board.start(row, ident, run.seq)
-            _here.seceded = _here.rejoined = False
+            here.seceded = here.rejoined = False
             reply = self._run(run, row)
-            seceded = _here.seceded
+            seceded = here.seceded
             if not seceded:         # a seceded run left the row to the executor that took its place
                 board.stop(row)
             if run.seq in self.cancelled:   # cancelled while running: the parent wants no result
@@ -522,12 +489,12 @@ class Worker:
             # only a task with dependencies has placeholders to resolve (the plain loads is faster)
             args, kwargs = serialize.loads(run.args, self.store if run.deps else None)
             step = "running the task"
-            _here.run, _here.row = run, row
+            here.run, here.row = run, row
             t1 = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
             finally:
-                _here.run = None
+                here.run = None
             t1 = time.perf_counter() - t1       # the function's own time
             step = "pickling the result"
             payload = serialize.dumps_result(result)

@@ -1,0 +1,40 @@
+"""What a task's thread knows about where it runs: this process's Worker, the run the thread
+executes, and whether that run seceded or rejoined (process.py writes them; get_client,
+secede, get_worker in client.py, the joblib backend and ``cancelled`` read them).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+#: per executor thread: ``run`` (the Run it executes, or None), ``row``, ``seceded``, ``rejoined``
+here = threading.local()
+_worker: Optional[Any] = None        # this process's Worker, once boot.py made it
+_in_worker = False
+
+
+def started(worker: Optional[Any] = None) -> None:
+    """This process is a worker (boot.py's ``main`` says so first), and ``worker`` its Worker
+    once made: what ``in_worker``, ``current`` and ``cancelled`` read."""
+    global _in_worker, _worker
+    _in_worker = True
+    if worker is not None:
+        _worker = worker
+
+
+def current() -> tuple:
+    """(this process's Worker or None, the run this thread executes or None)."""
+    return _worker, getattr(here, "run", None)
+
+
+def in_worker() -> bool:
+    """Whether this process is a localcluster worker (code that would start a cluster of its
+    own, such as the joblib backend, runs in the task's thread instead)."""
+    return _in_worker
+
+
+def cancelled() -> bool:
+    """Whether the task running on this thread was cancelled (its caller gave up on it):
+    work made of steps, such as a joblib batch of calls, stops at the next one."""
+    run = getattr(here, "run", None)
+    return _worker is not None and run is not None and run.seq in _worker.cancelled

@@ -198,7 +198,7 @@ def test_tasks_sent_with_the_landed_their_input_waits_for_run(reads):
     """A scattered value's Put waits in its worker for its bytes; the Runs that need it come
     right behind, and the parent's Landed came in the same frame as Runs (a Batch): handled
     behind the very Put that waited for it, it hung every task (a loaded run found it)."""
-    import numpy as np
+    np = pytest.importorskip("numpy")
     with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
         big = client.scatter(np.ones(2_000_000))
         fs = [client.submit(first_plus, big, i, pure=False) for i in range(40)]

@@ -68,6 +68,21 @@ def test_a_buffer_still_reachable_is_never_lent_twice(holder):
     assert where(r.take(4 * MiB)) == first
 
 
+def test_a_larger_buffer_lent_for_a_smaller_value_gives_back_the_pages_past_it():
+    """RSS grows by what a value needs: the tail of a larger warm buffer is let go (it reads
+    as zeros again), the value's own pages stay warm."""
+    import ctypes
+    r = Recycler(64 * MiB)
+    a = r.take(8 * MiB)
+    a[:] = b"\xab" * len(a)
+    first = where(a)
+    del a
+    b = r.take(3 * MiB)                 # a 4 MiB need: the 8 MiB buffer, its last 4 MiB let go
+    assert where(b) == first and bytes(b[:2]) == b"\xab\xab"
+    assert ctypes.string_at(first + 4 * MiB - 4, 4) == b"\xab" * 4         # kept up to 4 MiB
+    assert ctypes.string_at(first + 6 * MiB, 4) == bytes(4)                 # given back
+
+
 def test_sizes_far_apart_do_not_share_a_buffer():
     """A 2 MiB copy does not pin a 64 MiB buffer, nor does a small one take any."""
     r = Recycler(256 * MiB)

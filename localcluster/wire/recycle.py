@@ -13,6 +13,10 @@ reference is the only one left (``sys.getrefcount``, calibrated below), nothing 
 memory and it is lent again. A value still held (a user's result, a key in the store, a pinned
 payload) is never lent twice.
 
+A buffer is lent for a value of at least half its size, and the pages past the value's last
+huge page are given back first (``MADV_DONTNEED``): a worker's RSS grows by what it holds, as
+the memory accounting says (test_datapath.py), not by the buffer it happens to get.
+
 Bounds: the buffers held, lent or free, stay within ``budget`` bytes (past it a copy gets fresh
 memory that is not kept); a free buffer is let go (munmap) once unused for ``idle`` seconds,
 and all of them at once by ``trim(everything=True)`` (a worker over its spill target, a cluster
@@ -21,6 +25,7 @@ that closes). So the memory costs at most ``budget`` more than the values held, 
 """
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 import time
@@ -81,6 +86,8 @@ class Recycler:
                 best = _Slot(vmcopy.fresh(size), size)
                 self._slots.append(best)
                 self._held += size
+            if best.size > size:        # the pages past what this value needs go back: RSS stays exact
+                best.m.madvise(mmap.MADV_DONTNEED, size, best.size - size)
             best.since = self._clock()
             return memoryview(best.m)[:n]
 

@@ -180,14 +180,22 @@ def test_without_the_right_to_read_a_worker_a_large_result_comes_by_memfd(reads,
         assert reads == [] and client.run(pinned) == {a: 0, b: 0}
 
 
-def test_a_value_whose_worker_is_gone_before_the_copy_is_an_error_naming_it(child):
+def test_a_value_whose_worker_is_gone_before_the_copy_is_left_to_its_death(child):
+    """No error for the value's users: the death sends the request elsewhere, or makes the
+    value again (test_soak.py: relays from a worker killed mid-copy)."""
     p, _, outbox = child(4096)
     p.kill()
     p.wait()
-    data = copy_located(p.pid, "worker-3", P.Located(7, "k", b"meta", ((outbox, 4096),), 4096))
+    assert copy_located(p.pid, "worker-3", P.Located(7, "k", b"meta", ((outbox, 4096),), 4096)) is None
+
+
+def test_a_value_the_worker_does_not_have_where_it_said_is_an_error_naming_it(child):
+    p, _, outbox = child(4096)
+    data = copy_located(p.pid, "worker-3", P.Located(7, "k", b"meta", ((8, 4096),), 4096))    # unmapped
     assert data.request == 7 and data.key == "k" and data.data is None
     err = serialize.as_exception(data.error, "k")
     assert f"copying the data of 'k' out of worker 'worker-3' (pid {p.pid}) failed" in str(err)
+    assert "Bad address" in str(err) and "report" in str(err)
 
 
 def first_plus(a, i):

@@ -28,6 +28,7 @@ to every pending future), never a hang.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import pickle
 import threading
@@ -104,16 +105,23 @@ def copy_in(outlet: Outlet, m: P.Landing) -> P.Landed:
     return P.Landed(tokens)
 
 
-def copy_located(pid: int, worker: str, m: P.Located, fresh: Callable[[int], Any] = vmcopy.fresh) -> P.Data:
+def copy_located(pid: int, worker: str, m: P.Located,
+                 fresh: Callable[[int], Any] = vmcopy.fresh) -> Optional[P.Data]:
     """The value a :class:`~localcluster.wire.protocol.Located` shows, copied out of process
     ``pid`` into memory here (``fresh(n)``: recycle.py's take), as the Data it stands for
-    (or Data carrying the error)."""
+    (or Data carrying the error). None when the process is gone (its memory with it): as if
+    it had died before answering, its death sends the request to another holder, or has
+    the value made again (a soak found a relay failing its dependents instead)."""
     try:
         meta = m.meta if type(m.meta) is bytes else bytes(vmcopy.read_from(pid, *m.meta))
         buffers = tuple(pickle.PickleBuffer(vmcopy.read_from(pid, addr, n, fresh(n))) for addr, n in m.spans)
     except OSError as e:
+        if e.errno == errno.ESRCH:
+            return None
         error = RuntimeError(f"copying the data of {m.key!r} out of worker {worker!r} (pid {pid}) failed: "
-                             f"{e.strerror or e}; the worker likely died meanwhile (its death says why)")
+                             f"{e.strerror or e}. The worker named that memory for the value and keeps it "
+                             f"until the parent has read it: this is a bug; please report it to the "
+                             f"localcluster maintainers with this message")
         return P.Data(m.request, m.key, None, dumps_exception(error))
     return P.Data(m.request, m.key, P.Payload(meta, buffers, m.nbytes), None)
 
@@ -210,6 +218,7 @@ class Dispatcher:
             fresh = self._recycler.take
             msgs = [copy_located(outlet.pid, worker, m, fresh) if type(m) is P.Located else m for m in msgs
                     if type(m) is not P.Landing]
+            msgs = [m for m in msgs if m is not None]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         with self._lock:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key

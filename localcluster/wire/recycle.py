@@ -18,7 +18,8 @@ huge page are given back first (``MADV_DONTNEED``): a worker's RSS grows by what
 the memory accounting says (test_datapath.py), not by the buffer it happens to get.
 
 Bounds: the buffers held, lent or free, stay within ``budget`` bytes (past it a copy gets fresh
-memory that is not kept); a free buffer is let go (munmap) once unused for ``idle`` seconds,
+memory that is not kept); a free buffer is let go (munmap) once ``idle`` seconds have passed
+since it was last lent (a value held longer goes back at the first trim after it is dropped),
 and all of them at once by ``trim(everything=True)`` (a worker over its spill target, a cluster
 that closes). So the memory costs at most ``budget`` more than the values held, for at most
 ``idle`` seconds after they are dropped. Any thread (a lock).
@@ -92,8 +93,8 @@ class Recycler:
             return memoryview(best.m)[:n]
 
     def trim(self, everything: bool = False) -> int:
-        """Let go of the free buffers unused for ``idle`` seconds (all free ones: ``everything``);
-        the bytes let go."""
+        """Let go of the free buffers last lent ``idle`` seconds ago or more (all free ones:
+        ``everything``); the bytes let go."""
         cut = self._clock() - self._idle
         with self._lock:
             return self._let_go((lambda slot: True) if everything else (lambda slot: slot.since <= cut))

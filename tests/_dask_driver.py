@@ -137,6 +137,11 @@ def main():
         # a worker an earlier drive killed is started again by its nanny: under load (the
         # loaded test runs, two suites on two cores) that took over 60 s once
         client.wait_for_workers(2, timeout=150)
+        # and every nanny has finished starting (a nanny answers only then): a worker that dies
+        # between registering with the scheduler and telling its nanny it started is, to dask,
+        # a nanny that failed to start, and `dask worker` then ends with all its nannies (a
+        # segfault sent at once did that in a loaded run)
+        client.run(os.getpid, nanny=True)
         go_on, before = (lambda: None), set()
         if scenario == "late":
             go_on, before = hold_a_restart(client, workdir)

@@ -220,8 +220,11 @@ class Client:
                 keys = [None] * len(items)
             else:
                 raise TypeError("map(key=...) takes a list of keys, or a string prefix")
-            specs = []
-            specs_of, how = self._specs.spec, self._specs.how(fn, opts.pure)
+            how = self._specs.how(fn, opts.pure)
+            specs = self._specs.many(items, opts, how) if key is None and not kwargs else None
+            if specs is not None:
+                return self._submit(specs, opts.resources)
+            specs, specs_of = [], self._specs.spec
             for args, k in zip(items, keys):
                 spec = specs_of(fn, args, kwargs, k, opts, how)
                 if isinstance(key, str):

@@ -405,3 +405,17 @@ def test_plain_arguments_pickle_to_the_same_bytes_on_the_fast_path(args):
     assert deps == {} and bytes(fast.meta.raw() if hasattr(fast.meta, "raw") else fast.meta) == \
         bytes(slow.meta.raw() if hasattr(slow.meta, "raw") else slow.meta)
     assert serialize.loads(fast) == (args, {})
+
+
+def test_a_map_of_plain_arguments_pickles_each_as_one_call_would_or_not_at_all():
+    argss = [(1,), (1, "a", 2.5, None, True, 3j, b"x" * 100), (), ("é" * 40_000,)]
+    many = serialize.dumps_plain_many(argss)
+    for args, payload in zip(argss, many, strict=True):
+        one, _ = serialize.dumps_collecting((args, {}))
+        raw = [bytes(p.meta.raw() if isinstance(p.meta, pickle.PickleBuffer) else p.meta) for p in (payload, one)]
+        assert raw[0] == raw[1] and payload.nbytes == one.nbytes and payload.buffers == one.buffers == ()
+        assert serialize.loads(payload) == (args, {})
+    # one argument the fast path cannot take (a container may hold a Future; large bytes
+    # leave the stream) and the whole map goes the usual way
+    assert serialize.dumps_plain_many([(1,), ([1],)]) is None
+    assert serialize.dumps_plain_many([(1,), (b"x" * (1 << 17),)]) is None

@@ -76,8 +76,9 @@ class Client:
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
         self.id = f"client-{PREFIX}-{next(_client_numbers)}"
         self._closed = False
-        self._futures: dict[str, Any] = {}      # key -> a weakref of its Future, or a list of them
-        self._refs: dict[str, int] = {}
+        # key -> the weakref of its one live Future, or [how many live, weakref, weakref, ...]
+        # when there are more (rare: one dict entry a key, not two; ~45 bytes a task)
+        self._futures: dict[str, Any] = {}
         # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
         self._refs_lock = threading.RLock()
         self._specs = Specs(self.id)                  # functions pickled once, arguments, keys
@@ -122,12 +123,14 @@ class Client:
         if held is None:
             self._futures[key] = ref       # the common case: one future, no list
         elif type(held) is list:
-            if len(held) > 2 * self._refs.get(key, 0) + 8:    # mostly dead: prune, amortized O(1)
-                held[:] = [r for r in held if r() is not None]
+            held[0] += 1
+            if len(held) > 2 * held[0] + 8:    # mostly dead: prune, amortized O(1)
+                held[1:] = [r for r in held[1:] if r() is not None]
             held.append(ref)
         else:
-            self._futures[key] = [held, ref] if held() is not None else ref
-        self._refs[key] = self._refs.get(key, 0) + 1
+            # ``held`` may be dead and still counted: a collection clears weakrefs before
+            # it runs the Future's __del__ (which untracks it).
+            self._futures[key] = [2, held, ref]
 
     def untrack(self, key: str) -> None:
         """A Future of ``key`` was garbage-collected; the last one releases the key.
@@ -135,11 +138,10 @@ class Client:
         if self.status == "forked":         # the parent's client holds the key
             return
         with self._refs_lock:
-            n = self._refs.get(key, 0) - 1
-            if n > 0:
-                self._refs[key] = n
+            held = self._futures.get(key)
+            if type(held) is list and held[0] > 1:
+                held[0] -= 1
                 return
-            self._refs.pop(key, None)
             self._futures.pop(key, None)
         self.gateway.release(key)
 
@@ -534,7 +536,7 @@ def _refs_of(held: Any) -> list:
     """The weakrefs ``Client._futures`` holds for a key, as a list (a copy)."""
     if held is None:
         return []
-    return list(held) if type(held) is list else [held]
+    return held[1:] if type(held) is list else [held]
 
 
 _in_tasks.install_parent(_lookup)      # get_client() outside a task, and a Client unpickled here

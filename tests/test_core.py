@@ -587,3 +587,27 @@ def test_map_pauses_the_cyclic_collector_while_it_makes_tasks_and_restores_it(cl
     with pytest.raises(TypeError):
         client.map(abs, [(x for x in ())], pure=False)      # unpicklable: fails inside, the collector comes back
     assert gc.isenabled()
+
+
+def test_a_key_is_let_go_with_its_last_future_and_not_before(monkeypatch):
+    from localcluster.future import Future
+    with LocalCluster(n_workers=0, memory_limit=None, forward_logs=False) as cluster, Client(cluster) as client:
+        let_go: list = []
+        monkeypatch.setattr(client.gateway, "release", let_go.append)
+        one = Future("one", client)
+        del one
+        assert let_go == ["one"]
+        three = [Future("three", client) for _ in range(3)]
+        two = [Future("two", client) for _ in range(2)]
+        for n in (1, 0):
+            del three[n]
+            assert let_go == ["one"]
+        three[0].cycle = three[0]        # the last one goes in a collection, weakref first
+        del three
+        gc.collect()
+        assert let_go == ["one", "three"]
+        two.pop()
+        client.fail_pending(RuntimeError("gone"))     # still found: the one left of "two"
+        assert two[0].exception(0).args == ("gone",) and let_go == ["one", "three"]
+        del two
+        assert let_go == ["one", "three", "two"]

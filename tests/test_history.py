@@ -103,3 +103,59 @@ def test_done_and_failed_count_the_runs_the_scheduler_says_count():
     h.task("f", "w-1", 1, 4.0, 5.0, "error")
     h.task("l", "w-1", 1, 5.0, 6.0, "lost")
     assert (h.ended, h.done, h.failed) == (5, 2, 1)
+
+
+def test_a_run_record_costs_a_few_dozen_bytes_not_a_tuple_and_its_floats():
+    import tracemalloc
+    h = History()
+    keys = [f"key-{i}" for i in range(20_000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, key in enumerate(keys):
+            h.task(key, "worker-0", 1, 1e9 + i, 1e9 + i + 0.5, "finished", serde=0.001 * i)
+        per_record = (tracemalloc.get_traced_memory()[0] - before) / len(keys)
+    finally:
+        tracemalloc.stop()
+    assert per_record < 64, per_record          # a tuple of seven and three floats: ~170
+    assert h.tasks()[-1] == TaskRecord("key-19999", "worker-0", 1, 1e9 + 19999, 1e9 + 19999.5, "finished", 19.999)
+
+
+def test_the_ring_forgets_the_submitter_of_a_record_it_writes_over(monkeypatch):
+    monkeypatch.setattr(history, "TASKS", 4)
+    h = History()
+    for i in range(6):
+        h.task(f"k{i}", "w", 1, float(i), i + 1.0, "finished", submitter="parent" if i in (1, 4) else None)
+    assert [(r.key, r.submitter) for r in h.tasks()] == [("k2", None), ("k3", None), ("k4", "parent"), ("k5", None)]
+    assert [r[0] for r in h.tail(3, raw=True)] == ["k3", "k4", "k5"]
+
+
+def test_a_reader_racing_the_writer_gets_whole_records_in_order(monkeypatch):
+    import sys
+    import threading
+    monkeypatch.setattr(history, "TASKS", 64)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)              # switch threads between nearly any two bytecodes
+    h = History()
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            h.task(f"k{i}", f"w{i}", i, float(i), i + 0.5, "finished", serde=float(i),
+                   submitter=f"p{i}" if i % 3 == 0 else None)
+            i += 1
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for _ in range(300):
+            for rows in (h.tasks(), h.tail(40, raw=True)):
+                numbers = [int(r[0][1:]) for r in rows]
+                assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) if rows else True
+                for r, i in zip(rows, numbers):
+                    assert r[1:7] == (f"w{i}", i, float(i), i + 0.5, "finished", float(i))
+                    assert (r[7:] if len(r) > 7 else (None,))[0] == (f"p{i}" if i % 3 == 0 else None)
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(interval)

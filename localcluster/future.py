@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 
 import weakref
 
-from .wire import remote, serialize
+from .wire import protocol as P, remote, serialize
 
 __all__ = ["Future", "fire_and_forget"]
 
@@ -97,12 +97,23 @@ def latest_client() -> Optional[Owner]:
     return None
 
 
-class _Stored:
-    """What a finished Future holds until ``result()``: the payload, or None (data on a worker)."""
-    __slots__ = ("payload",)
+# What a finished Future holds in ``_result`` until ``result()`` unpickles it: the Payload
+# itself (no box: 40 bytes a finished task), or ON_WORKER while the data stays on a worker.
+# The rare result that is itself a Payload is kept boxed once unpickled.
+ON_WORKER = type("OnWorker", (), {"__repr__": lambda self: "<data on a worker>", "__slots__": ()})()
 
-    def __init__(self, payload: Any):
-        self.payload = payload
+
+class _Boxed:
+    """A result that is itself a Payload, unpickled: not to be taken for a pickled one."""
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _stored(result: Any) -> bool:
+    """Whether ``_result`` is still to be unpickled (or fetched)."""
+    return type(result) is P.Payload or result is ON_WORKER
 
 
 # Guards the first making of a Future's Condition, and a resolution that finds none.
@@ -187,9 +198,9 @@ class Future(cf.Future):
                 error = None
             if error is not None:       # out of the except: no "During handling" context
                 raise error
-        if type(value) is _Stored:
+        while _stored(value):       # again if another thread swapped it meanwhile (prefill)
             value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return value
+        return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         exc = self._within(super().exception, timeout)
@@ -213,11 +224,11 @@ class Future(cf.Future):
                 why = f"task {self.key!r} is not done"
             raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
 
-    def _materialize(self, stored: _Stored, timeout: Optional[float]) -> Any:
+    def _materialize(self, stored: Any, timeout: Optional[float]) -> Any:
         if self._result is not stored:      # another thread got there first
             return self._result
-        payload = stored.payload
-        if payload is None:
+        payload = stored
+        if payload is ON_WORKER:
             try:
                 payload = self._gateway.fetch([self.key])[0].result(timeout)
             except cf.TimeoutError:
@@ -234,7 +245,7 @@ class Future(cf.Future):
             raise serialize.restate(e, step) from None
         with _MAKING:     # finished: only this swap writes _result now; the lock makes it once
             if self._result is stored:
-                self._result = value
+                self._result = _Boxed(value) if _stored(value) else value
             return self._result
 
     def add_done_callback(self, fn: Callable) -> None:
@@ -322,7 +333,7 @@ class Future(cf.Future):
         worker), ``"error"`` or ``"lost"`` (``value``: the exception), else cancelled.
         A future already ended (a racing cancel or restart) stays as it was."""
         if status == "finished":
-            stored = _Stored(value)
+            stored = ON_WORKER if value is None else value
             if not self._ended_unwatched(_FINISHED, stored, None):
                 self._end_watched(self.set_result, stored)
         elif status in ("error", "lost"):
@@ -389,14 +400,13 @@ class Future(cf.Future):
         """Finished, with its data still on a worker (``result()`` would fetch it)."""
         if not self.done() or self.cancelled() or self._exception is not None:
             return False
-        stored = self._result
-        return type(stored) is _Stored and stored.payload is None
+        return self._result is ON_WORKER
 
     def prefill(self, payload: Any) -> None:
         """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once)."""
         with _MAKING:
-            if type(self._result) is _Stored:
-                self._result = _Stored(payload)
+            if self._result is ON_WORKER:
+                self._result = payload
 
 
 def walk(obj: Any) -> Any:

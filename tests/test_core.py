@@ -611,3 +611,12 @@ def test_a_key_is_let_go_with_its_last_future_and_not_before(monkeypatch):
         assert two[0].exception(0).args == ("gone",) and let_go == ["one", "three"]
         del two
         assert let_go == ["one", "three", "two"]
+
+
+def test_a_result_that_is_itself_a_pickled_payload_comes_back_as_itself(client):
+    # a finished Future holds its result's Payload until result() unpickles it: a result
+    # that is a Payload must not be taken for one still to unpickle
+    from localcluster.wire.protocol import Payload
+    fut = client.submit(Payload, b"not a pickle", (), 12)
+    got = fut.result(10)
+    assert type(got) is Payload and got.meta == b"not a pickle" and fut.result(10) is got

@@ -256,4 +256,11 @@ def test_warm_memory_left_by_a_large_argument_goes_back_to_the_system_when_idle(
         before = client.submit(_data.rss_here, pure=False).result(60)
         assert client.submit(np.sum, np.ones(n // 8), pure=False).result(60) == n // 8
         assert client.submit(_data.rss_here, pure=False).result(60) - before > 0.8 * n     # kept warm
+        # ...and reported as such, not as the tasks' own (unmanaged) memory
+        name = next(iter(cluster.workers))
+        wait_for(lambda: cluster.workers[name].reusable > 0.8 * n and cluster.workers[name].memory > before + 0.8 * n,
+                 timeout=30)
+        info = cluster.workers[name]
+        assert info.unmanaged <= info.memory - info.reusable and "kept for reuse" in cluster._repr_html_()
         wait_for(lambda: client.submit(_data.rss_here, pure=False).result(60) - before < 0.1 * n, timeout=30)
+        wait_for(lambda: cluster.workers[name].reusable == 0, timeout=30)

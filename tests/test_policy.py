@@ -307,6 +307,14 @@ def test_a_paused_worker_holding_results_is_not_a_leak():
     assert p.sampled("w0", 60.0, int(0.85 * LIMIT), int(0.5 * LIMIT)) == []
 
 
+def test_memory_kept_warm_for_reuse_is_not_taken_for_a_leak():
+    p = make(leak_restart=10.0)
+    started(p, "w0")
+    p.sampled("w0", 0.0, int(0.85 * LIMIT), 0, int(0.4 * LIMIT))
+    assert p.sampled("w0", 60.0, int(0.85 * LIMIT), 0, int(0.4 * LIMIT)) == []
+    assert p.slots["w0"].unmanaged == int(0.85 * LIMIT) - int(0.4 * LIMIT)
+
+
 def test_leak_restart_off():
     p = make(leak_restart=None)
     started(p, "w0")

@@ -153,7 +153,7 @@ class Slot:
     """One worker as the policy sees it. Only the policy writes these fields (the supervisor
     reads them under the cluster's lock)."""
     __slots__ = ("name", "pid", "state", "reason", "step", "deadline", "next_sample", "memory",
-                 "peak_memory", "managed", "paused_since", "timed_out", "leak")
+                 "peak_memory", "managed", "reusable", "paused_since", "timed_out", "leak")
 
     def __init__(self, name: str, pid: int, now: float):
         self.name = name
@@ -168,6 +168,7 @@ class Slot:
         self.memory: Optional[int] = None       #: last RSS sample, bytes (worker and children)
         self.peak_memory: Optional[int] = None
         self.managed = 0                        #: bytes of results held in memory (not spilled)
+        self.reusable = 0                       #: bytes kept warm for reuse (wire/recycle.py)
         self.paused_since: Optional[float] = None   #: paused: since when
         self.timed_out: Optional[tuple] = None  #: reason timeout: (run seq, seconds it ran)
         self.leak: Optional[str] = None         #: reason memory-leak: the figures, in words
@@ -179,8 +180,9 @@ class Slot:
 
     @property
     def unmanaged(self) -> Optional[int]:
-        """What the tasks' own code keeps: RSS less the results it holds."""
-        return None if self.memory is None else max(0, self.memory - self.managed)
+        """What the tasks' own code keeps: RSS less the results it holds and the memory kept
+        warm for reuse."""
+        return None if self.memory is None else max(0, self.memory - self.managed - self.reusable)
 
     def __repr__(self) -> str:
         extra = f" {self.reason}/{self.step}" if self.state == "stopping" else ""
@@ -329,7 +331,7 @@ class Policy:
         self.startup_failures.clear()
         return [Accept(name)]
 
-    def sampled(self, name: str, now: float, rss: Optional[int], managed: int) -> list:
+    def sampled(self, name: str, now: float, rss: Optional[int], managed: int, reusable: int = 0) -> list:
         """A memory sample: terminate above memory_terminate of the limit; pause and resume
         around memory_pause; restart a worker paused with nothing left to spill (a leak)."""
         s = self.slots.get(name)
@@ -338,7 +340,7 @@ class Policy:
             return []
         s.next_sample = now + self.limits.sample_interval
         self._record_memory(s, rss)
-        s.managed = managed
+        s.managed, s.reusable = managed, reusable
         lim = self.limits
         if not lim.limit or rss is None:
             return []

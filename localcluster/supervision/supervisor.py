@@ -81,8 +81,9 @@ class WorkerInfo:
     processing: tuple              # keys assigned to it
     nthreads: int
     memory_history: list = field(repr=False, default_factory=list)   # [(unix time, rss)]
-    unmanaged: Optional[int] = None   # RSS less the results held: what the tasks' own code keeps
+    unmanaged: Optional[int] = None   # RSS less the results held and reusable: what the tasks' own code keeps
     running: dict = field(default_factory=dict)   # key -> seconds it has run, for the runs started
+    reusable: int = 0              # bytes kept warm for the next large value (given back after 1 s unused)
 
 
 @dataclass(frozen=True)
@@ -317,11 +318,11 @@ class Supervisor:
         rss = n.sample(now)
         if rss is not None:
             self._history.sample(n.name, time.time(), rss)
-        managed = 0
+        managed = reusable = 0
         if n.board is not None:
-            managed = n.board.store()[0]
+            managed, reusable = n.board.store()[0], n.board.reusable()
             self._history.moving(n.name, n.board.moving())
-        self._decide(lambda: self.policy.sampled(n.name, now, rss, managed))
+        self._decide(lambda: self.policy.sampled(n.name, now, rss, managed, reusable))
 
     def _on_channel(self, n: Nanny, mask: int) -> None:
         if mask & selectors.EVENT_WRITE and n.chan.flush():     # the backlog went out
@@ -534,14 +535,15 @@ class Supervisor:
                     continue
                 ws = self._scheduler.workers.get(name)
                 managed, spilled, _nkeys = n.board.store() if n.board is not None else (0, 0, 0)
-                unmanaged = None if slot.memory is None else max(0, slot.memory - managed)
+                reusable = n.board.reusable() if n.board is not None else 0
+                unmanaged = None if slot.memory is None else max(0, slot.memory - managed - reusable)
                 out[name] = WorkerInfo(
                     name, n.pid, self.policy.status(name), slot.memory, slot.peak_memory,
                     self._settings.memory_limit, managed, spilled,
                     tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
                     history.get(name, []), unmanaged,
                     {key_of(seq): now - t for seq, (_ident, t) in n.board.running().items()
-                     if key_of(seq)} if n.board is not None else {})
+                     if key_of(seq)} if n.board is not None else {}, reusable)
         return out
 
     def _running(self, n: Nanny, locked: bool = True) -> dict:

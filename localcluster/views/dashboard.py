@@ -387,8 +387,9 @@ def split_bar(w: Any, fractions: dict, width: int = 200) -> str:
     if rss is None or not limit:
         return render.memory_bar(rss, limit, fractions)
     managed = min(w.managed, rss)
-    segments = (("results held", managed, "#1976d2"), ("other (unmanaged)", rss - managed, "#66bb6a"),
-                ("spilled to disk", w.spilled, "#bdbdbd"))
+    reusable = min(getattr(w, "reusable", 0), rss - managed)
+    segments = (("results held", managed, "#1976d2"), ("kept for reuse", reusable, "#90caf9"),
+                ("other (unmanaged)", rss - managed - reusable, "#66bb6a"), ("spilled to disk", w.spilled, "#bdbdbd"))
     at, spans = 0.0, []
     for label, nbytes, colour in segments:
         share = max(0.0, min(1.0 - at, nbytes / limit))

@@ -279,9 +279,12 @@ def _split(w: Any) -> str:
     unmanaged = getattr(w, "unmanaged", None)
     if unmanaged is None:       # not sampled yet: a worker starting
         return '<span class="lc-split">unknown</span>'
+    reusable = getattr(w, "reusable", 0)
+    warm = f" (+{e(format_bytes(reusable))} kept for reuse)" if reusable else ""
     return (f'<span class="lc-split" title="results held in memory (spilled: {e(format_bytes(w.spilled))}) / '
-            f'the rest of its memory, kept by the tasks\' own code">{e(format_bytes(w.managed))} / '
-            f'{e(format_bytes(unmanaged))}</span>')
+            f'the rest of its memory, kept by the tasks\' own code; kept for reuse: memory the worker '
+            f'keeps warm for the next large value, given back after a second unused">{e(format_bytes(w.managed))} / '
+            f'{e(format_bytes(unmanaged))}{warm}</span>')
 
 
 STATUS_COLOURS = {"pending": "#757575", "finished": "#2e7d32", "error": "#c62828", "lost": "#ef6c00",

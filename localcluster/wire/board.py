@@ -6,7 +6,9 @@ spilled keys, and a version that makes the three store figures one consistent re
 seqlock: odd while the worker writes them; a spill moves bytes from managed to spilled,
 and a reader must never see them gone from both); then the nanoseconds it has spent
 moving data for other workers and the client (serving an Export, storing a Put), written
-by the thread reading its channel, one at a time. Row i >= 1 belongs to executor thread i: its thread ident, the
+by the thread reading its channel, one at a time; and the bytes of memory the worker keeps
+warm for the next large value (wire/recycle.py: neither a result nor the tasks' own),
+written by its heartbeat thread. Row i >= 1 belongs to executor thread i: its thread ident, the
 ``seq`` of the run it is executing (0 when idle) and when that run started.
 
 This is how a death is blamed on the right task without an acknowledgement
@@ -21,7 +23,7 @@ import time
 
 from ..death import thread_ident
 
-_COLS = 6
+_COLS = 7
 
 
 class Board:
@@ -50,6 +52,10 @@ class Board:
         """``ns`` more nanoseconds spent moving data (the channel's reader: one writer)."""
         self.slots[5] += ns
 
+    def set_reusable(self, nbytes: int) -> None:
+        """Bytes kept for reuse, free now (the heartbeat thread: one writer)."""
+        self.slots[6] = nbytes
+
     def start(self, row: int, ident: int, seq: int) -> None:
         base = row * _COLS
         s = self.slots
@@ -74,6 +80,10 @@ class Board:
     def moving(self) -> float:
         """Seconds the worker has spent moving data (serving Exports, storing Puts)."""
         return self.slots[5] / 1e9
+
+    def reusable(self) -> int:
+        """Bytes the worker keeps warm for the next large value, as last written."""
+        return self.slots[6]
 
     def running(self) -> dict[int, tuple[int, float]]:
         """seq -> (thread ident, start time in monotonic seconds)."""

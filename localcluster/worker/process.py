@@ -560,6 +560,7 @@ class Worker:
                 self.recycler.trim(everything=True)     # before any value is spilled or a run paused
             if self.spill_at is not None:
                 self.store.spill_for_rss(self.spill_at, lambda: self.recycler.trim(everything=True))
+            self.board.set_reusable(self.recycler.cached())
             time.sleep(min(0.1, self.heartbeat) if self.trim_at is not None else self.heartbeat)
 
 

@@ -85,32 +85,27 @@ class Runs:
         self.capacity = capacity
         self.count = 0                     # records ever written; record i is in slot i % capacity
         self._begun = 0                    # records whose writing has begun (count, or count + 1)
-        self._keys: list = []
-        self._workers: list = []
-        self._statuses: list = []          # the caller's strings: a few distinct, shared
-        self._threads = array("l")
-        self._starts, self._stops, self._serdes = array("d"), array("d"), array("d")
+        self._names: list = []             # key, worker, status of each slot (the strings are shared)
+        self._numbers = array("d")         # thread, start, stop, serde of each slot
         self._submitters: dict = {}        # slot -> the submitting task, for the few that have one
 
     def add(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
             serde: float, submitter: Optional[str]) -> None:
-        at = self.count % self.capacity
-        self._begun = self.count + 1
-        if self.count < self.capacity:
-            self._keys.append(key)
-            self._workers.append(worker)
-            self._statuses.append(status)
-            self._threads.append(thread)
-            self._starts.append(start)
-            self._stops.append(stop)
-            self._serdes.append(serde)
+        count = self.count
+        self._begun = count + 1
+        at = count % self.capacity
+        if count < self.capacity:
+            self._names.extend((key, worker, status))
+            self._numbers.fromlist([thread, start, stop, serde])
         else:
-            self._keys[at], self._workers[at], self._statuses[at] = key, worker, status
-            self._threads[at], self._starts[at], self._stops[at], self._serdes[at] = thread, start, stop, serde
-            self._submitters.pop(at, None)
+            names, numbers, i, j = self._names, self._numbers, 3 * at, 4 * at
+            names[i], names[i + 1], names[i + 2] = key, worker, status
+            numbers[j], numbers[j + 1], numbers[j + 2], numbers[j + 3] = thread, start, stop, serde
+            if self._submitters:
+                self._submitters.pop(at, None)
         if submitter is not None:
             self._submitters[at] = submitter
-        self.count += 1
+        self.count = count + 1
 
     def newest(self, n: int) -> list:
         """The newest ``n`` records (all if fewer are kept), oldest first, as tuples."""
@@ -124,18 +119,22 @@ class Runs:
         """The statuses of the newest ``n`` records, oldest first (may race a writer: a hint)."""
         end = self.count
         n = min(n, end, self.capacity)
-        return self._column(self._statuses, end - n, end)
+        return self._column(self._names, 3, 2, end - n, end)
 
-    def _column(self, col, first: int, end: int) -> list:
-        a, b = first % self.capacity, end % self.capacity or self.capacity
-        if end - first == 0:
+    def _column(self, col, width: int, field: int, first: int, end: int) -> list:
+        """Field ``field`` of records first..end-1 of ``col`` (``width`` fields a slot)."""
+        if end - first <= 0:
             return []
-        return list(col[a:b]) if a < b else list(col[a:]) + list(col[:b])
+        a, b = first % self.capacity, end % self.capacity or self.capacity
+        if a < b:
+            return list(col[width * a + field:width * b:width])
+        return list(col[width * a + field::width]) + list(col[field:width * b:width])
 
     def _rows(self, first: int, end: int) -> list:
-        cols = [self._column(c, first, end) for c in (self._keys, self._workers, self._threads,
-                                                         self._starts, self._stops, self._statuses, self._serdes)]
-        rows = list(zip(*cols))
+        names, numbers = self._names, self._numbers
+        keys, workers, statuses = (self._column(names, 3, f, first, end) for f in range(3))
+        threads, starts, stops, serdes = (self._column(numbers, 4, f, first, end) for f in range(4))
+        rows = list(zip(keys, workers, map(int, threads), starts, stops, statuses, serdes))
         if self._submitters:
             for i in range(first, end):
                 who = self._submitters.get(i % self.capacity)

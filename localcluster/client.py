@@ -259,8 +259,14 @@ class Client:
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""
         with self._refs_lock:
-            refs = [r for held in self._futures.values() for r in _refs_of(held)]
-        Future.fail_all([f for r in refs if (f := r()) is not None], exc)
+            held = list(self._futures.values())
+        live = []
+        for h in held:      # one weakref a key, nearly always: no list made for it
+            if type(h) is list:
+                live += [f for r in h[1:] if (f := r()) is not None]
+            elif (f := h()) is not None:
+                live.append(f)
+        Future.fail_all(live, exc)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:

@@ -260,3 +260,40 @@ def test_a_busy_cluster_is_not_said_stuck_and_the_timeout_names_the_running_task
         release(marker)
         assert cl.gather([queued], timeout=30) == [2]
     assert said.lines == []
+
+
+class _NoWorkerRuns:
+    """The supervisor as the stall watch reads it: a worker that never starts what it is sent."""
+    target = 1
+
+    def snapshot(self) -> dict:
+        return {}
+
+    def running_keys(self) -> dict:
+        return {}
+
+    def running_since(self, worker, seq):
+        return None
+
+
+def test_runs_sent_are_progress_so_a_submit_longer_than_stall_warning_is_no_stall(caplog):
+    # A million-task map on a loaded machine holds the lock longer than stall_warning while
+    # the parent admits it: its first runs going out starts the count, not the last finish.
+    from localcluster.scheduler.records import Spec
+    from localcluster.scheduler.state import Scheduler
+    from localcluster.supervision.stallwatch import StallWatch
+    from localcluster.views.history import History
+    from localcluster.wire.serialize import dumps
+    scheduler = Scheduler()
+    scheduler.add_worker("w0", 1)
+    watch = StallWatch(threading.Lock(), scheduler, _NoWorkerRuns(), History(),
+                       {"stall_warning": 30, "memory_pause": 0.8}, None)
+    watch.tick(0.0)                                      # idle
+    scheduler.submit([Spec(f"k-{i}", 1, b"fn", dumps(((), {})), ()) for i in range(3)])
+    assert scheduler.placement.assigned >= 1
+    with caplog.at_level(logging.WARNING, logger="localcluster"):
+        for now in (40.0, 55.0, 69.0):                  # admitted and sent at 40 s
+            watch.tick(now)
+        assert not caplog.records
+        watch.tick(71.0)                                 # sent 31 s ago, and nothing started since
+    assert [r.getMessage() for r in caplog.records][0].startswith("localcluster: no task has finished for 31 s")

@@ -27,7 +27,6 @@ queues are merged by priority. A task that asks for nothing pays nothing of this
 from __future__ import annotations
 
 import heapq
-import itertools
 from typing import Callable, Iterable, Optional
 
 from ..wire import protocol as P
@@ -51,7 +50,8 @@ class Placement:
         self._on: dict[str, list] = {}
         #: Spec.resources -> heap of the unrestricted tasks asking that (lazy deletion, as ``_shared``)
         self._needy: dict[tuple, list] = {}
-        self._seq = itertools.count(1)
+        #: runs sent so far; the last one's seq (a run's number is the count when it is sent)
+        self.assigned = 0
         #: seq -> (key, worker) of each run sent whose task is processing with that seq; a run
         #: leaves on its end (``ended``) or when taken back (``unassigned``)
         self.runs: dict[int, tuple[str, str]] = {}
@@ -300,7 +300,8 @@ class Placement:
         for d in ts.deps:
             if d not in ws.has:
                 out += self._relay(self._task(d), ws)
-        seq = next(self._seq)
+        self.assigned += 1
+        seq = self.assigned
         ts.seq, ts.worker = seq, ws.name
         self._to(ts, "processing", "assign")
         ws.processing[seq] = ts.key

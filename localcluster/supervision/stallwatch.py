@@ -1,8 +1,10 @@
 """The stall watch: a cluster that finishes nothing is never silent.
 
 On the scheduler thread's tick (cluster.py ``_run``), at most every ``CHECK`` seconds, it
-reads a progress token: the runs ended so far (the task stream's counter) and the runs
-going on now (the workers' status boards). A token unchanged for ``stall_warning`` seconds
+reads a progress token: the runs ended so far (the task stream's counter), the runs sent
+so far (placement's), and the runs going on now (the workers' status boards). Runs sent
+count as progress: a submit so large that the parent takes longer than ``stall_warning`` to
+admit it (a million tasks on a loaded machine) is no stall once its first runs go out. A token unchanged for ``stall_warning`` seconds
 while tasks are pending makes it look at the cluster (``view``) and ask stall.py why;
 the answer goes out as one WARNING on the ``localcluster`` logger, once per stall.
 
@@ -52,7 +54,7 @@ class StallWatch:
             return
         self._next_check = now + self._interval
         with self._lock:
-            token = (self._history.ended, frozenset(self._supervisor.running_keys()))
+            token = (self._history.ended, self._scheduler.placement.assigned, frozenset(self._supervisor.running_keys()))
         quiet = clock.quiet_for(now, token)
         if quiet is None:
             return

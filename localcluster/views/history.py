@@ -85,8 +85,8 @@ class Runs:
         self.capacity = capacity
         self.count = 0                     # records ever written; record i is in slot i % capacity
         self._begun = 0                    # records whose writing has begun (count, or count + 1)
-        self._names: list = []             # key, worker, status of each slot (the strings are shared)
-        self._numbers = array("d")         # thread, start, stop, serde of each slot
+        self._names: list = []             # key, worker, status, thread of each slot (shared strings, small ints)
+        self._numbers = array("d")         # start, stop, serde of each slot
         self._submitters: dict = {}        # slot -> the submitting task, for the few that have one
 
     def add(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
@@ -95,12 +95,12 @@ class Runs:
         self._begun = count + 1
         at = count % self.capacity
         if count < self.capacity:
-            self._names.extend((key, worker, status))
-            self._numbers.fromlist([thread, start, stop, serde])
+            self._names.extend((key, worker, status, thread))
+            self._numbers.fromlist([start, stop, serde])
         else:
-            names, numbers, i, j = self._names, self._numbers, 3 * at, 4 * at
-            names[i], names[i + 1], names[i + 2] = key, worker, status
-            numbers[j], numbers[j + 1], numbers[j + 2], numbers[j + 3] = thread, start, stop, serde
+            names, numbers, i, j = self._names, self._numbers, 4 * at, 3 * at
+            names[i], names[i + 1], names[i + 2], names[i + 3] = key, worker, status, thread
+            numbers[j], numbers[j + 1], numbers[j + 2] = start, stop, serde
             if self._submitters:
                 self._submitters.pop(at, None)
         if submitter is not None:
@@ -119,22 +119,23 @@ class Runs:
         """The statuses of the newest ``n`` records, oldest first (may race a writer: a hint)."""
         end = self.count
         n = min(n, end, self.capacity)
-        return self._column(self._names, 3, 2, end - n, end)
+        return list(self._column(self._names, 4, 2, end - n, end))
 
-    def _column(self, col, width: int, field: int, first: int, end: int) -> list:
-        """Field ``field`` of records first..end-1 of ``col`` (``width`` fields a slot)."""
+    def _column(self, col, width: int, field: int, first: int, end: int):
+        """Field ``field`` of records first..end-1 of ``col`` (``width`` fields a slot): a
+        new list, or array, in record order."""
         if end - first <= 0:
-            return []
+            return col[:0]
         a, b = first % self.capacity, end % self.capacity or self.capacity
         if a < b:
-            return list(col[width * a + field:width * b:width])
-        return list(col[width * a + field::width]) + list(col[field:width * b:width])
+            return col[width * a + field:width * b:width]
+        return col[width * a + field::width] + col[field:width * b:width]
 
     def _rows(self, first: int, end: int) -> list:
         names, numbers = self._names, self._numbers
-        keys, workers, statuses = (self._column(names, 3, f, first, end) for f in range(3))
-        threads, starts, stops, serdes = (self._column(numbers, 4, f, first, end) for f in range(4))
-        rows = list(zip(keys, workers, map(int, threads), starts, stops, statuses, serdes))
+        keys, workers, statuses, threads = (self._column(names, 4, f, first, end) for f in range(4))
+        starts, stops, serdes = (self._column(numbers, 3, f, first, end) for f in range(3))
+        rows = list(zip(keys, workers, threads, starts, stops, statuses, serdes))
         if self._submitters:
             for i in range(first, end):
                 who = self._submitters.get(i % self.capacity)

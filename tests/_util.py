@@ -1,6 +1,7 @@
 """Helpers shared by the tests."""
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -107,3 +108,17 @@ def released_once_reading(client, tmp_path) -> tuple:
     helper = threading.Thread(target=release)
     helper.start()
     return fut, helper
+
+
+# /dev/shm names that other programs on the machine make at any time (a second test run
+# beside this one under tox -p or tests/run_loaded.py, a loky pool): multiprocessing's and
+# loky's semaphores, joblib's memmapping folders. localcluster makes none: its shared
+# memory is memfd.
+_FOREIGN_SHM = ("sem.", "joblib_memmapping_folder_")
+
+
+def shm_names() -> set:
+    """The /dev/shm entries that could be this test run's (the foreign ones left out)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm") if not name.startswith(_FOREIGN_SHM)}

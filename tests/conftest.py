@@ -12,6 +12,8 @@ import weakref
 import psutil
 import pytest
 
+from _util import shm_names as _shm
+
 from localcluster import Client, LocalCluster
 from localcluster.cluster import live_clusters, watch
 
@@ -33,16 +35,6 @@ def _fds() -> set:
     return out
 
 
-# /dev/shm names that other programs on the machine make at any time (a second test run
-# beside this one under tox -p, a loky pool): multiprocessing's and loky's semaphores,
-# joblib's memmapping folders. localcluster makes none: its shared memory is memfd.
-_FOREIGN_SHM = ("sem.", "joblib_memmapping_folder_")
-
-
-def _shm() -> set:
-    if not os.path.isdir("/dev/shm"):
-        return set()
-    return {name for name in os.listdir("/dev/shm") if not name.startswith(_FOREIGN_SHM)}
 
 
 def _settle(check, timeout: float = 5.0):

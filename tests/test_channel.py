@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 import pytest
+from _util import shm_names as _shm
 
 import localcluster
 from localcluster.wire import channel, serialize
@@ -48,10 +49,6 @@ def _memfds() -> list:
         except OSError:      # the descriptor that listed the directory
             pass
     return out
-
-
-def _shm() -> set:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 @pytest.fixture

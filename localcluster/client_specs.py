@@ -142,12 +142,7 @@ class Specs:
         deps = tuple(found)
         if key is None:
             if opts.pure:
-                h = how.hashed.copy()
-                meta = payload.meta
-                h.update(meta.raw() if not isinstance(meta, bytes) else meta)
-                for b in payload.buffers:
-                    h.update(b.raw())
-                key = f"{how.name}-{h.hexdigest()}"
+                key = _pure_key(how, payload)
             else:
                 key = fresh_key(how.name)
         return Spec(key, how.fn_id, how.fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
@@ -163,12 +158,7 @@ class Specs:
         fixed = (how.fn_id, how.fn_bytes)
         tail = ((), opts.priority, opts.retries, opts.timeout, opts.workers, opts.loose, opts.resources)
         if opts.pure:
-            base, hashed = f"{how.name}-", how.hashed
-            keys = []
-            for p in payloads:
-                h = hashed.copy()
-                h.update(p.meta)
-                keys.append(base + h.hexdigest())
+            keys = [_pure_key(how, p) for p in payloads]
         else:
             base, n = f"{how.name}-{PREFIX}", _unique
             keys = [f"{base}{next(n):x}" for _ in payloads]
@@ -180,6 +170,16 @@ class Specs:
         # key is an identity, not a security boundary.
         hashed = hashlib.sha1(fn_bytes, usedforsecurity=False) if pure else None
         return Function(fn_id, fn_bytes, name_of(fn), hashed)
+
+
+def _pure_key(how: Function, payload: Any) -> str:
+    """A pure task's key: its function's name and the sha1 of the function and arguments."""
+    h = how.hashed.copy()
+    meta = payload.meta
+    h.update(meta.raw() if not isinstance(meta, bytes) else meta)
+    for b in payload.buffers:
+        h.update(b.raw())
+    return f"{how.name}-{h.hexdigest()}"
 
 
 class _Strong:

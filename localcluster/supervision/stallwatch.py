@@ -4,8 +4,8 @@ On the scheduler thread's tick (cluster.py ``_run``), at most every ``CHECK`` se
 reads a progress token: the runs ended so far (the task stream's counter), the runs sent
 so far (placement's), and the runs going on now (the workers' status boards). Runs sent
 count as progress: a submit so large that the parent takes longer than ``stall_warning`` to
-admit it (a million tasks on a loaded machine) is no stall once its first runs go out. A token unchanged for ``stall_warning`` seconds
-while tasks are pending makes it look at the cluster (``view``) and ask stall.py why;
+admit it (a million tasks on a loaded machine) is no stall once its first runs go out. A
+token unchanged for ``stall_warning`` seconds while tasks are pending makes it look at the cluster (``view``) and ask stall.py why;
 the answer goes out as one WARNING on the ``localcluster`` logger, once per stall.
 
 The timeouts of ``wait``, ``gather`` and ``result`` ask ``diagnosis()`` from user threads.

@@ -223,12 +223,10 @@ def dumps_plain_many(argss: list) -> Optional[list]:
     """The payloads of ``(args, {})`` for each ``args``, as ``dumps_collecting`` makes them,
     when every argument of every one is plain; else None. A big ``map`` in one loop."""
     out = []
-    dumps, plain, no_kwargs = pickle.dumps, _PLAIN, {}
+    dumps, no_kwargs = pickle.dumps, {}
     for args in argss:
-        for a in args:
-            t = type(a)
-            if t not in plain and (t is not bytes or len(a) >= OUT_OF_BAND):
-                return None
+        if not _plain(args):
+            return None
         meta = dumps((args, no_kwargs), 5)
         out.append(Payload(meta, (), len(meta)) if len(meta) < OUT_OF_BAND else _payload(meta, []))
     return out

@@ -65,7 +65,11 @@ def test_scaling_down_hands_a_retiring_workers_data_to_the_one_that_stays(tmp_pa
         cluster.adapt(0, 2)
         release(marker)
         wait_for(lambda: a.done() and b.done(), timeout=30)
-        assert client.who_has([a, b]) == {a.key: ("worker-0",), b.key: ("worker-1",)}
+        # adapt may already be handing a's data over by now: a sits on worker-0, on both, or
+        # on worker-1 alone; b never moves
+        assert client.who_has([a, b])[b.key] == ("worker-1",)
+        assert client.who_has([a, b])[a.key] in {("worker-0",), ("worker-0", "worker-1"),
+                                                 ("worker-1", "worker-0"), ("worker-1",)}
         # nothing runs: it shrinks, but not below one worker while they hold data still needed
         # (the death is recorded a moment before the worker leaves cluster.workers)
         wait_for(lambda: len(cluster.deaths) == 1 and list(cluster.workers) == ["worker-1"], timeout=30)

@@ -132,6 +132,10 @@ class Specs:
         """The task of ``fn(*args, **kwargs)``. ``how``: the function pickled, named and hashed
         once, for a whole ``map``."""
         how = how or self.how(fn, opts.pure)
+        lazy = serialize.plain_args(args) if not opts.pure and not kwargs and key is None else None
+        if lazy is not None:        # no pure key to hash: pickled when sent
+            return Spec(fresh_key(how.name), how.fn_id, how.fn_bytes, lazy, (), opts.priority, opts.retries,
+                        opts.timeout, opts.workers, opts.loose, opts.resources)
         payload, found = self.pickle_args(fn, args, kwargs)
         if found:
             foreign = [k for k, owner in found.items() if owner != self._client_id]
@@ -152,7 +156,10 @@ class Specs:
         """The Specs of a ``map`` whose tasks take plain positional arguments only (numbers,
         strings: ``range(n)`` and its kind), as ``spec`` makes them, in one loop: half its
         time a task. None if any argument is not plain (then ``spec`` for each)."""
-        payloads = serialize.dumps_plain_many(argss)
+        # no pure key to hash: kept unpickled until sent, where they may be
+        payloads = None if opts.pure else serialize.plain_args_many(argss)
+        if payloads is None:
+            payloads = serialize.dumps_plain_many(argss)
         if payloads is None:
             return None
         fixed = (how.fn_id, how.fn_bytes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import socket
 
 import pytest
 
@@ -102,3 +103,18 @@ def test_what_the_layout_cannot_hold_exactly_goes_as_a_pickle(msg):
 def test_anything_else_is_not_taken_for_a_lone_message(env):
     with pytest.raises(ValueError, match="fixed layout"):
         P.unpack_lone(env)
+
+
+def test_a_run_of_plain_arguments_kept_unpickled_is_sent_as_the_pickled_one():
+    from localcluster.wire import channel, serialize
+    args = (7, "seven", None)
+    lazy, eager = serialize.plain_args(args), serialize.dumps_collecting((args, {}))[0]
+    assert P.pack_lone(P.Run(3, "k", 1, b"fn", lazy, ())) == P.pack_lone(P.Run(3, "k", 1, b"fn", eager, ()))
+    # outside the layout (a seq out of its range), it goes as a pickle, and arrives a Payload
+    msg = P.Run(2**64, "k", 1, None, lazy, ())
+    assert P.pack_lone(msg) is None
+    a, b = socket.socketpair()
+    with a, b:
+        channel.BlockingChannel(a).send(msg)
+        [back] = channel.BlockingChannel(b).recv_all()
+    assert back == P.Run(2**64, "k", 1, None, eager, ()) and type(back.args) is P.Payload

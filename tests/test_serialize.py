@@ -419,3 +419,42 @@ def test_a_map_of_plain_arguments_pickles_each_as_one_call_would_or_not_at_all()
     # leave the stream) and the whole map goes the usual way
     assert serialize.dumps_plain_many([(1,), ([1],)]) is None
     assert serialize.dumps_plain_many([(1,), (b"x" * (1 << 17),)]) is None
+
+
+# --- PlainArgs: a task's plain arguments, pickled when sent -----------------------------
+
+@pytest.mark.parametrize("args", [(), (1,), (2**70, -1.5, True, None, 3j), ("é" * 255, b"x" * 255)])
+def test_plain_args_pickle_to_the_payload_dumps_collecting_makes(args):
+    lazy = serialize.plain_args(args)
+    assert type(lazy) is serialize.PlainArgs
+    eager, found = serialize.dumps_collecting((args, {}))
+    assert found == {}
+    assert lazy == eager and eager == lazy and hash(lazy) == hash(eager)
+    assert (lazy.meta, lazy.buffers, lazy.nbytes) == (eager.meta, eager.buffers, eager.nbytes)
+    back = pickle.loads(pickle.dumps(lazy, protocol=5))      # as a Run holding it is sent
+    assert type(back) is Payload and back == eager
+    assert serialize.loads(lazy) == (args, {})
+
+
+def test_plain_args_equal_as_their_pickles_not_as_their_values():
+    assert serialize.plain_args((1,)) != serialize.plain_args((1.0,))      # though 1 == 1.0
+    assert serialize.plain_args((1,)) == serialize.plain_args((1,))
+
+
+@pytest.mark.parametrize("args", [("x" * 256,), (b"x" * 256,), tuple(range(17)), ([1],), ((1, 2),),
+                                  (bytearray(b"x"),), (threading.Lock,)])
+def test_plain_args_only_for_few_small_immutable_arguments(args):
+    assert serialize.plain_args(args) is None
+    assert serialize.plain_args_many([(1,), args]) is None
+
+
+def test_plain_args_refuse_subclasses_of_plain_types():
+    import enum
+
+    class Colour(enum.IntEnum):
+        RED = 1
+
+    class Name(str):
+        pass
+
+    assert serialize.plain_args((Colour.RED,)) is None and serialize.plain_args((Name("a"),)) is None

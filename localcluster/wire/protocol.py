@@ -461,12 +461,16 @@ def pack_lone(msg: Any) -> Optional[bytes]:
     try:
         if type(msg) is Run:
             args, fn = msg.args, msg.fn
-            if msg.deps or args.buffers or type(args.meta) is not bytes or (fn is not None and type(fn) is not bytes):
+            if msg.deps or args.buffers or (fn is not None and type(fn) is not bytes):
                 return None
+            meta = args.meta        # read once: serialize.PlainArgs pickles on each read
+            if type(meta) is not bytes:
+                return None
+            nbytes = args.nbytes if type(args) is Payload else len(meta)
             key = msg.key.encode("utf-8", "surrogatepass")
-            head = _RUN.pack(_RUN_TAG, msg.seq, msg.fn_id, args.nbytes, len(key), -1 if fn is None else len(fn),
-                             len(args.meta))
-            return b"".join((head, key, fn, args.meta)) if fn is not None else head + key + args.meta
+            head = _RUN.pack(_RUN_TAG, msg.seq, msg.fn_id, nbytes, len(key), -1 if fn is None else len(fn),
+                             len(meta))
+            return b"".join((head, key, fn, meta)) if fn is not None else head + key + meta
         if type(msg) is Finished:
             data = msg.data
             if type(msg.duration) is not float or type(msg.start) is not float or type(msg.serde) is not float or (

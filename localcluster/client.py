@@ -135,7 +135,7 @@ class Client:
     def untrack(self, key: str) -> None:
         """A Future of ``key`` was garbage-collected; the last one releases the key.
         Runs inside the garbage collector, on any thread: hand the key off, never block."""
-        if self.status == "forked":         # the parent's client holds the key
+        if self.gateway.phase is Phase.FORKED:      # the parent's client holds the key
             return
         with self._refs_lock:
             held = self._futures.get(key)

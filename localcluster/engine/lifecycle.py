@@ -58,9 +58,6 @@ MOVES: dict[Phase, frozenset] = {
     _P.FORKED: frozenset(),
 }
 
-# Phases in which the cluster takes work from its user.
-_OPEN = frozenset({_P.STARTING, _P.RUNNING})
-
 
 class Lifecycle:
     def __init__(self) -> None:
@@ -93,7 +90,8 @@ class Lifecycle:
     @property
     def open(self) -> bool:
         """Taking work: starting or running, neither refused nor broken nor closing."""
-        return self.phase in _OPEN
+        phase = self.phase      # not ``in`` a set: an Enum hashes in Python, and every dropped Future asks
+        return phase is _P.RUNNING or phase is _P.STARTING
 
     @property
     def broken(self) -> bool:

@@ -174,6 +174,13 @@ class LocalCluster:
         return self._supervisor.deaths
 
     @property
+    def reusable(self) -> int:
+        """Bytes this process keeps warm for the next large result out of a worker, used by
+        no value (results you dropped): given back within ~2 s, and at close. A worker's own
+        is ``workers[name].reusable``."""
+        return self._dispatch.reusable()
+
+    @property
     def status(self) -> str:
         """starting, running, closing, closed (or refused, broken, stopped, forked)."""
         return self._life.phase.value

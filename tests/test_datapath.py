@@ -264,3 +264,21 @@ def test_warm_memory_left_by_a_large_argument_goes_back_to_the_system_when_idle(
         assert info.unmanaged <= info.memory - info.reusable and "kept for reuse" in cluster._repr_html_()
         wait_for(lambda: client.submit(_data.rss_here, pure=False).result(60) - before < 0.1 * n, timeout=30)
         wait_for(lambda: cluster.workers[name].reusable == 0, timeout=30)
+
+
+def test_a_large_result_you_drop_is_reported_as_kept_for_reuse_then_goes_back():
+    """The parent keeps the memory a large result was copied out into, for the next one; it
+    says so (``cluster.reusable``) while nothing uses it, and gives it back within ~2 s."""
+    np = pytest.importorskip("numpy")
+    from localcluster.wire import vmcopy
+    n = 50_000_000
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not read its workers' memory (ptrace refused)")
+        assert cluster.reusable == 0
+        result = client.submit(np.ones, n // 8, pure=False).result(60)
+        assert result.nbytes == n and cluster.reusable == 0         # in use: yours, not kept
+        del result
+        assert cluster.reusable >= n                                # unused now, kept warm
+        wait_for(lambda: cluster.reusable == 0, timeout=30)         # and given back
+    assert cluster.reusable == 0

@@ -375,6 +375,10 @@ class Dispatcher:
         chan = outlet.chan
         self._loop.run_soon(lambda: chan.closed or self._loop.want_write(chan, chan.wants_write()))
 
+    def reusable(self) -> int:
+        """Any thread: bytes of result memory this process keeps warm, used by no value."""
+        return self._recycler.cached()
+
     def trim(self, everything: bool = False) -> None:
         """Scheduler thread: let go of result memory unused for a second (all of it, as the
         cluster closes)."""

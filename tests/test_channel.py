@@ -605,15 +605,17 @@ def test_drain_after_the_peer_died_returns_a_frame_larger_than_one_read(pair):
     rx.close()
 
 
-def test_lone_runs_and_finished_in_the_fixed_layout_interleave_with_pickled_frames(pair):
+def test_lone_messages_in_the_fixed_layout_interleave_with_pickled_frames(pair):
     """Frames of both kinds, in one stream, split at every byte: each comes out as it went in."""
     from localcluster.wire import protocol as P
     args = serialize.dumps(((1, "a"), {}))
-    msgs = [P.Run(1, "k-1", 3, b"fn", args, ()), P.Free(("k-0",)), P.Finished(1, 5, "int", args, 0.5, 1.5, 1),
+    msgs = [P.Run(1, "k-1", 3, b"fn", args, ()), P.Steal((7,)), P.Finished(1, 5, "int", args, 0.5, 1.5, 1),
             P.Batch((P.Run(2, "k-2", 3, None, args, ()),)), P.Run(3, "k-3", 3, None, args, ("k-1",)),
-            P.Finished(4, 99, "str", None, 0.25, 2.5, 2)]
+            P.Finished(4, 99, "str", None, 0.25, 2.5, 2), P.Free(("k-0", "k-1")), P.Failed(5, b"error", 1.0, 2.0, 1),
+            P.Cancel((6,)), P.Skipped(6)]
     frames = [channel.encode(m) for m in msgs]
-    assert [c[0][channel._HEAD.size:][:1] == b"\x80" for c, _ in frames] == [False, True, False, True, True, False]
+    assert [c[0][channel._HEAD.size:][:1] == b"\x80" for c, _ in frames] == [False, True, False, True, True, False,
+                                                                             False, False, False, False]
     stream = b"".join(c for chunks, _ in frames for c in chunks)
     reader = channel._Reader()
     got = []

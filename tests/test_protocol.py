@@ -54,7 +54,7 @@ def test_defaults_and_missing_arguments():
     assert P.Skipped(1) != P.Stored(1)        # same fields, different meanings
 
 
-# --- the fixed layout of a lone Run or Finished ------------------------------------------
+# --- the fixed layout of a lone Run, Finished, Failed, Skipped, Cancel or Free -----------
 
 def _payload(meta=b"\x80\x05K\x01.", nbytes=None, buffers=()):
     return P.Payload(meta, buffers, len(meta) if nbytes is None else nbytes)
@@ -67,11 +67,18 @@ LONE = [
     P.Finished(1, 5, "int", _payload(), 1.5e-05, 1700000000.25, 1),
     P.Finished(9, 1 << 40, "ndarray", None, 0.0, 0.0, 0),
     P.Finished(3, 0, "Ünïcode\udc80", _payload(b""), 2.0, -1.0, 2**32 - 1),
+    P.Failed(4, b"\x80\x05pickled error", 1700000000.5, 0.25, 3),
+    P.Failed(2**64 - 1, b"", -1.0, 0.0, 0),
+    P.Skipped(7),
+    P.Cancel((1, 2**64 - 1, 3)),
+    P.Cancel(()),
+    P.Free(("a", "clé-\udcff", "", "x" * 300)),
+    P.Free(()),
 ]
 
 
-@pytest.mark.parametrize("msg", LONE, ids=lambda m: f"{type(m).__name__}-{m.seq}")
-def test_a_lone_run_or_finished_packs_without_pickle_and_comes_back_equal(msg):
+@pytest.mark.parametrize("msg", LONE, ids=lambda m: f"{type(m).__name__}-{m.__reduce__()[1][0]!r}"[:40])
+def test_a_lone_message_of_a_tasks_way_packs_without_pickle_and_comes_back_equal(msg):
     env = P.pack_lone(msg)
     assert env is not None and env[:1] != pickle.dumps(None, protocol=5)[:1]
     back = P.unpack_lone(env)
@@ -89,8 +96,15 @@ NOT_LONE = [
     P.Finished(1, 5, "int", _payload(), 1, 1700000000.25, 1),                 # an int duration
     P.Finished(1, 5, "int", _payload(buffers=(pickle.PickleBuffer(b"b"),)), 1.0, 2.0, 1),
     P.Finished(1, 5, "int", None, 1.0, 2.0, 2**32),
-    P.Failed(1, b"error"),
-    P.Free(("a",)),
+    P.Failed(1, b"error", 1, 2.0),                                             # an int start
+    P.Failed(1, bytearray(b"error")),
+    P.Failed(-1, b"error"),
+    P.Skipped(-1),
+    P.Cancel((1, -2)),
+    P.Cancel([1, 2]),
+    P.Free(("a", ("tuple", 0))),
+    P.Free(["a"]),
+    P.Put("k", _payload()),
 ]
 
 
@@ -99,7 +113,10 @@ def test_what_the_layout_cannot_hold_exactly_goes_as_a_pickle(msg):
     assert P.pack_lone(msg) is None
 
 
-@pytest.mark.parametrize("env", [b"", b"\x80\x05N.", b"R", P.pack_lone(LONE[0])[:-1], P.pack_lone(LONE[3]) + b"x"])
+@pytest.mark.parametrize("env", [b"", b"\x80\x05N.", b"R", P.pack_lone(LONE[0])[:-1], P.pack_lone(LONE[3]) + b"x",
+                                 P.pack_lone(P.Failed(1, b"err", 0.0, 0.0))[:-1], P.pack_lone(P.Skipped(1)) + b"x",
+                                 P.pack_lone(P.Cancel((1, 2)))[:-1], P.pack_lone(P.Free(("ab", "c")))[:-1],
+                                 P.pack_lone(P.Free(("ab",))) + b"x"])
 def test_anything_else_is_not_taken_for_a_lone_message(env):
     with pytest.raises(ValueError, match="fixed layout"):
         P.unpack_lone(env)

@@ -21,7 +21,7 @@ Frame layout (little endian)::
     read-only; bit 61: copied in by the sender, and a u64 token follows) | envelope | inline buffers
 
 The envelope is the pickled message, or (a first byte other than pickle's PROTO) a lone
-Run or Finished in protocol's fixed layout, with no buffers.
+Run, Finished, Failed, Skipped, Cancel or Free in protocol's fixed layout, with no buffers.
 
 An inline buffer comes back as writable as it was sent (a bytearray, or a writable
 array's memory); a memfd mapping is private, so always writable.
@@ -156,7 +156,7 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None,
     ``stash(view) -> token``: a large buffer is kept by the caller, to be copied into the
     receiver's memory once it says where (:class:`Incoming`), instead of crossing as a memfd."""
     env = pack_lone(msg)
-    if env is not None:     # a lone Run or Finished: no pickle
+    if env is not None:     # a lone Run, Finished, Failed...: no pickle (protocol.pack_lone)
         return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
     buffers: list[pickle.PickleBuffer] = []
     env = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)

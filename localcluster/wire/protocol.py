@@ -4,8 +4,9 @@ A message travels as a pickle (protocol 5) of the instance; user data inside it
 is a :class:`Payload` whose large buffers leave the pickle stream and cross as
 memfd file descriptors (see ``channel.py``), so a 100 MB array is never copied
 through the socket. A lone Run or Finished with small data, the two messages of every
-round trip, travels in a fixed layout instead (:func:`pack_lone`): each pickle call costs
-~3 µs of fixed overhead that a batch of runs shares and a lone message pays alone.
+round trip, travels in a fixed layout instead (:func:`pack_lone`), and so do the other
+messages of a task's way there and back (Failed, Skipped, Cancel, Free): each pickle call
+costs ~3 µs of fixed overhead that a batch of runs shares and a lone message pays alone.
 
 Task identity on the wire is ``seq``, a number the parent gives each assignment:
 a task that is re-run after a death gets a new ``seq``, so a late message about
@@ -16,6 +17,7 @@ from __future__ import annotations
 import operator
 import pickle
 import struct
+from array import array
 from typing import Any, Optional
 
 # The size thresholds of the data path, in one place.
@@ -443,8 +445,10 @@ class Info:
     dict), ...)`` of each open worker, by name."""
 
 
-# --- the fixed layout of a lone Run or Finished -----------------------------------------
+# --- the fixed layout of a lone Run, Finished, Failed, Skipped, Cancel or Free ----------
 #
+# The messages of a task's way there and back, one per frame when nothing else is queued:
+# a pickle's fixed cost (~3 µs a call, hot) is most of what framing one of them costs.
 # Tag byte first: a pickle starts with PROTO (0x80), so the receiver tells them apart.
 # Strings are UTF-8 with surrogatepass (any str comes back as it was). Only what the layout
 # holds exactly is packed; anything else (dependencies, buffers, a value out of range, a
@@ -453,7 +457,10 @@ class Info:
 _RUN = struct.Struct("<BQqQIiI")      # tag, seq, fn_id, args.nbytes, len(key), len(fn) or -1, len(args.meta)
 _FIN = struct.Struct("<BQQdddIIiQ")   # tag, seq, nbytes, duration, start, serde, thread, len(type_name),
 #                                       len(data.meta) or -1, data.nbytes
-_RUN_TAG, _FIN_TAG = 0x52, 0x46       # "R", "F"
+_FAIL = struct.Struct("<BQddII")      # tag, seq, start, duration, thread, len(error)
+_SKIP = struct.Struct("<BQ")          # tag, seq
+_MANY = struct.Struct("<BI")          # tag, count: then Cancel's seqs (u64 each), or Free's key lengths (u32 each) and keys
+_RUN_TAG, _FIN_TAG, _FAIL_TAG, _SKIP_TAG, _CANCEL_TAG, _FREE_TAG = 0x52, 0x46, 0x58, 0x53, 0x43, 0x44   # R F X S C D
 
 
 def pack_lone(msg: Any) -> Optional[bytes]:
@@ -482,7 +489,25 @@ def pack_lone(msg: Any) -> Optional[bytes]:
                                  -1, 0) + name
             return _FIN.pack(_FIN_TAG, msg.seq, msg.nbytes, msg.duration, msg.start, msg.serde, msg.thread, len(name),
                              len(data.meta), data.nbytes) + name + data.meta
-    except (struct.error, TypeError, AttributeError):    # a field the layout cannot hold
+        t = type(msg)
+        if t is Failed:
+            if type(msg.error) is not bytes or type(msg.start) is not float or type(msg.duration) is not float:
+                return None
+            return _FAIL.pack(_FAIL_TAG, msg.seq, msg.start, msg.duration, msg.thread, len(msg.error)) + msg.error
+        if t is Skipped:
+            return _SKIP.pack(_SKIP_TAG, msg.seq)
+        if t is Cancel:
+            seqs = msg.seqs
+            if type(seqs) is not tuple or any(type(q) is not int for q in seqs):
+                return None
+            return _MANY.pack(_CANCEL_TAG, len(seqs)) + array("Q", seqs).tobytes()     # one host: native order
+        if t is Free:
+            keys = msg.keys
+            if type(keys) is not tuple or any(type(k) is not str for k in keys):
+                return None
+            encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+            return b"".join((_MANY.pack(_FREE_TAG, len(keys)), array("I", map(len, encoded)).tobytes(), *encoded))
+    except (struct.error, TypeError, AttributeError, OverflowError):    # a field the layout cannot hold
         return None
     return None
 
@@ -506,6 +531,30 @@ def unpack_lone(env: bytes) -> Any:
         if p + max(mlen, 0) == len(env):
             return Finished(seq, nbytes, name, None if mlen < 0 else Payload(env[p:], (), dn), duration, start, thread,
                             serde)
+    elif tag == _FAIL_TAG and len(env) >= _FAIL.size:
+        _, seq, start, duration, thread, elen = _FAIL.unpack_from(env)
+        if _FAIL.size + elen == len(env):
+            return Failed(seq, env[_FAIL.size:], start, duration, thread)
+    elif tag == _SKIP_TAG and len(env) == _SKIP.size:
+        return Skipped(_SKIP.unpack_from(env)[1])
+    elif tag == _CANCEL_TAG and len(env) >= _MANY.size:
+        n = _MANY.unpack_from(env)[1]
+        if _MANY.size + 8 * n == len(env):
+            seqs = array("Q")
+            seqs.frombytes(env[_MANY.size:])
+            return Cancel(tuple(seqs))
+    elif tag == _FREE_TAG and len(env) >= _MANY.size:
+        n = _MANY.unpack_from(env)[1]
+        p = _MANY.size + 4 * n
+        if p <= len(env):
+            sizes = array("I")
+            sizes.frombytes(env[_MANY.size:p])
+            keys = []
+            for size in sizes:
+                keys.append(env[p:p + size].decode("utf-8", "surrogatepass"))
+                p += size
+            if p == len(env):
+                return Free(tuple(keys))
     raise ValueError(f"not a message in the fixed layout: {env[:16]!r}...")
 
 

@@ -132,11 +132,11 @@ class Specs:
         """The task of ``fn(*args, **kwargs)``. ``how``: the function pickled, named and hashed
         once, for a whole ``map``."""
         how = how or self.how(fn, opts.pure)
-        lazy = serialize.plain_args(args) if not opts.pure and not kwargs and key is None else None
-        if lazy is not None:        # no pure key to hash: pickled when sent
-            return Spec(fresh_key(how.name), how.fn_id, how.fn_bytes, lazy, (), opts.priority, opts.retries,
-                        opts.timeout, opts.workers, opts.loose, opts.resources)
-        payload, found = self.pickle_args(fn, args, kwargs)
+        # no pure key to hash: small immutable arguments are kept as they are, pickled when sent
+        payload = serialize.plain_args(args) if not opts.pure and not kwargs and key is None else None
+        found = {}
+        if payload is None:
+            payload, found = self.pickle_args(fn, args, kwargs)
         if found:
             foreign = [k for k, owner in found.items() if owner != self._client_id]
             if foreign:

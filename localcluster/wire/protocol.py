@@ -465,8 +465,9 @@ _RUN_TAG, _FIN_TAG, _FAIL_TAG, _SKIP_TAG, _CANCEL_TAG, _FREE_TAG = 0x52, 0x46, 0
 
 def pack_lone(msg: Any) -> Optional[bytes]:
     """``msg`` in the fixed layout, or None: then it goes as a pickle."""
+    t = type(msg)
     try:
-        if type(msg) is Run:
+        if t is Run:
             args, fn = msg.args, msg.fn
             if msg.deps or args.buffers or (fn is not None and type(fn) is not bytes):
                 return None
@@ -478,7 +479,7 @@ def pack_lone(msg: Any) -> Optional[bytes]:
             head = _RUN.pack(_RUN_TAG, msg.seq, msg.fn_id, nbytes, len(key), -1 if fn is None else len(fn),
                              len(meta))
             return b"".join((head, key, fn, meta)) if fn is not None else head + key + meta
-        if type(msg) is Finished:
+        if t is Finished:
             data = msg.data
             if type(msg.duration) is not float or type(msg.start) is not float or type(msg.serde) is not float or (
                     data is not None and (data.buffers or type(data.meta) is not bytes)):
@@ -489,7 +490,6 @@ def pack_lone(msg: Any) -> Optional[bytes]:
                                  -1, 0) + name
             return _FIN.pack(_FIN_TAG, msg.seq, msg.nbytes, msg.duration, msg.start, msg.serde, msg.thread, len(name),
                              len(data.meta), data.nbytes) + name + data.meta
-        t = type(msg)
         if t is Failed:
             if type(msg.error) is not bytes or type(msg.start) is not float or type(msg.duration) is not float:
                 return None

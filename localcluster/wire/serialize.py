@@ -297,8 +297,7 @@ def plain_args(args: tuple) -> Optional[PlainArgs]:
 
 def plain_args_many(argss: list) -> Optional[list]:
     """:func:`plain_args` of each ``args``, or None if any may not be kept unpickled."""
-    small = _small_plain
-    if not all(map(small, argss)):
+    if not all(map(_small_plain, argss)):
         return None
     return list(map(PlainArgs, argss))      # each a copy of its tuple; the original goes
 

@@ -77,7 +77,9 @@ class Client:
         self.id = f"client-{PREFIX}-{next(_client_numbers)}"
         self._closed = False
         # key -> the weakref of its one live Future, or [how many live, weakref, weakref, ...]
-        # when there are more (rare: one dict entry a key, not two; ~45 bytes a task)
+        # when there are more (rare: one dict entry a key, not two; ~45 bytes a task); once
+        # every one has ended, how many live (an int: nothing reaches an ended future again,
+        # so its 80-byte weakref goes, and untrack still counts it)
         self._futures: dict[str, Any] = {}
         # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
         self._refs_lock = threading.RLock()
@@ -105,23 +107,39 @@ class Client:
 
     # --- bookkeeping of futures -------------------------------------------------------
 
-    def track(self, fut: Future) -> None:
-        """A new Future of ``fut.key`` (the Future calls this as it is made)."""
+    def track(self, fut: Future) -> bool:
+        """A new Future of ``fut.key`` (the Future calls this as it is made). True: this
+        client held no future of the key until now."""
         with self._refs_lock:
-            self._track(fut)
+            return self._track(fut)
 
-    def track_many(self, futures: list) -> None:
-        """New Futures made with ``track=False``: one lock for a whole ``map``."""
+    def track_many(self, futures: list) -> dict:
+        """New Futures made with ``track=False``: one lock for a whole ``map``. Returns
+        {key: how many of them} for those whose key this client held already (or held by
+        one made before them in ``futures``): the scheduler counts a client once a key, as
+        the client lets a key go once, when its last future goes."""
+        again: dict = {}
         with self._refs_lock:
             for fut in futures:
-                self._track(fut)
+                if not self._track(fut):
+                    again[fut.key] = again.get(fut.key, 0) + 1
+        return again
 
-    def _track(self, fut: Future) -> None:      # under _refs_lock
+    def adopt(self, key: str) -> tuple[Future, bool]:
+        """A new Future of ``key`` (unpickled in this process), and whether this client held
+        no future of the key until now."""
+        fut = Future(key, self, track=False)
+        return fut, self.track(fut)
+
+    def _track(self, fut: Future) -> bool:      # under _refs_lock
         key = fut.key
         ref = weakref.ref(fut)
         held = self._futures.get(key)
         if held is None:
             self._futures[key] = ref       # the common case: one future, no list
+            return True
+        if type(held) is int:
+            self._futures[key] = [held + 1, ref]
         elif type(held) is list:
             held[0] += 1
             if len(held) > 2 * held[0] + 8:    # mostly dead: prune, amortized O(1)
@@ -131,6 +149,7 @@ class Client:
             # ``held`` may be dead and still counted: a collection clears weakrefs before
             # it runs the Future's __del__ (which untracks it).
             self._futures[key] = [2, held, ref]
+        return False
 
     def untrack(self, key: str) -> None:
         """A Future of ``key`` was garbage-collected; the last one releases the key.
@@ -142,13 +161,17 @@ class Client:
             if type(held) is list and held[0] > 1:
                 held[0] -= 1
                 return
+            if type(held) is int and held > 1:
+                self._futures[key] = held - 1
+                return
             self._futures.pop(key, None)
         self.gateway.release(key)
 
     def resolve(self, key: str, status: str, value: Any) -> None:
         """The cluster says how ``key``'s task ended: finished (value: the payload, or None
         while the data stays on a worker), error or lost (value: the exception), cancelled."""
-        refs = _refs_of(self._futures.get(key))
+        held = self._futures.get(key)
+        refs = _refs_of(held)
         if not refs:
             return
         exc = None
@@ -162,6 +185,9 @@ class Client:
                 fut.settle(status, exc)
             else:
                 fut.settle(status, value)
+        with self._refs_lock:       # a future of the key made meanwhile keeps the weakrefs
+            if self._futures.get(key) is held and _all_ended(held):
+                self._futures[key] = held[0] if type(held) is list else 1
 
     # --- submitting -------------------------------------------------------------------
 
@@ -250,11 +276,13 @@ class Client:
     def _submit(self, specs: list, resources: Optional[tuple] = None) -> list[Future]:
         if resources is not None and specs:      # the same for each: one check
             self.gateway.check_resources(specs[0].key, resources)
+        again: dict = {}        # filled by track(), before the scheduler reads it
+
         def track() -> list:
             futures = [Future(s.key, self, track=False) for s in specs]
-            self.track_many(futures)
+            again.update(self.track_many(futures))
             return futures
-        return self.gateway.submit(specs, track)
+        return self.gateway.submit(specs, track, again)
 
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""
@@ -262,6 +290,8 @@ class Client:
             held = list(self._futures.values())
         live = []
         for h in held:      # one weakref a key, nearly always: no list made for it
+            if type(h) is int:
+                continue
             if type(h) is list:
                 live += [f for r in h[1:] if (f := r()) is not None]
             elif (f := h()) is not None:
@@ -540,9 +570,17 @@ def _no_collection() -> Iterator[None]:
 
 def _refs_of(held: Any) -> list:
     """The weakrefs ``Client._futures`` holds for a key, as a list (a copy)."""
-    if held is None:
+    if held is None or type(held) is int:
         return []
     return held[1:] if type(held) is list else [held]
+
+
+def _all_ended(held: Any) -> bool:
+    """Every future of the weakrefs ``held`` (an entry of ``Client._futures``) gone or ended."""
+    if type(held) is not list:
+        fut = held()
+        return fut is None or fut.done()
+    return all((fut := r()) is None or fut.done() for r in held[1:])
 
 
 _in_tasks.install_parent(_lookup)      # get_client() outside a task, and a Client unpickled here

@@ -45,7 +45,9 @@ class Owner(Protocol):
     @property
     def gateway(self) -> Gateway: ...
 
-    def track(self, fut: "Future") -> None: ...
+    def track(self, fut: "Future") -> bool: ...
+
+    def adopt(self, key: str) -> "tuple[Future, bool]": ...
 
     def untrack(self, key: str) -> None: ...
 
@@ -455,13 +457,13 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     client = _clients.get(client_id) if client_id else None
     fut = None
     if client is not None and client.status == "running":
-        fut = client.gateway.acquire(key, lambda: Future(key, client))
+        fut = client.gateway.acquire(key, lambda: client.adopt(key))
     elif client_id is None or client_id.startswith("task-client-"):
         # made in a task (get_client on a worker: no Client of this process made it): the
         # Future of the key of a running Client whose cluster knows it, the latest first
         for client in reversed(list(_clients.values())):
             if client.status == "running":
-                fut = client.gateway.acquire(key, lambda client=client: Future(key, client))
+                fut = client.gateway.acquire(key, lambda client=client: client.adopt(key))
                 if fut is not None:
                     break
     if fut is None:

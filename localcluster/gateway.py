@@ -106,8 +106,9 @@ class Gateway:
         """``listener`` (a Client) hears how tasks end and is failed if the cluster breaks."""
         self._dispatch.attach(listener)
 
-    def submit(self, specs: list, track: Callable[[], Any]) -> Any:
-        """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first."""
+    def submit(self, specs: list, track: Callable[[], Any], again: Optional[dict] = None) -> Any:
+        """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first, and
+        fills ``again`` (Scheduler.submit) with the keys its client held already."""
         if self._supervisor.nannies or self._supervisor.target or self._supervisor.adapting:
             self._said_no_worker = False
         elif self._life.phase is Phase.RUNNING and specs and not self._said_no_worker:
@@ -120,7 +121,7 @@ class Gateway:
                            "cluster.scale(n) starts one (said once until a worker runs)",
                            f"{len(specs)} tasks" if len(specs) > 1 else f"task {specs[0].key!r}",
                            "they wait" if len(specs) > 1 else "it waits")
-        return self._dispatch.event(self._scheduler.submit, specs, before=track)
+        return self._dispatch.event(self._scheduler.submit, specs, again, before=track)
 
     def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,
                 broadcast: bool = False) -> Any:
@@ -135,16 +136,17 @@ class Gateway:
         if self._life.open:
             self._dispatch.release(key)
 
-    def acquire(self, key: str, make: Callable[[], Any]) -> Any:
+    def acquire(self, key: str, make: Callable[[], tuple]) -> Any:
         """One more Future of ``key`` (one unpickled in this process), made by ``make()``
-        under the lock and resolved at once if the task has ended; None if the key is gone."""
+        under the lock (the Future, and whether its client held no future of the key until
+        now: Client.adopt), resolved at once if the task has ended; None if the key is gone."""
         made: list = []
 
         def make_if_known() -> None:
             if self._scheduler.knows(key):
                 made.append(make())
-        self._dispatch.event(lambda: self._scheduler.acquire(key) if made else [], before=make_if_known)
-        return made[0] if made else None
+        self._dispatch.event(lambda: self._scheduler.acquire(key, made[0][1]) if made else [], before=make_if_known)
+        return made[0][0] if made else None
 
     def replicate(self, keys: list, n: Optional[int], timeout: Optional[float]) -> None:
         """Copies of these keys' data on ``n`` workers; returns when they have arrived."""

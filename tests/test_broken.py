@@ -80,7 +80,7 @@ def test_failure_on_a_user_thread_breaks_the_cluster_too(monkeypatch, tmp_path):
         pids = worker_pids(cluster)
         blocked = client.submit(block_until, str(tmp_path / "never"), pure=False)
 
-        def boom(specs):
+        def boom(specs, again=None):
             raise KeyError("injected failure in Scheduler.submit")
         monkeypatch.setattr(cluster.scheduler, "submit", boom)
         with pytest.raises(ClusterBroken) as info:

@@ -177,6 +177,42 @@ def test_garbage_collected_future_frees_worker_memory(client, cluster):
     assert not cluster.scheduler.tasks
 
 
+def test_ended_futures_are_counted_not_weakly_held_and_the_last_one_lets_their_key_go(client, cluster):
+    """Nothing reaches an ended future again, so the client keeps how many of a key are
+    alive instead of a weakref each (80 bytes a task); a future of the key made afterwards
+    is still resolved, and the key lives until the last of them goes."""
+    a = client.submit(bytes, 4_000_000)          # pure: the same key each time, kept on the worker
+    assert len(a.result(30)) == 4_000_000
+    wait_for(lambda: weakref.getweakrefcount(a) == 0)
+    b = client.submit(bytes, 4_000_000)
+    assert b.key == a.key and len(b.result(30)) == 4_000_000
+    wait_for(lambda: weakref.getweakrefcount(b) == 0)
+    del a
+    gc.collect()
+    assert client.submit(len, b).result(30) == 4_000_000     # b still holds the data
+    del b
+    gc.collect()
+    wait_for(lambda: not cluster.scheduler.tasks and sum(w.managed for w in cluster.workers.values()) == 0)
+
+
+@pytest.mark.parametrize("again", ["map", "unpickled"])
+def test_a_key_held_by_two_futures_of_one_client_is_let_go_with_the_last(client, cluster, again):
+    """Two futures of one key (a pure map over [x, x], or a future pickled and unpickled):
+    the client counts once in the key, and lets it go once, with the last of them."""
+    if again == "map":
+        a, b = client.map(bytes, [4_000_000, 4_000_000])
+    else:
+        a = client.submit(bytes, 4_000_000)
+        b = pickle.loads(pickle.dumps(a))
+    assert a.key == b.key and len(b.result(30)) == 4_000_000
+    del a
+    gc.collect()
+    assert client.submit(len, b).result(30) == 4_000_000
+    del b
+    gc.collect()
+    wait_for(lambda: not cluster.scheduler.tasks and sum(w.managed for w in cluster.workers.values()) == 0)
+
+
 @pytest.mark.slow
 def test_large_array_round_trip_is_writable(client):
     np = pytest.importorskip("numpy")

@@ -72,7 +72,7 @@ def test_a_limit_too_small_is_refused_not_broken():
 
 def test_a_break_stops_the_scheduler_thread_and_commands_fail_at_once(monkeypatch):
     with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
-        def boom(specs):
+        def boom(specs, again=None):
             raise KeyError("injected failure in Scheduler.submit")
         monkeypatch.setattr(cluster.scheduler, "submit", boom)
         with pytest.raises(ClusterBroken):

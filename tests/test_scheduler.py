@@ -358,6 +358,21 @@ def test_release_waits_for_the_last_reference():
     assert sends(s.release("a"), P.Free) == [("w1", P.Free(("a",)))]
 
 
+def test_a_client_counts_once_in_a_key_it_holds_already():
+    """A client lets a key go once, when its last future of it goes: a spec of a key it
+    holds already (``again``) adds no reference, and a task made anew counts it once."""
+    s = sched("w1")
+    s.submit([spec("a"), spec("a")], {"a": 1})            # map over [x, x]: one reference
+    assert s.tasks["a"].wanted == 1
+    finish(s, "a")
+    acts = s.submit([spec("a")], {"a": 1})                # one more future of it: resolved at once
+    assert list(resolves(acts)) == ["a"] and s.tasks["a"].wanted == 1
+    assert list(resolves(s.acquire("a", counted=False))) == ["a"] and s.tasks["a"].wanted == 1
+    assert sends(s.release("a"), P.Free) == [("w1", P.Free(("a",)))]
+    s.submit([spec("b")], {"b": 1})                       # its holder's earlier task was forgotten
+    assert s.tasks["b"].wanted == 1
+
+
 def test_release_of_unknown_key_is_harmless():
     assert sched("w1").release("nope") == []
 

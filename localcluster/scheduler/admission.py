@@ -36,22 +36,31 @@ class Admission:
         #: submission order of tasks (Task.order): placement's tie-break, and the order of recomputes
         self._order = itertools.count()
 
-    def acquire(self, key: str) -> list:
-        """One more Future of ``key`` (one unpickled in the parent) holds it like any other;
-        if its task has ended, the new Future is resolved at once."""
+    def acquire(self, key: str, counted: bool = True) -> list:
+        """One more Future of ``key`` (one unpickled in the parent) holds it like any other,
+        unless its client held the key already (``counted`` False: a client counts once a
+        key); if its task has ended, the new Future is resolved at once."""
         ts = self._task(key)
         if ts is None:
             return []
-        ts.wanted += 1
+        if counted:
+            ts.wanted += 1
         return [resolution(ts)] if ts.state in ENDED else []
 
-    def submit(self, specs: list) -> list:
+    def submit(self, specs: list, again: Optional[dict] = None) -> list:
+        """``again``: {key: n}: n of ``specs`` are of a key their client holds already
+        (Client.track_many). A client counts once in a key's ``wanted``, as it releases a key
+        once, when its last future goes: those do not add to a task that is there, and a
+        task made anew counts its client once, whichever of its specs made it."""
         out: list = []
         task = self._task
         for spec in specs:
             ts = task(spec.key)
             if ts is not None and ts.state != "released":
-                ts.wanted += 1
+                if again and again.get(spec.key):
+                    again[spec.key] -= 1
+                else:
+                    ts.wanted += 1
                 if ts.state in ENDED:
                     out.append(resolution(ts))
                 continue

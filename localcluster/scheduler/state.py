@@ -181,9 +181,9 @@ class Scheduler:
         spec = ts.spec
         return (spec.submitter if spec is not None else None), (not ts.type_name if finished else ts.retries <= 0)
 
-    def acquire(self, key: str) -> list:
+    def acquire(self, key: str, counted: bool = True) -> list:
         """One more Future of ``key`` holds it like any other (``Admission.acquire``)."""
-        return self.admission.acquire(key)
+        return self.admission.acquire(key, counted)
 
     def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
         """Key -> the names of the workers holding its data (sorted; empty while it has none),
@@ -294,8 +294,10 @@ class Scheduler:
     # --- tasks --------------------------------------------------------------------------
 
     @_placing
-    def submit(self, specs: list) -> list:
-        return self.admission.submit(specs)
+    def submit(self, specs: list, again: Optional[dict] = None) -> list:
+        """``again``: {key: n} for n of the specs whose key the submitting client holds
+        already, which do not count once more in the key's ``wanted`` (``Admission.submit``)."""
+        return self.admission.submit(specs, again)
 
     def scatter(self, items: list, workers: Optional[frozenset] = None, broadcast: bool = False) -> list:
         """Data from the client: ``items`` is [(key, Payload)], placed by ``Admission.scatter``."""

@@ -99,10 +99,11 @@ def _check_task(s: "Scheduler", ts: Task) -> None:
 
 def _check_runs(s: "Scheduler") -> None:
     runs, cancelled = s.placement.runs, s.forgetting.cancelled_runs
-    for seq, (key, worker) in runs.items():
+    for seq, run in runs.items():
+        key, worker = run.key, run.worker
         ts = s.tasks.get(key)
         try:
-            assert ts is not None and ts.state == "processing" and ts.seq == seq, \
+            assert ts is run and ts.state == "processing" and ts.seq == seq, \
                 f"run {seq} of {key!r} on {worker} is not that task's current run"
         except AssertionError as e:
             raise _with_story(s, e, key) from None
@@ -119,7 +120,7 @@ def _check_runs(s: "Scheduler") -> None:
 
 
 def _check_workers(s: "Scheduler") -> None:
-    runs, cancelled = s.placement.runs, s.forgetting.cancelled_runs
+    cancelled = s.forgetting.cancelled_runs
     for name, ws in s.workers.items():
         assert ws.name == name, f"worker filed under {name!r} is {ws.name!r}"
         assert name not in s.gone, f"{name} is both live and gone"
@@ -128,7 +129,7 @@ def _check_workers(s: "Scheduler") -> None:
                 if key is None:
                     assert seq in cancelled, f"{name}: empty slot {seq} that is not a cancelled run"
                 else:
-                    assert runs.get(seq) == (key, name), f"{name}: slot {seq} ({key!r}) is not a recorded run"
+                    assert s.placement.run_of(seq) == (key, name), f"{name}: slot {seq} ({key!r}) is not a recorded run"
             except AssertionError as e:
                 raise _with_story(s, e, key) from None
         for key in ws.has:

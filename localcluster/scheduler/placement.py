@@ -52,9 +52,10 @@ class Placement:
         self._needy: dict[tuple, list] = {}
         #: runs sent so far; the last one's seq (a run's number is the count when it is sent)
         self.assigned = 0
-        #: seq -> (key, worker) of each run sent whose task is processing with that seq; a run
-        #: leaves on its end (``ended``) or when taken back (``unassigned``)
-        self.runs: dict[int, tuple[str, str]] = {}
+        #: seq -> the task processing with that seq, for each run sent; a run leaves on its
+        #: end (``ended``) or when taken back (``unassigned``). The task, not (key, worker):
+        #: its ``worker`` is this run's while it is filed here, and no tuple is made a run
+        self.runs: dict[int, Task] = {}
         #: moving average of run durations (None before the first), sizes the prefetch
         self.avg_duration: Optional[float] = None
         #: seq -> worker asked to give the run back, until it answers; the worker holds the seq
@@ -85,7 +86,8 @@ class Placement:
 
     def run_of(self, seq: int) -> Optional[tuple]:
         """(key, worker) of run ``seq`` while its task is processing it, else None."""
-        return self.runs.get(seq)
+        ts = self.runs.get(seq)
+        return (ts.key, ts.worker) if ts is not None else None
 
     def push(self, ts: Task, live: list) -> None:
         """Queue a ready task: on the queues of ``live`` (its restricted workers still
@@ -305,7 +307,7 @@ class Placement:
         ts.seq, ts.worker = seq, ws.name
         self._to(ts, "processing", "assign")
         ws.processing[seq] = ts.key
-        self.runs[seq] = (ts.key, ws.name)
+        self.runs[seq] = ts
         spec = ts.spec
         if spec.resources is not None:
             ws.claim(seq, spec.resources)

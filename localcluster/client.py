@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import dataclasses
 import gc
 import itertools
 import threading
@@ -24,7 +23,7 @@ from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_resources
 from .client_dask import DaskCalls
-from .client_specs import PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
+from .client_specs import DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
 from .engine.lifecycle import Phase
 from .future import Future
 from .future import walk as _walk
@@ -36,7 +35,7 @@ __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-expo
 
 _client_numbers = itertools.count()
 # submit's options when every keyword is left at its default, by ``pure``: made once
-_DEFAULT_OPTIONS = {flag: Options(flag, 0, None, 0, None, False, None) for flag in (False, True)}
+_DEFAULT_OPTIONS = DEFAULT_OPTIONS
 
 
 def _lookup(client_id: Optional[str]) -> Optional["Client"]:
@@ -256,7 +255,7 @@ class Client:
             for args, k in zip(items, keys):
                 spec = specs_of(fn, args, kwargs, k, opts, how)
                 if isinstance(key, str):
-                    spec = dataclasses.replace(spec, key=f"{key}-{spec.key.rsplit('-', 1)[-1]}")
+                    spec = spec.with_key(f"{key}-{spec.key.rsplit('-', 1)[-1]}")
                 specs.append(spec)
             return self._submit(specs, opts.resources)
 

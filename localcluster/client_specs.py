@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from .wire import serialize
 from .config import check_int, check_seconds
-from .scheduler.records import Spec
+from .scheduler.records import Spec, Terms
 
 _fn_ids = itertools.count(1)         # function ids of this process, for every Client
 _unique = itertools.count()          # the numbers of fresh keys (impure tasks, scattered data)
@@ -57,12 +57,14 @@ def check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
 
 
 class Function(NamedTuple):
-    """A task function as ``Specs.spec`` needs it: its id and bytes, its name for keys, and the
-    sha1 of its bytes for pure keys (copied, then fed each task's arguments)."""
+    """A task function as ``Specs.spec`` needs it: its id and bytes, its name for keys, the
+    sha1 of its bytes for pure keys (copied, then fed each task's arguments), and the Terms
+    its tasks share when submitted with the default options (one for every such task)."""
     fn_id: int
     fn_bytes: bytes
     name: str
     hashed: Any
+    terms: Terms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,19 +78,27 @@ class Options:
     resources: Optional[tuple] = None      # config.check_resources: ((name, amount), ...)
 
 
+#: submit's and map's options when none is given, pure or not: their tasks share Terms
+DEFAULT_OPTIONS = {flag: Options(flag, 0, None, 0, None, False, None) for flag in (False, True)}
+
+
 class Specs:
     # Used by the user threads that submit through its Client, without a lock.
     def __init__(self, client_id: str):
         self._client_id = client_id    # futures among the arguments must be this client's
-        #: id(fn) -> (ref to fn, fn_id, fn_bytes), least recently used first; at most FN_CACHE
+        #: id(fn) -> (ref to fn, fn_id, fn_bytes, the default Terms), least recently used
+        #: first; at most FN_CACHE
         self._fn_cache: OrderedDict = OrderedDict()
 
     def function(self, fn: Callable) -> tuple[int, bytes]:
         """(id, pickled bytes) of a task's function, pickled once while it is cached."""
+        return self._function(fn)[1:3]
+
+    def _function(self, fn: Callable) -> tuple:
         entry = self._fn_cache.get(id(fn))
         if entry is not None and entry[0]() is fn:
             self._fn_cache.move_to_end(id(fn))
-            return entry[1], entry[2]
+            return entry
         try:
             data = serialize.pickle_function(fn)
         except Exception as e:
@@ -99,10 +109,10 @@ class Specs:
             ref: Callable = weakref.ref(fn)
         except TypeError:          # builtins, callable instances without __weakref__
             ref = _Strong(fn)
-        self._fn_cache[id(fn)] = (ref, fn_id, data)
+        entry = self._fn_cache[id(fn)] = (ref, fn_id, data, Terms(fn_id, data))
         if len(self._fn_cache) > FN_CACHE:
             self._fn_cache.popitem(last=False)
-        return fn_id, data
+        return entry
 
     def pickle_args(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
         """(payload, {future key: its client id}) of ``fn``'s arguments; a TypeError naming the
@@ -149,8 +159,7 @@ class Specs:
                 key = _pure_key(how, payload)
             else:
                 key = fresh_key(how.name)
-        return Spec(key, how.fn_id, how.fn_bytes, payload, deps, opts.priority, opts.retries, opts.timeout,
-                    opts.workers, opts.loose, opts.resources)
+        return Spec.sharing(key, payload, deps, terms_of(how, opts))
 
     def many(self, argss: list, opts: Options, how: Function) -> Optional[list]:
         """The Specs of a ``map`` whose tasks take plain positional arguments only (numbers,
@@ -162,21 +171,28 @@ class Specs:
             payloads = serialize.dumps_plain_many(argss)
         if payloads is None:
             return None
-        fixed = (how.fn_id, how.fn_bytes)
-        tail = ((), opts.priority, opts.retries, opts.timeout, opts.workers, opts.loose, opts.resources)
+        terms, share = terms_of(how, opts), Spec.sharing
         if opts.pure:
             keys = [_pure_key(how, p) for p in payloads]
         else:
             base, n = f"{how.name}-{PREFIX}", _unique
             keys = [f"{base}{next(n):x}" for _ in payloads]
-        return [Spec(k, *fixed, p, *tail) for k, p in zip(keys, payloads)]
+        return [share(k, p, (), terms) for k, p in zip(keys, payloads)]
 
     def how(self, fn: Callable, pure: bool) -> Function:
-        fn_id, fn_bytes = self.function(fn)
+        _, fn_id, fn_bytes, terms = self._function(fn)
         # sha1 runs on the CPU's SHA instructions: ~2 GB/s, three times blake2b here. A
         # key is an identity, not a security boundary.
         hashed = hashlib.sha1(fn_bytes, usedforsecurity=False) if pure else None
-        return Function(fn_id, fn_bytes, name_of(fn), hashed)
+        return Function(fn_id, fn_bytes, name_of(fn), hashed, terms)
+
+
+def terms_of(how: Function, opts: Options) -> Terms:
+    """The Terms of ``how``'s tasks under ``opts``: the function's own for the defaults."""
+    if opts is DEFAULT_OPTIONS[opts.pure]:
+        return how.terms
+    return Terms(how.fn_id, how.fn_bytes, opts.priority, opts.retries, opts.timeout, opts.workers,
+                 opts.loose, opts.resources)
 
 
 def _pure_key(how: Function, payload: Any) -> str:

@@ -26,9 +26,7 @@ GPU1 = (("GPU", 1),)
 
 
 def spec(key, *deps, resources=None, **kw):
-    s = _spec(key, *deps, **kw)
-    s.resources = resources
-    return s
+    return _spec(key, *deps, resources=resources, **kw)
 
 
 def sched(*workers, nthreads=1, resources=None, **kw):

@@ -23,9 +23,9 @@ ERR = b"pickled error"
 
 # --- helpers ---------------------------------------------------------------------------
 
-def spec(key, *deps, priority=0, retries=0, timeout=None, fn_id=1, workers=None, loose=False):
+def spec(key, *deps, priority=0, retries=0, timeout=None, fn_id=1, workers=None, loose=False, resources=None):
     return Spec(key, fn_id, b"fn-bytes", ARGS, tuple(deps), priority, retries, timeout,
-                frozenset(workers) if workers else None, loose)
+                frozenset(workers) if workers else None, loose, resources)
 
 
 def death(worker, cause="signal", exitcode=-9):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localcluster.client_specs import Options, Specs
+from localcluster.client_specs import DEFAULT_OPTIONS, Options, Specs
 
 
 def double(x, y=0):
@@ -33,3 +33,20 @@ def test_a_map_with_an_argument_that_is_not_plain_is_left_to_spec():
     specs = Specs("client-1")
     opts = Options(False, 0, None, 0, None, False)
     assert specs.many([(1,), ([1, 2],)], opts, specs.how(double, False)) is None
+
+
+@pytest.mark.parametrize("pure", [True, False])
+def test_the_tasks_of_one_function_under_the_default_options_share_one_terms(pure):
+    """64 bytes a task, not 128: the function and the options live in one Terms that the
+    Specs of a map, and of submits with the defaults, share; other options get their own."""
+    specs = Specs("client-1")
+    default = DEFAULT_OPTIONS[pure]
+    how = specs.how(double, pure)
+    made = specs.many([(i,) for i in range(3)], default, how)
+    made += [specs.spec(double, (i,), {}, None, default) for i in range(3, 6)]
+    assert len({id(s.terms) for s in made}) == 1 and made[0].terms is specs.how(double, pure).terms
+    assert (made[0].fn_id, made[0].priority, made[0].resources) == (how.fn_id, 0, None)
+    other = specs.spec(double, (1,), {}, None, Options(pure, 1, None, 5, None, False))
+    assert other.terms is not made[0].terms and (other.priority, other.retries, other.fn) == (5, 1, how.fn_bytes)
+    renamed = made[0].with_key("k-1")
+    assert renamed.key == "k-1" and renamed.terms is made[0].terms and renamed.args is made[0].args

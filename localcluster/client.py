@@ -34,10 +34,6 @@ from .worker import client as _in_tasks
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
 
 _client_numbers = itertools.count()
-# submit's options when every keyword is left at its default, by ``pure``: made once
-_DEFAULT_OPTIONS = DEFAULT_OPTIONS
-
-
 def _lookup(client_id: Optional[str]) -> Optional["Client"]:
     """The Client of this process with that id (None: the current one), for worker/client.py."""
     if client_id is None:
@@ -264,7 +260,7 @@ class Client:
         if (retries == 0 and type(retries) is int and timeout is None and priority == 0 and type(priority) is int
                 and workers is None and allow_other_workers is False and resources is None):
             self._check()                   # the defaults (a submit in a loop): nothing else to check
-            return _DEFAULT_OPTIONS[bool(pure)]
+            return DEFAULT_OPTIONS[bool(pure)]
         check_submit_options(retries, timeout, priority)
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")

@@ -27,12 +27,12 @@ from .records import Deliver, Resolve, Task, WorkerState
 class Deaths:
     # Used by whichever thread brings the scheduler an event, under the cluster's lock.
     def __init__(self, task: Callable[[str], Optional[Task]], worker: Callable[[Optional[str]], Optional[WorkerState]],
-                 run_of: Callable[[int], Optional[tuple]], unassigned: Callable[[int], None],
+                 task_of: Callable[[int], Optional[Task]], unassigned: Callable[[int], None],
                  forgetting: Forgetting, readiness: Readiness, transition: Callable[[Task, str, str], None],
                  allowed_failures: int):
         self._task = task                # the scheduler's tasks.get
         self._worker = worker            # the scheduler's workers.get (the living ones)
-        self._run_of = run_of            # Placement.run_of: seq -> (key, worker) of a run sent
+        self._task_of = task_of          # Placement.task_of: seq -> the task a run sent runs
         self._unassigned = unassigned    # Placement.unassigned: a run of the dead worker no longer runs
         self._forgetting = forgetting    # lets go of what nothing needs; takes runs back (Cancel)
         self._readiness = readiness      # fails a task and its pending dependents
@@ -42,9 +42,8 @@ class Deaths:
 
     def blame(self, cause: str, running: dict, crashed_seq: Optional[int], timed_out_seq: Optional[int]) -> tuple:
         """The keys a death is blamed on (the taxonomy's rules: ``blamed_runs``)."""
-        keys = (run[0] if (run := self._run_of(s)) else None
-                for s in sorted(blamed_runs(cause, running, crashed_seq, timed_out_seq)))
-        return tuple(k for k in keys if k)
+        tasks = (self._task_of(s) for s in sorted(blamed_runs(cause, running, crashed_seq, timed_out_seq)))
+        return tuple(ts.key for ts in tasks if ts is not None)
 
     def lost(self, ws: WorkerState, death: WorkerDeath) -> tuple[list, list, list]:
         """Forget the dead worker's copies. (actions, the tasks whose last copy it held, those

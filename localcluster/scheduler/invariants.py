@@ -60,8 +60,7 @@ def _check_task(s: "Scheduler", ts: Task) -> None:
     key = ts.key
     if ts.state == "processing":
         assert ts.worker in s.workers, f"{key!r} processing on unknown worker {ts.worker!r}"
-        assert s.placement.run_of(ts.seq) == (key, ts.worker), \
-            f"{key!r}: run {ts.seq} not recorded as ({key!r}, {ts.worker!r})"
+        assert s.placement.task_of(ts.seq) is ts, f"{key!r}: run {ts.seq} not recorded as this task's"
         assert s.workers[ts.worker].processing.get(ts.seq) == key, f"{key!r} missing from {ts.worker}'s processing"
     if ts.state == "memory":
         assert ts.who_has or ts.data is not None, f"{key!r} in memory with no copy anywhere"
@@ -129,7 +128,9 @@ def _check_workers(s: "Scheduler") -> None:
                 if key is None:
                     assert seq in cancelled, f"{name}: empty slot {seq} that is not a cancelled run"
                 else:
-                    assert s.placement.run_of(seq) == (key, name), f"{name}: slot {seq} ({key!r}) is not a recorded run"
+                    run = s.placement.task_of(seq)
+                    assert run is not None and (run.key, run.worker) == (key, name), \
+                        f"{name}: slot {seq} ({key!r}) is not a recorded run"
             except AssertionError as e:
                 raise _with_story(s, e, key) from None
         for key in ws.has:

@@ -84,10 +84,10 @@ class Placement:
                         seen.add(key)
         return len(seen)
 
-    def run_of(self, seq: int) -> Optional[tuple]:
-        """(key, worker) of run ``seq`` while its task is processing it, else None."""
-        ts = self.runs.get(seq)
-        return (ts.key, ts.worker) if ts is not None else None
+    def task_of(self, seq: int) -> Optional[Task]:
+        """The task run ``seq`` runs while the task is processing it (its ``worker`` is the
+        run's), else None."""
+        return self.runs.get(seq)
 
     def push(self, ts: Task, live: list) -> None:
         """Queue a ready task: on the queues of ``live`` (its restricted workers still

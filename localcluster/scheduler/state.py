@@ -126,7 +126,7 @@ class Scheduler:
         self.readiness = Readiness(tasks.get, workers.__contains__, self.gone.__contains__, self.placement.push,
                                    self.placement.drop_worker, self.forgetting.unassign, self._to)
         #: what a worker's death does to the tasks: copies lost, runs interrupted, dependents pulled back
-        self.deaths = Deaths(tasks.get, workers.get, self.placement.run_of, self.placement.unassigned,
+        self.deaths = Deaths(tasks.get, workers.get, self.placement.task_of, self.placement.unassigned,
                              self.forgetting, self.readiness, self._to, allowed_failures)
         #: the tasks' way in: submitted, scattered, held by one more Future
         self.admission = Admission(tasks.get, tasks.__setitem__, workers.values, self.forgetting.forget,
@@ -161,8 +161,8 @@ class Scheduler:
     # --- queries ------------------------------------------------------------------------
 
     def key_of(self, seq: int) -> Optional[str]:
-        run = self.placement.run_of(seq)
-        return run[0] if run else None
+        ts = self.placement.task_of(seq)
+        return ts.key if ts is not None else None
 
     def knows(self, key: str) -> bool:
         return key in self.tasks
@@ -207,10 +207,7 @@ class Scheduler:
                    for ws in self.workers.values() for ts in map(tasks.__getitem__, ws.has))
 
     def timeout_of(self, seq: int) -> Optional[float]:
-        run = self.placement.run_of(seq)
-        if run is None:
-            return None
-        ts = self.tasks.get(run[0])
+        ts = self.placement.task_of(seq)
         return ts.spec.timeout if ts is not None and ts.spec is not None else None
 
     def worker_of(self, key: str) -> Optional[str]:

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 import pytest
 
@@ -151,3 +152,33 @@ def test_a_round_trip_on_a_calm_machine_wakes_neither_the_worker_nor_the_waiting
     # where the reply is often there before it waits). With it: 0.1-0.4 on a loaded machine
     # (a run preempted past the main thread's 2 ms turn, the tick taking the GIL), ~0 on a calm one.
     assert worker < 0.6 and mine < 0.6, f"woken a round trip: the worker {worker:.2f}, this thread {mine:.2f}"
+
+
+def executor_tid() -> int:
+    return threading.get_native_id()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts from /proc")
+def test_a_worker_that_answered_polls_longer_than_the_parent_for_the_next_run(monkeypatch):
+    """The next run comes only after the parent's own turn (its handling of the reply, the
+    user's code, the next submit): here the user's code takes 2x spin_wait between two
+    round trips, within the worker's window (SPIN_AFTER_REPLY x spin_wait), so the worker's
+    reading thread is not put to sleep; with a window of spin_wait it would be, each time."""
+    from localcluster.worker.process import SPIN_AFTER_REPLY
+    assert SPIN_AFTER_REPLY >= 3
+    monkeypatch.setattr(spin, "calm", lambda now=None: True)
+    window, n = 0.01, 40
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False, spin_wait=window,
+                      initializer=always_calm) as cluster, Client(cluster) as client:
+        tid = client.submit(executor_tid, pure=False).result(30)
+        for i in range(5):
+            assert client.submit(noop, i, pure=False).result(30) == i
+        (pid,) = [w.pid for w in cluster.workers.values()]
+        before = woken(pid, tid)
+        for i in range(n):
+            end = time.perf_counter() + 2 * window
+            while time.perf_counter() < end:        # the user's code, on a CPU (not asleep)
+                pass
+            assert client.submit(noop, i, pure=False).result(30) == i
+        slept = (woken(pid, tid) - before) / n
+    assert slept < 0.5, f"the worker's reader slept {slept:.2f} times a round trip"

@@ -18,7 +18,7 @@ Registrations change under ``_reg_lock``, from any thread.
 
 A persistent epoll selector is used instead of ``multiprocessing.connection.wait``
 (which builds a new poller on every call) and because it can also wait for a socket
-to become writable.
+to become writable; our own (selector.py), which pauses a lent channel with one system call.
 """
 from __future__ import annotations
 
@@ -30,20 +30,21 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
+from . import selector
 from .lifecycle import Lifecycle
 from ..system.machine import block_interrupts
 
 
 class EventLoop:
     def __init__(self, life: Lifecycle, on_wake: Callable[[], None]):
-        self._selector = selectors.DefaultSelector()
+        self._selector = selector.make()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._woken)
         #: every change of the selector's registrations (any thread: a lend comes from a user thread)
         self._reg_lock = threading.Lock()
-        #: file object -> (events, handler) of the channels lent out; under _reg_lock
+        #: file object -> the wake-up of the thread it is lent to; under _reg_lock
         self._lent: dict = {}
         self._commands: deque = deque()       # (fn, Future or None), appended by any thread
         self._on_wake = on_wake               # runs first on every wake-up (work queued lock-free)
@@ -107,18 +108,16 @@ class EventLoop:
         """Select ``fileobj`` for writing too (or no longer), with the handler it has."""
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
         with self._reg_lock:
-            lent = self._lent.get(fileobj)
-            if lent is not None:          # selected again with these events when given back
-                self._lent[fileobj] = (events, lent[1], lent[2])
-                if write:
-                    lent[2]()             # the borrower flushes it meanwhile
-                return
             try:
                 key = self._selector.get_key(fileobj)
             except (KeyError, ValueError):    # already unregistered: its worker is gone
                 return
-            if key.fileobj is fileobj:        # not a newer registration on a reused fd number
-                self._selector.modify(fileobj, events, key.data)
+            if key.fileobj is not fileobj:    # a newer registration on a reused fd number
+                return
+            self._selector.modify(fileobj, events, key.data)    # lent: selected so when given back
+            wake = self._lent.get(fileobj)
+            if wake is not None and write:
+                wake()                        # the borrower flushes it meanwhile
 
     def unregister(self, fileobj: Any) -> None:
         """No longer selected, nor selected again when given back (its worker is gone)."""
@@ -130,29 +129,28 @@ class EventLoop:
                 pass
 
     def lend(self, fileobj: Any, wake: Callable[[], None]) -> bool:
-        """Any thread: leave ``fileobj`` out of the selector until :meth:`give_back`, for the
+        """Any thread: leave ``fileobj`` out of the selection until :meth:`give_back`, for the
         calling thread to read it (and to write what is queued on it: ``wake()`` is called when
         a writer asks to wait for it to become writable, see :meth:`want_write`). False if it
-        is not registered (gone) or lent already."""
+        is not registered (gone) or lent already. One system call (selector.py)."""
         with self._reg_lock:
             if fileobj in self._lent:
                 return False
             try:
-                key = self._selector.unregister(fileobj)
+                key = self._selector.get_key(fileobj)
             except (KeyError, ValueError):
                 return False
             if key.fileobj is not fileobj:       # a newer registration on a reused fd number
-                self._selector.register(key.fileobj, key.events, key.data)
                 return False
-            self._lent[fileobj] = (key.events, key.data, wake)
+            self._selector.pause(fileobj)
+            self._lent[fileobj] = wake
             return True
 
     def give_back(self, fileobj: Any) -> None:
         """Select a lent ``fileobj`` again, unless it was unregistered meanwhile."""
         with self._reg_lock:
-            lent = self._lent.pop(fileobj, None)
-            if lent is not None:
-                self._selector.register(fileobj, lent[0], lent[1])
+            if self._lent.pop(fileobj, None) is not None:
+                self._selector.resume(fileobj)
 
     def run(self, tick: Callable[[float], None], interval: float, keep_going: Callable[[], bool]) -> None:
         """Select and dispatch until ``keep_going()`` is false; ``tick(now)`` every ``interval``."""

@@ -85,7 +85,12 @@ class LentReading:
                     poller = select.poll()
                     poller.register(fd, select.POLLIN)
                     poller.register(wake, select.POLLIN)
-                    poll_for(poller, self._spin_wait if timeout is None else min(timeout, self._spin_wait))
+                    ready = poll_for(poller, self._spin_wait if timeout is None else min(timeout, self._spin_wait))
+                    if ready == [(fd, select.POLLIN)] and not chan.wants_write():
+                        # the reply alone: read it now, without asking select what poll said
+                        if not self._read_lent(n, chan):
+                            return
+                        continue
                 try:
                     readable, writable, _ = select.select([fd, wake], [fd] if chan.wants_write() else [], [], timeout)
                 except (OSError, ValueError):       # closed under us: its worker is gone

@@ -1,0 +1,154 @@
+"""The event loop's selector: what ``selectors`` gives, plus pausing one file object.
+
+A user thread that waits for a future borrows its worker's channel for every round trip
+(``EventLoop.lend``): the scheduler thread must not be woken by its reply meanwhile. With
+``selectors`` that is an unregister and a register a round trip, ~7 µs of Python and two
+epoll_ctl (an insert allocates and polls the file again). Here it is one ``epoll.modify``
+each way: pausing leaves only ``EPOLLONESHOT`` (a hang-up still reports once, then nothing:
+level-triggered, it would wake the scheduler thread over and over while the borrower reads),
+and :meth:`Epoll.select` leaves paused file objects out.
+
+Where there is no epoll (not Linux), :class:`Portable`: ``selectors``' default, pausing by
+unregistering.
+
+Owns: its registrations (fd -> ``selectors.SelectorKey``) and the paused fds; callers
+serialize changes (``EventLoop._reg_lock``), ``select`` runs on the loop thread.
+"""
+from __future__ import annotations
+
+import math
+import select
+import selectors
+from typing import Any
+
+__all__ = ["make"]
+
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+def _fd(fileobj: Any) -> int:
+    fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+    if fd < 0:
+        raise ValueError(f"invalid file descriptor {fd}")
+    return fd
+
+
+class Epoll:
+    def __init__(self) -> None:
+        self._ep = select.epoll()
+        self._keys: dict[int, selectors.SelectorKey] = {}
+        self._paused: set = set()
+
+    @staticmethod
+    def _mask(events: int) -> int:
+        return (select.EPOLLIN if events & _READ else 0) | (select.EPOLLOUT if events & _WRITE else 0)
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = _fd(fileobj)
+        if fd in self._keys:
+            raise KeyError(f"{fileobj!r} (fd {fd}) is already registered")
+        key = selectors.SelectorKey(fileobj, fd, events, data)
+        self._ep.register(fd, self._mask(events))
+        self._keys[fd] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        key = self._keys.pop(_fd(fileobj))
+        self._paused.discard(key.fd)
+        try:
+            self._ep.unregister(key.fd)
+        except OSError:             # closed already: the kernel dropped it with its last reference
+            pass
+        return key
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = self._keys[_fd(fileobj)]
+        new = selectors.SelectorKey(key.fileobj, key.fd, events, data)
+        if key.fd not in self._paused:
+            self._ep.modify(key.fd, self._mask(events))
+        self._keys[key.fd] = new
+        return new
+
+    def pause(self, fileobj: Any) -> selectors.SelectorKey:
+        """Not selected until :meth:`resume`; its registration stays."""
+        key = self._keys[_fd(fileobj)]
+        self._ep.modify(key.fd, select.EPOLLONESHOT)
+        self._paused.add(key.fd)
+        return key
+
+    def resume(self, fileobj: Any) -> None:
+        key = self._keys.get(_fd(fileobj))
+        if key is not None and key.fd in self._paused:
+            self._paused.discard(key.fd)
+            try:
+                self._ep.modify(key.fd, self._mask(key.events))
+            except OSError:         # closed meanwhile: the kernel dropped it; unregister forgets it
+                pass
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._keys[_fd(fileobj)]
+
+    def get_map(self) -> dict:
+        """fd -> key, live (the loop checks a key is still registered before its handler)."""
+        return self._keys
+
+    def select(self, timeout: "float | None" = None) -> list:
+        # as selectors does: a timeout rounded up to the millisecond, so as not to wake early
+        timeout = -1 if timeout is None else (0 if timeout <= 0 else math.ceil(timeout * 1e3) * 1e-3)
+        ready = []
+        keys, paused = self._keys, self._paused
+        for fd, ev in self._ep.poll(timeout, max(len(keys), 1)):
+            key = keys.get(fd)
+            if key is None or fd in paused:
+                continue
+            # a hang-up or an error counts as both, as in selectors
+            mask = (_WRITE if ev & ~select.EPOLLIN else 0) | (_READ if ev & ~select.EPOLLOUT else 0)
+            ready.append((key, mask & key.events))
+        return ready
+
+    def close(self) -> None:
+        self._ep.close()
+        self._keys.clear()
+        self._paused.clear()
+
+
+class Portable:
+    """``selectors``' default, paused by unregistering (two system calls, where there is no epoll)."""
+
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._paused: dict[int, selectors.SelectorKey] = {}
+        self.register, self.get_map, self.select = self._sel.register, self._sel.get_map, self._sel.select
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        key = self._paused.pop(_fd(fileobj), None)
+        return key if key is not None else self._sel.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = _fd(fileobj)
+        if fd in self._paused:
+            old = self._paused[fd]
+            self._paused[fd] = key = selectors.SelectorKey(old.fileobj, fd, events, data)
+            return key
+        return self._sel.modify(fileobj, events, data)
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        key = self._paused.get(_fd(fileobj))
+        return key if key is not None else self._sel.get_key(fileobj)
+
+    def pause(self, fileobj: Any) -> selectors.SelectorKey:
+        key = self._sel.unregister(fileobj)
+        self._paused[key.fd] = key
+        return key
+
+    def resume(self, fileobj: Any) -> None:
+        key = self._paused.pop(_fd(fileobj), None)
+        if key is not None:
+            self._sel.register(key.fileobj, key.events, key.data)
+
+    def close(self) -> None:
+        self._sel.close()
+
+
+def make() -> "Epoll | Portable":
+    return Epoll() if hasattr(select, "epoll") else Portable()

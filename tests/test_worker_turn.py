@@ -30,32 +30,70 @@ def test_the_timer_calls_the_main_thread_after_its_delay_and_the_first_moment_st
     assert turn.timed
     t0 = time.monotonic()
     turn.arm()
+    assert not turn.due()
     time.sleep(0.03)
     turn.arm()                      # armed already: not put off by another 50 ms
     assert turn.wait(5)
+    turn.settle()
     waited = time.monotonic() - t0
     assert 0.045 < waited < 0.075 + 1.0, waited     # the upper bound is the machine's load's
+    assert turn.due()
     turn.disarm()
+    assert not turn.due()
 
 
-def test_a_disarmed_timer_never_calls_and_now_calls_at_once_once(turn):
+def test_a_disarmed_turn_is_never_due_and_now_calls_at_once_once(turn):
     turn.arm()
     turn.disarm()                   # someone read first
-    assert not turn.wait(0.2)
+    turn.wait(0.2)                  # the timer set for it may still fire: the turn is not due
+    turn.settle()
+    assert not turn.due()
     turn.now()
     turn.now()
     assert turn.wait(0)
-    assert not turn.wait(0)         # the calls were drained together
+    turn.settle()
+    assert turn.due()
+    assert not turn.wait(0)         # the calls were drained together, and no timer is set
+    turn.disarm()
+    assert not turn.due()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
-def test_a_timer_that_fired_and_was_disarmed_before_the_main_thread_looked_does_not_call_it(turn):
-    """An executor took the reader role back after the timer fired: the main thread, looking
-    later, finds nothing (timerfd_settime clears the expiry) and keeps waiting."""
+def test_a_timer_that_fired_after_a_disarm_leaves_the_turn_not_due(turn):
+    """An executor took the reader role back before the timer fired: the main thread, woken,
+    finds nothing due and keeps waiting."""
     turn.arm()
     time.sleep(0.1)
     turn.disarm()
-    assert not turn.wait(0.1)
+    turn.wait(0.1)
+    turn.settle()
+    assert not turn.due()
+    assert not turn.wait(0.1)       # nothing set again
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+def test_a_stream_of_short_runs_sets_the_timer_once_and_a_later_run_is_called_at_its_own_moment(turn):
+    """Arm and disarm (a run started and ended) make no system call while a timer is set; the
+    timer set for the first run fires at its moment, and the main thread sets it again for
+    the run armed since, which is then due at its own moment, not the first one's."""
+    sets = []
+    real = turn._set
+    turn._set = lambda seconds: (sets.append(seconds), real(seconds))
+    t0 = time.monotonic()
+    for _ in range(100):
+        turn.arm()
+        turn.disarm()
+    assert len(sets) == 1
+    time.sleep(0.03)
+    turn.arm()                      # a run that starts 30 ms in: due at ~80 ms
+    assert turn.wait(5)             # the first timer, at ~50 ms
+    turn.settle()
+    if time.monotonic() - t0 < 0.079:       # (a loaded machine may wake this thread later)
+        assert not turn.due() and len(sets) == 2 and 0 < sets[1] <= 0.05
+        assert turn.wait(5)
+        turn.settle()
+    assert turn.due() and time.monotonic() - t0 >= 0.079
+    turn.disarm()
 
 
 def _sleep_in_c(seconds: float):

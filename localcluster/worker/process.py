@@ -142,11 +142,12 @@ class Worker:
                     self._work.notify()     # the executor that became idle takes the role
 
     def _main_turn(self) -> None:
-        """Main thread: wait until nobody reads the channel and no executor is idle to, then
-        take the reader role."""
+        """Main thread: wait until nobody reads the channel, no executor is idle to, and the
+        turn is due (turn.py), then take the reader role."""
         while True:
             with self._lock:
-                if self._reader is None and not self._idle:
+                self.turn.settle()
+                if self._reader is None and not self._idle and self.turn.due():
                     self._reader = "main"
                     self.turn.disarm()
                     return

@@ -5,10 +5,16 @@ worker waits for data held here) and the answers to a task's own requests come t
 Waking the main thread each time an executor starts a run cost a round trip 20-50 µs
 (a futex wake, then the main thread and the executor contending for the GIL), for a
 no-op run that is over in a few. So the main thread is called only once nobody has read
-for ``DELAY``: the executor that leaves the channel unread arms a kernel timer (one
-``timerfd_settime`` call, which wakes nobody); whoever takes the reader role back first
-disarms it. A run that ends sooner costs two system calls; a longer one gets its reader
-``DELAY`` late.
+for ``DELAY``: the executor that leaves the channel unread arms the turn (due ``DELAY``
+later), whoever takes the reader role back disarms it.
+
+Arming and disarming make no system call while a kernel timer is set already: setting and
+clearing a timer for every run cost two ``timerfd_settime`` a round trip (10 µs through
+ctypes on a slow VM, 3 % of a round trip). The timer set for the first run fires ``DELAY``
+later whatever came since; the main thread, woken, reads only if the turn is ``due`` (armed,
+and its moment passed), and otherwise sets the timer again for the moment of the run now
+armed (``settle``), if any. A stream of short runs thus costs a timer and a look every
+``DELAY``, not two system calls a run.
 
 A timerfd, not SIGALRM: a timer signal would have to be kept off the executor threads
 (their system calls, and those of the C code a task calls), and a blocked signal is
@@ -66,12 +72,17 @@ def _timerfd() -> tuple[int, Optional[Callable[[float], None]]]:
 
 
 class MainTurn:
-    """The main thread's call to the channel (see the module docstring). ``arm``, ``disarm``
-    and ``now`` run under the worker's lock; ``wait`` on the main thread, outside it."""
+    """The main thread's call to the channel (see the module docstring). ``arm``, ``disarm``,
+    ``now``, ``settle`` and ``due`` run under the worker's lock; ``wait`` on the main thread,
+    outside it."""
 
     def __init__(self, delay: float = DELAY):
         self.delay = delay
-        self.armed = False          #: nobody reads and the main thread is due; under the worker's lock
+        self.armed = False          #: nobody reads, and the main thread is due at _due; under the worker's lock
+        self._due = 0.0             #: monotonic moment the armed turn is due; under the worker's lock
+        self._timer_on = False      #: a kernel timer is set and not yet seen to fire; under the worker's lock
+        self._called = False        #: now() called the main thread; under the worker's lock
+        self._fired = False         #: the main thread's own: wait() saw the timer fire
         self._tfd, self._set = _timerfd()
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
@@ -83,30 +94,48 @@ class MainTurn:
         return self._set is not None
 
     def arm(self) -> None:
-        """Nobody reads the channel now: call the main thread in ``delay`` unless someone
+        """Nobody reads the channel now: the main thread is due in ``delay`` unless someone
         reads again first. Armed already: the first moment stands (a stream of short runs
         must not put the reader off for ever)."""
         if self.armed:
             return
         self.armed = True
-        if self._set is not None:
-            self._set(self.delay)
-        else:
+        self._due = time.monotonic() + self.delay
+        if self._set is None:
             self.now()
+        elif not self._timer_on:    # one set already fires no later than this moment
+            self._set(self.delay)
+            self._timer_on = True
 
     def disarm(self) -> None:
-        """Someone reads the channel again."""
-        if self.armed:
-            self.armed = False
-            if self._set is not None:
-                self._set(0)
+        """Someone reads the channel again (or the main thread took its turn). No system
+        call: a timer still set fires, and the main thread finds its turn not due."""
+        self.armed = self._called = False
 
     def now(self) -> None:
         """Call the main thread at once (a task waits for an answer that only a reader brings)."""
+        self._called = True
         try:
             os.write(self._w, b"\0")
         except BlockingIOError:     # a call is already waiting in the pipe
             pass
+
+    def due(self) -> bool:
+        """Whether the main thread is to take the reader role (if nobody holds it): called
+        at once, or armed and its moment passed."""
+        return self._called or (self.armed and time.monotonic() >= self._due)
+
+    def settle(self) -> None:
+        """The main thread, after a wait: a timer that fired is off; set one again for the
+        turn armed meanwhile, if it is not due yet."""
+        if self._fired:
+            self._fired = False
+            self._timer_on = False
+        if self.armed and not self._timer_on and self._set is not None:
+            left = self._due - time.monotonic()
+            if left > 0:
+                self._set(left)
+                self._timer_on = True
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Main thread: until called (the caller checks again why). False if ``timeout``
@@ -116,8 +145,9 @@ class MainTurn:
         for fd in ready:
             try:
                 while os.read(fd, 512 if fd == self._r else 8):
-                    pass
-            except BlockingIOError:
+                    if fd == self._tfd:
+                        self._fired = True
+            except BlockingIOError:     # the timer was set again meanwhile: it did not fire
                 pass
         return bool(ready)
 

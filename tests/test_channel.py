@@ -623,3 +623,39 @@ def test_lone_messages_in_the_fixed_layout_interleave_with_pickled_frames(pair):
         reader.feed(stream[i:i + 1], [])
         got.extend(reader.messages())
     assert got == msgs
+
+
+def test_a_read_of_one_whole_frame_is_decoded_straight_and_a_split_one_keeps_its_order():
+    """A read that brings exactly one whole frame, nothing buffered before it, is decoded
+    from the read itself; a read that ends inside a frame, or holds two, goes through the
+    reader's buffer; either way every message comes out once, in order."""
+    from localcluster.wire import protocol as P
+    a, b = socket.socketpair()
+    parent, worker = Channel(a), BlockingChannel(b)
+    try:
+        def frame(seq):
+            chunks, fds = channel.encode(P.Skipped(seq))
+            assert not fds
+            return b"".join(bytes(c) for c in chunks)
+
+        b.sendall(frame(1))
+        assert [m.seq for m in _receive_all(parent)] == [1]
+        two, three = frame(2), frame(3)
+        b.sendall(two + three[:5])                  # one whole frame and a part of the next
+        assert [m.seq for m in _receive_all(parent)] == [2]
+        b.sendall(three[5:])
+        assert [m.seq for m in _receive_all(parent)] == [3]
+        b.sendall(frame(4))                         # whole again, nothing buffered: straight
+        assert [m.seq for m in _receive_all(parent)] == [4]
+        a.sendall(frame(5) + frame(6))              # the worker's end: two in one read
+        assert [m.seq for m in worker.recv_all()] == [5, 6]
+        a.sendall(frame(7))
+        assert [m.seq for m in worker.recv_all()] == [7]
+    finally:
+        parent.sock.close()
+        worker.close()
+
+
+def _receive_all(chan: Channel) -> list:
+    select.select([chan], [], [], 10)
+    return chan.receive()

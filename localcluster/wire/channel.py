@@ -296,7 +296,11 @@ class _Reader:
             os.close(self.fds.popleft())
 
 
-def _recv_into(sock: socket.socket, reader: _Reader) -> None:
+def _recv_into(sock: socket.socket, reader: _Reader) -> Any:
+    """One read into ``reader``. Returns the message when the read brought exactly one whole
+    frame without buffers and nothing was buffered before it (a round trip's Run or
+    Finished): decoded straight from the read, not copied into the reader's buffer and taken
+    out through ``messages`` (~4 µs of Python a message). Else None: ``reader.messages()``."""
     want = reader.needed()
     scratch = reader.scratch if want <= _RECV else memoryview(bytearray(min(want, _RECV_MAX)))
     # Received descriptors close on exec from the start: a task thread that starts a
@@ -306,7 +310,13 @@ def _recv_into(sock: socket.socket, reader: _Reader) -> None:
         for level, kind, cdata in anc:  # pragma: no cover - fds without data cannot happen
             reader.feed(b"", anc)
         raise EOFError("channel closed by peer")
+    if not anc and n >= _HEAD.size and reader.pos == len(reader.buf):
+        total, nbuf, env_len = _HEAD.unpack_from(scratch)
+        if total == n and not nbuf:
+            env = bytes(scratch[_HEAD.size:n])
+            return pickle.loads(env) if env[:1] == _PICKLE else unpack_lone(env)
     reader.feed(scratch[:n], anc)
+    return None
 
 
 def _send_chunks(sock: socket.socket, chunks: list, fds: list[int]) -> int:
@@ -364,7 +374,9 @@ class BlockingChannel:
     def recv_all(self) -> list:
         """Block until at least one whole message; return every whole message read so far."""
         while not self._pending:
-            _recv_into(self.sock, self._reader)
+            lone = _recv_into(self.sock, self._reader)
+            if lone is not None:
+                return [lone]
             self._pending.extend(self._reader.messages())
         out = list(self._pending)
         self._pending.clear()
@@ -456,12 +468,12 @@ class Channel:
     def receive(self) -> list:
         """Whatever whole messages one read brings (maybe none). Raises EOFError at the end."""
         try:
-            _recv_into(self.sock, self._reader)
+            lone = _recv_into(self.sock, self._reader)
         except (BlockingIOError, InterruptedError):
             return []
         except ConnectionResetError:
             raise EOFError("channel reset by peer") from None
-        return list(self._reader.messages())
+        return [lone] if lone is not None else list(self._reader.messages())
 
     def drain(self) -> list:
         """After the peer died: every whole message still in the socket, however many
@@ -469,10 +481,13 @@ class Channel:
         out: list = []
         while True:
             try:
-                _recv_into(self.sock, self._reader)
+                lone = _recv_into(self.sock, self._reader)
             except (BlockingIOError, InterruptedError, EOFError, ConnectionResetError):
                 return out
-            out.extend(self._reader.messages())
+            if lone is not None:
+                out.append(lone)
+            else:
+                out.extend(self._reader.messages())
 
     def _drop_locked(self) -> None:
         for _chunks, fds in self._outbox:

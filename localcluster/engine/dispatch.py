@@ -77,7 +77,7 @@ class Outlet:
     pid: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Flush:
     """Send what is queued on ``outlet``'s channel: an instruction made under the lock and
     carried out after it (``post``), so no syscall is made while holding it."""
@@ -215,7 +215,8 @@ class Dispatcher:
         if not msgs and (outlet is None or not outlet.cork):
             return
         unpin: list = []
-        if outlet is not None and outlet.pid is not None and any(type(m) in _COPIES for m in msgs):
+        if outlet is not None and outlet.pid is not None and msgs and (
+                type(msgs[0]) in _COPIES if len(msgs) == 1 else any(type(m) in _COPIES for m in msgs)):
             # Copied here, outside the lock, by the thread that read the frame: it holds the
             # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
             # its pid cannot belong to another process yet.
@@ -307,6 +308,8 @@ class Dispatcher:
                 self._retired.append(a.worker)
                 if not self._loop.on_loop():      # the supervisor takes it on the scheduler thread
                     self._loop.wake()
+        if not sends:
+            return post
         on_loop = self._loop.on_loop()
         flushes: list = []
         for worker, msgs in sends.items():

@@ -114,7 +114,8 @@ class Placement:
         open_workers = [w for w in self._workers() if not w.paused and not w.closing]
         if not open_workers:
             return out
-        caps = {w.name: self._capacity(w) - len(w.processing) for w in open_workers}
+        per_thread = 1 + self._prefetch()
+        caps = {w.name: w.nthreads * per_thread - len(w.processing) for w in open_workers}
         for ws in open_workers:
             heap = self._on.get(ws.name)
             if heap:
@@ -277,14 +278,12 @@ class Placement:
         self.stealing.clear()
         self.started.clear()
 
-    def _capacity(self, ws: WorkerState) -> int:
-        """Runs a worker may hold: its threads plus a prefetch sized by how short tasks are,
-        so a map of tiny tasks travels in large batches while long tasks are not hoarded."""
+    def _prefetch(self) -> int:
+        """Runs a worker may hold a thread beyond the one it runs: sized by how short tasks
+        are, so a map of tiny tasks travels in large batches while long tasks are not hoarded."""
         if self.avg_duration is None:
-            prefetch = 2
-        else:
-            prefetch = max(1, min(256, int(0.01 / max(self.avg_duration, 1e-6))))
-        return ws.nthreads + prefetch * ws.nthreads
+            return 2
+        return max(1, min(256, int(0.01 / max(self.avg_duration, 1e-6))))
 
     def _pick(self, ts: Task, workers: list, caps: dict) -> Optional[WorkerState]:
         best, best_score = None, None

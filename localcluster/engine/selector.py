@@ -39,6 +39,17 @@ class Epoll:
         self._keys: dict[int, selectors.SelectorKey] = {}
         self._paused: set = set()
 
+    def _fd_of(self, fileobj: Any) -> int:
+        """Its fd; for a file object closed since it was registered (fileno() -1), the fd it
+        was registered under, as selectors finds it, else ValueError."""
+        try:
+            return _fd(fileobj)
+        except ValueError:
+            for key in self._keys.values():
+                if key.fileobj is fileobj:
+                    return key.fd
+            raise
+
     @staticmethod
     def _mask(events: int) -> int:
         return (select.EPOLLIN if events & _READ else 0) | (select.EPOLLOUT if events & _WRITE else 0)
@@ -53,7 +64,7 @@ class Epoll:
         return key
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        key = self._keys.pop(_fd(fileobj))
+        key = self._keys.pop(self._fd_of(fileobj))
         self._paused.discard(key.fd)
         try:
             self._ep.unregister(key.fd)
@@ -62,7 +73,7 @@ class Epoll:
         return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = self._keys[_fd(fileobj)]
+        key = self._keys[self._fd_of(fileobj)]
         new = selectors.SelectorKey(key.fileobj, key.fd, events, data)
         if key.fd not in self._paused:
             self._ep.modify(key.fd, self._mask(events))
@@ -71,13 +82,13 @@ class Epoll:
 
     def pause(self, fileobj: Any) -> selectors.SelectorKey:
         """Not selected until :meth:`resume`; its registration stays."""
-        key = self._keys[_fd(fileobj)]
+        key = self._keys[self._fd_of(fileobj)]
         self._ep.modify(key.fd, select.EPOLLONESHOT)
         self._paused.add(key.fd)
         return key
 
     def resume(self, fileobj: Any) -> None:
-        key = self._keys.get(_fd(fileobj))
+        key = self._keys.get(self._fd_of(fileobj))
         if key is not None and key.fd in self._paused:
             self._paused.discard(key.fd)
             try:
@@ -86,7 +97,7 @@ class Epoll:
                 pass
 
     def get_key(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._keys[_fd(fileobj)]
+        return self._keys[self._fd_of(fileobj)]
 
     def get_map(self) -> dict:
         """fd -> key, live (the loop checks a key is still registered before its handler)."""
@@ -113,37 +124,48 @@ class Epoll:
 
 
 class Portable:
-    """``selectors``' default, paused by unregistering (two system calls, where there is no epoll)."""
+    """``selectors``' default, paused by unregistering (two system calls, where there is no
+    epoll). Paused keys are few (one a waiting thread): found by the file object itself."""
 
     def __init__(self) -> None:
         self._sel = selectors.DefaultSelector()
-        self._paused: dict[int, selectors.SelectorKey] = {}
+        self._paused: list[selectors.SelectorKey] = []
         self.register, self.get_map, self.select = self._sel.register, self._sel.get_map, self._sel.select
 
+    def _paused_key(self, fileobj: Any) -> "selectors.SelectorKey | None":
+        for key in self._paused:
+            if key.fileobj is fileobj:
+                return key
+        return None
+
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        key = self._paused.pop(_fd(fileobj), None)
-        return key if key is not None else self._sel.unregister(fileobj)
+        key = self._paused_key(fileobj)
+        if key is None:
+            return self._sel.unregister(fileobj)
+        self._paused.remove(key)
+        return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        fd = _fd(fileobj)
-        if fd in self._paused:
-            old = self._paused[fd]
-            self._paused[fd] = key = selectors.SelectorKey(old.fileobj, fd, events, data)
-            return key
-        return self._sel.modify(fileobj, events, data)
+        old = self._paused_key(fileobj)
+        if old is None:
+            return self._sel.modify(fileobj, events, data)
+        new = selectors.SelectorKey(old.fileobj, old.fd, events, data)
+        self._paused[self._paused.index(old)] = new
+        return new
 
     def get_key(self, fileobj: Any) -> selectors.SelectorKey:
-        key = self._paused.get(_fd(fileobj))
+        key = self._paused_key(fileobj)
         return key if key is not None else self._sel.get_key(fileobj)
 
     def pause(self, fileobj: Any) -> selectors.SelectorKey:
         key = self._sel.unregister(fileobj)
-        self._paused[key.fd] = key
+        self._paused.append(key)
         return key
 
     def resume(self, fileobj: Any) -> None:
-        key = self._paused.pop(_fd(fileobj), None)
+        key = self._paused_key(fileobj)
         if key is not None:
+            self._paused.remove(key)
             self._sel.register(key.fileobj, key.events, key.data)
 
     def close(self) -> None:

@@ -181,4 +181,7 @@ def test_a_worker_that_answered_polls_longer_than_the_parent_for_the_next_run(mo
                 pass
             assert client.submit(noop, i, pure=False).result(30) == i
         slept = (woken(pid, tid) - before) / n
-    assert slept < 0.5, f"the worker's reader slept {slept:.2f} times a round trip"
+    # A window of spin_wait: 1.5 a round trip (it sleeps before every run, and once more).
+    # Here ~0 on a quiet machine, up to ~0.5 beside the whole suite (the GIL taken by the
+    # worker's other threads puts the polling thread to sleep for it now and then).
+    assert slept < 1.0, f"the worker's reader slept {slept:.2f} times a round trip"

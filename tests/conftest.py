@@ -171,3 +171,13 @@ def cluster(request):
 def client(cluster):
     with Client(cluster) as c:
         yield c
+
+
+@pytest.fixture
+def socket_pair():
+    """A connected socket pair; whatever the test does not close is closed here."""
+    import socket
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()

@@ -52,12 +52,8 @@ def _memfds() -> list:
 
 
 @pytest.fixture
-def pair():
-    """A connected socket pair; whatever the test does not close is closed here."""
-    a, b = socket.socketpair()
-    yield a, b
-    a.close()
-    b.close()
+def pair(socket_pair):
+    return socket_pair
 
 
 @pytest.fixture

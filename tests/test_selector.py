@@ -25,11 +25,8 @@ def sel(request):
 
 
 @pytest.fixture
-def pair():
-    a, b = socket.socketpair()
-    yield a, b
-    a.close()
-    b.close()
+def pair(socket_pair):
+    return socket_pair
 
 
 def ready(sel) -> list:

@@ -173,7 +173,7 @@ class Dispatcher:
             self._listeners = tuple(r for r in self._listeners if r() is not None) + (weakref.ref(listener),)
 
     def _live_listeners(self) -> list:
-        return [listener for listener in map(weakref.ref.__call__, self._listeners) if listener is not None]
+        return [listener for ref in self._listeners if (listener := ref()) is not None]
 
     def release(self, key: str) -> None:
         """No lock and no wake-up (it runs inside the garbage collector): the scheduler
@@ -215,8 +215,7 @@ class Dispatcher:
         if not msgs and (outlet is None or not outlet.cork):
             return
         unpin: list = []
-        if outlet is not None and outlet.pid is not None and msgs and (
-                type(msgs[0]) in _COPIES if len(msgs) == 1 else any(type(m) in _COPIES for m in msgs)):
+        if outlet is not None and outlet.pid is not None and any(type(m) in _COPIES for m in msgs):
             # Copied here, outside the lock, by the thread that read the frame: it holds the
             # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
             # its pid cannot belong to another process yet.

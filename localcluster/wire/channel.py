@@ -285,7 +285,7 @@ class _Reader:
                         bufs.append(pickle.PickleBuffer((bytes if readonly else bytearray)(view[p:p + s])))
                     p += s
             self.pos += total
-            msg = pickle.loads(env, buffers=bufs) if env[:1] == _PICKLE else unpack_lone(env)
+            msg = _decode(env, bufs)
             yield Incoming(msg, tuple(incoming)) if incoming else msg
         if self.pos > (1 << 20) and self.pos * 2 > len(buf):
             del buf[:self.pos]
@@ -294,6 +294,11 @@ class _Reader:
     def close(self) -> None:
         while self.fds:
             os.close(self.fds.popleft())
+
+
+def _decode(env: bytes, buffers: Any = ()) -> Any:
+    """A frame's envelope: a pickle (its buffers out of band), or a lone message's fixed layout."""
+    return pickle.loads(env, buffers=buffers) if env[:1] == _PICKLE else unpack_lone(env)
 
 
 def _recv_into(sock: socket.socket, reader: _Reader) -> Any:
@@ -313,8 +318,7 @@ def _recv_into(sock: socket.socket, reader: _Reader) -> Any:
     if not anc and n >= _HEAD.size and reader.pos == len(reader.buf):
         total, nbuf, env_len = _HEAD.unpack_from(scratch)
         if total == n and not nbuf:
-            env = bytes(scratch[_HEAD.size:n])
-            return pickle.loads(env) if env[:1] == _PICKLE else unpack_lone(env)
+            return _decode(bytes(scratch[_HEAD.size:n]))
     reader.feed(scratch[:n], anc)
     return None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .config import format_bytes
+from .wire.basics import RemoteTraceback, thread_ident
 
 __all__ = [
     "WorkerDeath", "KilledWorker", "TaskTimeoutError", "RemoteTraceback", "LostDataError", "TaskError", "ClusterBroken",
@@ -31,12 +32,6 @@ CRASH_SIGNALS = frozenset(
     if hasattr(_signal, name)
 )
 NANNY_REASONS = ("requested", "memory-limit", "memory-leak", "timeout", "unresponsive")
-
-
-def thread_ident(ident: int) -> int:
-    """A thread's ident as the status board keeps it and faulthandler prints it: the board's
-    slots are signed 64-bit, so the top bit is dropped on both sides of every comparison."""
-    return ident & 0x7FFFFFFFFFFFFFFF
 
 
 def signal_name(signum: Optional[int]) -> Optional[str]:
@@ -440,18 +435,6 @@ class KilledWorker(Exception):
     def _repr_html_(self) -> str:
         from .views.render import killed_worker
         return killed_worker(self.task, self.allowed_failures, self.deaths, str(self))
-
-
-class RemoteTraceback(Exception):
-    """The ``__cause__`` of a task's exception where the raiser dropped its traceback (joblib
-    does): the traceback it had on the worker, as text."""
-
-    def __init__(self, text: str):
-        self.text = text
-        super().__init__(text)
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.text}"""'
 
 
 class TaskTimeoutError(TimeoutError):

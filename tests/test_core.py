@@ -656,3 +656,32 @@ def test_a_result_that_is_itself_a_pickled_payload_comes_back_as_itself(client):
     fut = client.submit(Payload, b"not a pickle", (), 12)
     got = fut.result(10)
     assert type(got) is Payload and got.meta == b"not a pickle" and fut.result(10) is got
+
+
+# What only the parent uses: the diagnosis of deaths (and config, concurrent.futures with
+# it), shutil (and the compressors), json, psutil. A worker that imports them starts slower.
+PARENT_ONLY = ("localcluster.death", "localcluster.config", "concurrent.futures", "shutil", "json", "psutil")
+
+
+def test_a_worker_starts_without_what_only_the_parent_uses(client):
+    probe = f"[m for m in {PARENT_ONLY!r} if m in __import__('sys').modules]"
+    assert client.submit(eval, probe, pure=False).result(30) == []
+
+
+def test_a_path_object_on_sys_path_reaches_the_worker(tmp_path, monkeypatch):
+    import pathlib
+    (tmp_path / "lc_path_probe.py").write_text("WHERE = 'found'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "path", [pathlib.Path(tmp_path)] + [p for p in sys.path if p != str(tmp_path)])
+    with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:
+        assert cl.submit(eval, "__import__('lc_path_probe').WHERE", pure=False).result(30) == "found"
+
+
+def test_a_worker_that_cannot_be_started_leaves_nothing_open(monkeypatch, tmp_path):
+    """The interpreter is gone (a venv removed under a running notebook): the constructor
+    says which path failed; the worker's socket pair, status board and cgroup are closed
+    (the fixture checks the descriptors)."""
+    missing = str(tmp_path / "no-python")
+    monkeypatch.setattr(sys, "executable", missing)
+    with pytest.raises(OSError, match="no-python"):
+        LocalCluster(n_workers=1, forward_logs=False)

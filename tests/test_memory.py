@@ -256,3 +256,62 @@ def test_an_open_statm_reads_the_processes_rss_as_it_grows_and_nothing_once_it_i
         child.wait()
         child.stdin.close()
         child.stdout.close()
+
+
+TREE = """
+import subprocess, sys, threading
+def start():     # from a thread that is not the main one: its children are listed per thread
+    kids.append(subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE))
+kids = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)]
+t = threading.Thread(target=start); t.start(); t.join()
+print(" ".join(str(k.pid) for k in kids), flush=True)
+sys.stdin.read()
+for k in kids:
+    k.stdin.close(); k.wait()
+"""
+
+
+def test_descendants_are_found_from_every_thread_of_the_tree_and_agree_with_psutil():
+    """The sampler's list of a worker's processes: children a non-main thread started
+    included, grandchildren included, the same as psutil's scan of all /proc."""
+    import subprocess
+    import sys
+    import psutil
+    from localcluster.system.machine import descendants
+    top = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        kids = [int(p) for p in top.stdout.readline().split()]
+        assert len(kids) == 2
+        assert sorted(descendants(top.pid)) == sorted(kids)
+        assert sorted(descendants(top.pid)) == sorted(c.pid for c in psutil.Process(top.pid).children(recursive=True))
+        assert descendants(kids[0]) == []
+        top.stdin.close()
+        top.wait(30)
+        assert descendants(top.pid) == []
+    finally:
+        top.kill()
+        top.wait()
+        top.stdout.close()
+
+
+def hold_child_memory(mib: int, marker: str) -> int:
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", f"b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); "
+                              "print(flush=True); import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child.stdout.readline()
+    block_until(marker)
+    child.stdin.close()
+    child.wait()
+    return child.pid
+
+
+def test_a_workers_memory_counts_the_processes_its_tasks_start(client, cluster, tmp_path):
+    marker = str(tmp_path / "go")
+    fut = client.submit(hold_child_memory, 200, marker, pure=False)
+    try:
+        wait_for(lambda: max(i.memory or 0 for i in cluster.workers.values()) > 200 * MiB)
+    finally:
+        release(marker)
+    fut.result(30)

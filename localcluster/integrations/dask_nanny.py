@@ -40,6 +40,7 @@ from distributed.diagnostics.plugin import NannyPlugin, SchedulerPlugin, WorkerP
 from tornado.ioloop import PeriodicCallback
 
 from ..death import WorkerDeath, classify, crash_stack, exit_signal
+from ..system.machine import descendants
 from ..system.oom import OomWatch
 
 __all__ = ["DeathRecorder", "FaultHandler", "RemovalRecorder", "TOPIC_DEATH", "TOPIC_REMOVED", "as_event",
@@ -205,7 +206,7 @@ class DeathRecorder(NannyPlugin):
             proc = psutil.Process(pid)
             rss = proc.memory_info().rss
             if time.monotonic() - w.looked > LOOK_EVERY:
-                w.oom.look([c.pid for c in proc.children(recursive=True)])
+                w.oom.look(descendants(pid))
                 w.looked = time.monotonic()
         except psutil.Error:
             return

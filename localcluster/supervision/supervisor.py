@@ -57,7 +57,7 @@ from ..engine.dispatch import Dispatcher
 from ..views.history import History
 from ..engine.lifecycle import Lifecycle, Phase
 from ..engine.loop import EventLoop
-from .nanny import Nanny
+from .nanny import Nanny, join_groups
 from ..views.render import key_group
 from .output import OutputStream
 from .reading import OWN, LentReading
@@ -153,12 +153,12 @@ class Supervisor:
             post = self._dispatch.apply(actions)
             self._changed.notify_all()
         self._dispatch.post(post)
+        spawns = 0
         for i in todo:
             t = type(i)
             n = self.nannies.get(getattr(i, "worker", ""))
             if t is Spawn:
-                if self._life.error is None:
-                    self.spawn()
+                spawns += self._life.error is None
             elif n is None:
                 continue
             elif t is Kill:
@@ -169,6 +169,8 @@ class Supervisor:
                 n.request_stacks(mark=True)
             elif t is Note:
                 n.add_log(i.line)
+        if spawns:
+            self.spawn(spawns)
         self.retire_pending()
 
     def retire_pending(self) -> None:
@@ -179,7 +181,16 @@ class Supervisor:
 
     # --- size ---------------------------------------------------------------------------------
 
-    def spawn(self) -> None:
+    def spawn(self, count: int = 1) -> None:
+        """``count`` workers back to back, then their moves into their cgroups (``join_groups``)."""
+        started: list[Nanny] = []
+        try:
+            for _ in range(count):
+                started.append(self._spawn_one())
+        finally:
+            join_groups(started)
+
+    def _spawn_one(self) -> Nanny:
         s = self._settings
         name = f"worker-{next(self._names)}"
         n = Nanny(name, s.threads, s.memory_limit, s.config, os.path.join(s.directory, name), s.initializer,
@@ -195,6 +206,7 @@ class Supervisor:
             self._loop.register(stream.fd, lambda _mask, stream=stream: self._on_output(stream))
         if n.sentinel is not None:
             self._loop.register(n.sentinel, lambda _mask: self._on_exit(n))
+        return n
 
     def _idleness(self) -> dict:
         """Caller holds the lock. Each worker's rank for a scale-down, the idlest first: not

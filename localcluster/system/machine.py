@@ -4,9 +4,9 @@ process lives in, a process's RSS, and clean-up of directories left by clusters 
 process was killed. Pure functions; any thread."""
 from __future__ import annotations
 
+import functools
 import os
 import re
-import shutil
 import signal
 import threading
 from typing import Any, Optional
@@ -44,6 +44,46 @@ def rss_of(statm_fd: int) -> "int | None":
         return int(os.pread(statm_fd, 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid``, from each thread's ``/proc/<pid>/task/<tid>/children``
+    (Linux >= 4.2 with CONFIG_PROC_CHILDREN): ~0.1 ms for a worker, where psutil's
+    ``children(recursive=True)`` reads the stat file of every process on the machine (2.5-4 ms
+    here, more on a busy host), once a second per worker and once on the critical path of
+    its start. psutil where the kernel has no such files."""
+    if not _children_files():
+        return _descendants_psutil(pid)
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue            # gone since its parent listed it
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue        # the thread ended meanwhile
+            found += kids
+            todo += kids
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _children_files() -> bool:
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _descendants_psutil(pid: int) -> list[int]:
+    try:
+        import psutil
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:
+        return []
 
 
 def usable_cpus() -> int:
@@ -133,6 +173,7 @@ def purge_stale_directories(base: str) -> None:
 
 def _purge_one(base: str, name: str) -> None:
     import fcntl
+    import shutil       # here: a worker imports this module, and shutil brings the compressors
     import stat
     import time
     path = os.path.join(base, name)

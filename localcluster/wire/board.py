@@ -21,7 +21,7 @@ import mmap
 import os
 import time
 
-from ..death import thread_ident
+from .basics import thread_ident
 
 _COLS = 7
 

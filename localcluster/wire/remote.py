@@ -16,7 +16,7 @@ import sys
 import types
 from typing import Any, Optional
 
-from ..death import RemoteTraceback
+from .basics import RemoteTraceback
 
 # The notes this module writes begin so: they are replaced, never added twice (a module-level
 # exception instance raised by several tasks on one worker is the same object each time).

@@ -80,3 +80,28 @@ def test_an_initializers_arguments_are_not_on_any_command_line():
             assert SECRET not in cmdline and SECRET.encode().hex() not in cmdline
         path = os.path.join(c.local_directory, "initializer.pkl")
         assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+_SEEN_AT_INIT: list = []
+
+
+def note_authkey() -> None:
+    import multiprocessing
+    _SEEN_AT_INIT.append(bytes(multiprocessing.current_process().authkey))
+
+
+def authkeys() -> tuple:
+    import multiprocessing
+    return _SEEN_AT_INIT[:1], bytes(multiprocessing.current_process().authkey)
+
+
+@pytest.mark.parametrize("initializer", [None, note_authkey])
+def test_the_initializer_and_every_task_hold_the_parents_authkey(initializer):
+    """The key crosses the channel before any message; the initializer (which may connect to
+    a Manager of the parent's) and every task see it, not the worker's own random one."""
+    import multiprocessing
+    key = bytes(multiprocessing.current_process().authkey)
+    with LocalCluster(n_workers=2, initializer=initializer, forward_logs=False) as c, Client(c) as cl:
+        for name in c.workers:
+            seen = cl.submit(authkeys, workers=[name], pure=False).result(30)
+            assert seen == ([key] if initializer else [], key)

@@ -4,7 +4,8 @@ nanny runs (nanny.py), and ``main``, which makes the ``Worker`` (process.py) and
 The process is started with ``python -c``, so the user's ``__main__`` is never re-executed
 here; it dies with its parent (PR_SET_PDEATHSIG, and EOF on the channel); faulthandler
 writes fatal-signal stacks, with every thread's ident, into the captured stderr. Before any
-message, the channel brings the parent's ``multiprocessing`` authkey (``take_authkey``); then
+message, the channel brings the parent's ``multiprocessing`` authkey (``take_authkey``), adopted
+before the first task (``adopt_authkey``); then
 the user's initializer runs once. If the worker's own machinery fails, ``fatal`` (process.py)
 says so on stderr and to the parent and the process exits 1.
 """
@@ -22,13 +23,18 @@ from . import context, logs, process
 from .process import Worker
 
 
-def take_authkey(fd: int) -> None:
+def take_authkey(fd: int) -> bytes:
     """The parent's ``multiprocessing`` authkey, so that a Manager proxy (or any connection
     to the parent's multiprocessing servers) a task receives authenticates as it would in
     the parent or in a loky worker. It precedes every message on the channel (4 bytes of
     length, then the key), never in argv, which ``ps`` shows to every user (SECURITY.md)."""
     size = int.from_bytes(_read_exact(fd, 4), "big")
-    key = _read_exact(fd, size)
+    return _read_exact(fd, size)
+
+
+def adopt_authkey(key: bytes) -> None:
+    """Make ``key`` this process's authkey: after Ready is sent and before any task runs, since
+    importing multiprocessing is ~2 ms of a start (or before the initializer, which may use it too)."""
     from multiprocessing import current_process
     current_process().authkey = key
 
@@ -91,16 +97,17 @@ def main(cfg: dict) -> None:
     context.started()
     worker = None
     try:
-        take_authkey(cfg["sock_fd"])
+        key = take_authkey(cfg["sock_fd"])
         worker = Worker(cfg)
         context.started(worker)
         if cfg.get("log_level") is not None:
             logs.install(worker.log, cfg["log_level"])
         if cfg.get("initializer") is not None:
+            adopt_authkey(key)
             with open(cfg["initializer"], "rb") as f:       # 0600 in the cluster's 0700 directory
                 init, initargs = pickle.load(f)
             init(*initargs)
-        worker.serve(versions())
+        worker.serve(versions(), lambda: adopt_authkey(key))
     except SystemExit:
         raise
     except BaseException:

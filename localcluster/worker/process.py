@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..wire import protocol as P
 from ..wire import remote, serialize
@@ -118,13 +118,17 @@ class Worker:
 
     # --- main thread ------------------------------------------------------------------
 
-    def serve(self, versions: dict) -> None:
-        """Start the threads, say Ready (with ``versions``: boot.py's), and read until the end."""
+    def serve(self, versions: dict, before_tasks: Callable[[], None]) -> None:
+        """Say Ready (with ``versions``: boot.py's); while the parent answers, call
+        ``before_tasks`` and start the threads (each start waits for the new thread to run:
+        1-5 ms in all while the other workers start too); then read until the end. A
+        message that comes meanwhile waits in the socket."""
+        self.chan.send(P.Ready(os.getpid(), versions))
+        before_tasks()
         for row in range(1, self.nthreads + 1):
             threading.Thread(target=self._execute, args=(row,), name=f"localcluster-exec-{row}", daemon=True).start()
         threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
-        self.chan.send(P.Ready(os.getpid(), versions))
         while True:
             self._main_turn()
             try:

@@ -126,44 +126,89 @@ _CANCELLED, _NOTIFIED = "CANCELLED", "CANCELLED_AND_NOTIFIED"
 _ENDED = (_CANCELLED, _NOTIFIED, _FINISHED)
 
 
+class _Sync:
+    """What a Future needs only once somebody waits on it, calls back from it or reads its
+    reply: concurrent.futures' Condition with its lists of waiters and callbacks (only ever
+    added to under it), and a borrower's bell (Gateway.wait_here: what wakes the thread
+    reading the reply when another thread ends the future; set and cleared by that thread).
+    One attribute on the Future instead of four: every attribute name any Future was given
+    costs each Future 8 bytes (CPython's shared-key instance dicts)."""
+    __slots__ = ("cond", "waiters", "callbacks", "bell")
+
+    def __init__(self) -> None:
+        self.cond: Optional[threading.Condition] = None
+        self.waiters: list = []
+        self.callbacks: list = []
+        self.bell: Optional[Callable[[], None]] = None
+
+
 class Future(cf.Future):
     """The result of a task, computed on the cluster."""
 
-    # Shared and empty until the Condition is made, with a list of each future's own:
-    # concurrent.futures only adds to them under the Condition, and only reads them
-    # otherwise (112 bytes a future that nobody waits on or calls back from).
-    _waiters: "list | tuple" = ()
-    _done_callbacks: "list | tuple" = ()
-    # While a thread reads the reply for this future itself (Gateway.wait_here): what wakes
-    # it when another thread ends the future. Set and cleared by that thread only.
-    _bell: Optional[Callable[[], None]] = None
+    # Class-level until needed, so that a Future has five attributes of its own (112 bytes
+    # with its object, 152 with the nine it had): concurrent.futures' ``_exception`` and a
+    # loss are set only on a future that ends so; ``_sync`` once one is waited on.
+    _sync: Optional[_Sync] = None
+    _exception: Optional[BaseException] = None
+    _lost: Optional[BaseException] = None
 
     def __init__(self, key: str, client: Owner, track: bool = True):
         # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
         # 1.4 KB that most futures never use (nobody waits before they finish). It is
         # made on first use (``_condition``), with the lists of waiters and callbacks, which
         # are only ever added to under it: a future resolved while it has none has neither to wake.
-        self._cond: Optional[threading.Condition] = None
         self._state = _PENDING
         self._result: Any = None
-        self._exception: Optional[BaseException] = None
         self.key = key
         self.client = client
-        self._gateway = client.gateway       # the cluster as a future sees it: why late, fetch, callbacks
-        self._lost: Optional[BaseException] = None
         if track:           # else the client tracks a batch at once (Client.track_many)
             client.track(self)
 
     @property
+    def _gateway(self) -> Gateway:
+        """The cluster as a future sees it: why late, fetch, callbacks."""
+        return self.client.gateway
+
+    def _synced(self) -> _Sync:
+        sync = self._sync
+        if sync is None:
+            with _MAKING:
+                sync = self._sync
+                if sync is None:
+                    sync = self._sync = _Sync()
+        return sync
+
+    @property
+    def _cond(self) -> Optional[threading.Condition]:
+        sync = self._sync
+        return None if sync is None else sync.cond
+
+    @property
     def _condition(self) -> threading.Condition:
-        cond = self._cond
+        sync = self._synced()
+        cond = sync.cond
         if cond is None:
             with _MAKING:
-                cond = self._cond
+                cond = sync.cond
                 if cond is None:
-                    self._waiters, self._done_callbacks = [], []     # before the Condition is seen
-                    cond = self._cond = threading.Condition()
+                    cond = sync.cond = threading.Condition()
         return cond
+
+    # concurrent.futures reads these and adds to them under the Condition only.
+    @property
+    def _waiters(self) -> "list | tuple":
+        sync = self._sync
+        return () if sync is None else sync.waiters
+
+    @property
+    def _done_callbacks(self) -> "list | tuple":
+        sync = self._sync
+        return () if sync is None else sync.callbacks
+
+    @property
+    def _bell(self) -> Optional[Callable[[], None]]:
+        sync = self._sync
+        return None if sync is None else sync.bell
 
     def done(self) -> bool:
         return self._state in _ENDED       # one read: no lock, and no Condition made for it
@@ -257,10 +302,13 @@ class Future(cf.Future):
         gateway = self._gateway
 
         def call(fut: "Future") -> None:
+            _called_back.discard(fut)
             if gateway.on_scheduler_thread():
                 gateway.run_callback(fn, fut)
             else:
                 fn(fut)
+        if not self.done():     # kept until it ends, as an executor keeps its futures
+            _called_back.add(self)
         super().add_done_callback(call)
 
     def __await__(self) -> Any:
@@ -322,7 +370,8 @@ class Future(cf.Future):
     def watch(self, bell: Optional[Callable[[], None]]) -> None:
         """``bell()`` is called once this future ends (None: no longer): set by a thread
         that waits for it while reading its reply itself."""
-        self._bell = bell
+        if bell is not None or self._sync is not None:
+            self._synced().bell = bell
 
     def _rang(self) -> None:
         bell = self._bell
@@ -376,7 +425,9 @@ class Future(cf.Future):
             if self._cond is not None:
                 return False
             if self._state == _PENDING:     # else already ended (a racing cancel or restart)
-                self._result, self._exception = result, exception
+                self._result = result
+                if exception is not None:
+                    self._exception = exception
                 self._state = state         # last: a lock-free reader sees the state after the rest
             return True
 
@@ -437,6 +488,9 @@ def futures_of(obj: Any) -> list:
 # Futures handed to fire_and_forget and not done yet: held here, so that dropping every
 # other reference does not release (and so cancel) their tasks. Each lets go when it ends.
 _forgotten: set = set()
+# Futures with a done-callback, not done yet: dropping the future must not release its
+# task before the callback runs (``client.submit(f).add_done_callback(log)``).
+_called_back: set = set()
 
 
 def fire_and_forget(obj: Any) -> None:

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import localcluster
+from _util import wait_for
 
 
 def inc(x):
@@ -60,6 +61,42 @@ def test_a_future_that_nobody_waited_for_resolves_and_reads_back(client):
     assert all(f.done() and f.status == "finished" for f in futures)
     assert [f.result() for f in futures] == list(range(1, 501))
     assert client.gather(futures) == list(range(1, 501))
+
+
+def test_a_callback_runs_though_its_future_was_dropped_at_once_and_then_the_key_goes(client, cluster):
+    """``client.submit(f).add_done_callback(log)``: as with an executor or dask, the task is
+    not released (so cancelled) before its callback runs; after, nothing holds it."""
+    seen: list = []
+    called = threading.Event()
+
+    def note(fut):
+        seen.append((fut.key, fut.result()))
+        called.set()
+    client.submit(block_then, 0.2, pure=False).add_done_callback(note)
+    assert called.wait(30)
+    (key, value), = seen
+    assert value == 0.2
+    del seen[:]
+    wait_for(lambda: key not in cluster.scheduler.tasks)
+
+
+def test_a_future_keeps_five_attributes_of_its_own_whatever_other_futures_went_through(client):
+    """Each attribute name any Future was given costs every later Future 8 bytes (CPython's
+    shared-key instance dicts): waits, callbacks, errors and cancels of other futures leave
+    a fresh one with five."""
+    waited = client.submit(inc, 1, pure=False)
+    assert waited.result(30) == 2
+    assert cf.wait([client.submit(inc, 2, pure=False)], timeout=30).not_done == set()
+    called = threading.Event()
+    client.submit(inc, 3, pure=False).add_done_callback(lambda f: called.set())
+    assert called.wait(30)
+    with pytest.raises(TypeError):
+        client.submit(inc, "x", pure=False).result(30)
+    client.submit(block_then, 5, pure=False).cancel()
+    fresh = client.submit(inc, 4, pure=False)
+    assert sorted(vars(fresh)) == ["_result", "_state", "client", "key"]
+    assert fresh.result(30) == 5
+    assert sorted(vars(fresh)) == ["_result", "_state", "_sync", "client", "key"]
 
 
 @pytest.mark.slow

@@ -361,7 +361,7 @@ class Future(cf.Future):
         return future_view(self.key, status, detail)
 
     def __del__(self) -> None:
-        client = self.__dict__.get("client")
+        client = getattr(self, "client", None)     # not __dict__: reading it makes the dict
         if client is not None:
             client.untrack(self.key)
 

@@ -685,3 +685,17 @@ def test_a_worker_that_cannot_be_started_leaves_nothing_open(monkeypatch, tmp_pa
     monkeypatch.setattr(sys, "executable", missing)
     with pytest.raises(OSError, match="no-python"):
         LocalCluster(n_workers=1, forward_logs=False)
+
+
+def test_a_first_cluster_starts_without_importing_psutil_in_the_parent():
+    """psutil's import was ~25 ms of a script's first cluster (the memory total and the
+    workers' children are read from the kernel directly); it stays importable for users."""
+    code = ("import sys, localcluster as lc\n"
+            "with lc.LocalCluster(n_workers=1, forward_logs=False) as c, lc.Client(c) as cl:\n"
+            "    assert cl.submit(abs, -1).result(30) == 1\n"
+            "    print(c.memory_limit, 'psutil' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    limit, imported = out.stdout.split()
+    assert imported == "False"
+    assert 0 < int(limit) <= psutil.virtual_memory().total

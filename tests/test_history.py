@@ -117,8 +117,21 @@ def test_a_run_record_costs_a_few_dozen_bytes_not_a_tuple_and_its_floats():
         per_record = (tracemalloc.get_traced_memory()[0] - before) / len(keys)
     finally:
         tracemalloc.stop()
-    assert per_record < 64, per_record          # a tuple of seven and three floats: ~170
+    assert per_record < 48, per_record          # a tuple of seven and three floats: ~170; four references, ~60
     assert h.tasks()[-1] == TaskRecord("key-19999", "worker-0", 1, 1e9 + 19999, 1e9 + 19999.5, "finished", 19.999)
+
+
+def test_records_alike_share_one_worker_status_thread_and_the_table_of_them_stays_small(monkeypatch):
+    monkeypatch.setattr(history, "KINDS", 8)
+    h = History()
+    for i in range(100):        # workers come and go: 100 names, each once
+        h.task(f"k{i}", f"worker-{i}", 1, 1.0, 2.0, "finished")
+    h.task("again", "worker-99", 1, 3.0, 4.0, "finished")
+    runs = h.tasks()
+    assert [r.worker for r in runs[-3:]] == ["worker-98", "worker-99", "worker-99"]
+    assert 1 <= len(h._tasks._kinds) <= 8
+    names = h._tasks._names
+    assert names[-1] is names[-3]          # the same tuple for the same worker, status and thread
 
 
 def test_the_ring_forgets_the_submitter_of_a_record_it_writes_over(monkeypatch):

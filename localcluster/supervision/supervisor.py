@@ -158,7 +158,8 @@ class Supervisor:
             t = type(i)
             n = self.nannies.get(getattr(i, "worker", ""))
             if t is Spawn:
-                spawns += self._life.error is None
+                if self._life.error is None:
+                    spawns += 1
             elif n is None:
                 continue
             elif t is Kill:

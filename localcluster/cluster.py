@@ -123,8 +123,9 @@ class LocalCluster:
         life.to(Phase.RUNNING)     # a limit too small for a new worker is a failed start from now on
 
     def _chores(self) -> None:
-        """On every wake-up of the scheduler thread, before its commands: keys released
-        lock-free, and workers retired by another thread's event."""
+        """On every wake-up of the scheduler thread, before its commands: submits deferred
+        in a burst, keys released lock-free, and workers retired by another thread's event."""
+        self._dispatch.admit()
         if self._dispatch.free_released():
             self._loop.wake()             # the rest on the next turn, after the workers' messages
         self._supervisor.retire_pending()
@@ -255,7 +256,7 @@ class LocalCluster:
 
         def begin() -> None:
             error = ClusterRestarted("the cluster was restarted (client.restart()); submit the task again")
-            with self._lock:
+            with self._dispatch.held():
                 post = self._dispatch.apply(self.scheduler.clear(error))
             self._supervisor.stop_all()
             self._dispatch.post(post)
@@ -293,7 +294,7 @@ class LocalCluster:
     def _finish_close(self, timeout: float) -> None:
         """After the scheduler thread has ended: fail what is pending, release the rest."""
         if not self._life.broken:                 # broken: the futures failed already
-            with self._lock:
+            with self._dispatch.held():
                 post = self._dispatch.apply(self.scheduler.clear(ClusterClosed("the cluster was closed")))
             self._dispatch.post(post)
         self._dispatch.fail_requests(ClusterClosed("the cluster was closed"))
@@ -327,7 +328,7 @@ class LocalCluster:
 
     def validate(self) -> None:
         """Check the scheduler's invariants (AssertionError naming the first broken one)."""
-        with self._lock:
+        with self._dispatch.held():
             self.scheduler.validate()
 
     def get_logs(self, n: Optional[int] = None) -> dict[str, list]:

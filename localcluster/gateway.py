@@ -121,7 +121,7 @@ class Gateway:
                            "cluster.scale(n) starts one (said once until a worker runs)",
                            f"{len(specs)} tasks" if len(specs) > 1 else f"task {specs[0].key!r}",
                            "they wait" if len(specs) > 1 else "it waits")
-        return self._dispatch.event(self._scheduler.submit, specs, again, before=track)
+        return self._dispatch.submit(specs, again, track)
 
     def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,
                 broadcast: bool = False) -> Any:
@@ -197,17 +197,17 @@ class Gateway:
 
     def task_spec(self, key: str) -> Optional[Spec]:
         """The Spec ``key`` was submitted with, while the cluster still knows it."""
-        with self._lock:
+        with self._dispatch.held():
             return self._scheduler.spec_of(key)
 
     def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
         """Key -> the names of the workers holding its data (``keys``, or every key known)."""
-        with self._lock:
+        with self._dispatch.held():
             return self._scheduler.who_has(keys)
 
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""
-        with self._lock:
+        with self._dispatch.held():
             return self._scheduler.whereabouts(key).state
 
     def running_tasks(self) -> dict[str, str]:
@@ -229,7 +229,7 @@ class Gateway:
         return self._why_pending(keys[0], stall) if keys else "they are not done"
 
     def _why_pending(self, key: str, stall: Optional[Stall]) -> str:
-        with self._lock:
+        with self._dispatch.held():
             where = self._scheduler.whereabouts(key)
             started = self._supervisor.running_since(where.worker, where.seq)
         why = _why(key, where, started)
@@ -244,6 +244,7 @@ class Gateway:
         """``fut`` is pending and this thread waits for it: read the reply here when its task
         runs on a worker whose channel is free to lend (Supervisor.read_for). Returns when
         ``fut`` is done, or when the caller is to wait as usual."""
+        self._dispatch.settle()
         worker = self._scheduler.worker_of(fut.key)
         if worker is not None and self._life.error is None and not self._loop.on_loop():
             self._supervisor.read_for(worker, fut.done, fut.watch, deadline)

@@ -11,9 +11,12 @@ from _util import block_until, wait_running
 
 from localcluster.wire import protocol as P
 from localcluster.wire.channel import BlockingChannel, Channel
+from localcluster.engine import dispatch
 from localcluster.engine.dispatch import Dispatcher, Flush
 from localcluster.engine.lifecycle import Lifecycle, Phase
-from localcluster.scheduler.records import Retire, Send
+from localcluster.scheduler import state as S
+from localcluster.scheduler.records import Retire, Send, Spec
+from localcluster.wire.serialize import dumps
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -184,3 +187,83 @@ def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeyp
         assert cl.submit(sum, [1, 2]).result(30) == 3
     assert seen and {thread for _, thread in seen} == {"localcluster-scheduler"}, seen
 
+
+
+# --- a burst of submits, deferred ------------------------------------------------------------
+
+class Batches(S.Scheduler):
+    """The real scheduler, counting how submits reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list = []
+
+    def submit(self, specs, again=None):
+        self.events.append([s.key for s in specs])
+        return super().submit(specs, again)
+
+    def submit_batches(self, batches):
+        self.events.append([s.key for specs, _ in batches for s in specs])
+        return super().submit_batches(batches)
+
+
+def spec(key: str) -> Spec:
+    return Spec(key, 1, b"fn", dumps(((), {})), ())
+
+
+@pytest.fixture
+def burst(monkeypatch):
+    """Every submit in a test counts as part of a burst, however slow the machine."""
+    monkeypatch.setattr(dispatch, "BURST", 3600.0)
+
+
+def test_a_burst_of_submits_reaches_the_scheduler_once_in_order_and_wakes_the_loop_once(burst):
+    s, loop = Batches(), Loop()
+    s.add_worker("w", 1)
+    d = dispatcher(s, loop=loop)
+    made = [d.submit([spec(f"k{i}")], None, lambda i=i: f"future {i}") for i in range(5)]
+    assert made == [f"future {i}" for i in range(5)]        # track()'s futures, at once
+    assert s.events == [["k0"]]                             # the first went straight; four wait
+    assert loop.woken == 1                                  # the scheduler thread, for them
+    assert sorted(s.tasks) == ["k0"]
+    with d.held():                                          # a reader of the state sees every one
+        assert sorted(s.tasks) == [f"k{i}" for i in range(5)]
+    assert s.events == [["k0"], ["k1", "k2", "k3", "k4"]]
+    assert [s.tasks[f"k{i}"].order for i in range(5)] == sorted(s.tasks[f"k{i}"].order for i in range(5))
+    d.submit([spec("k5")], None, list)                      # a new burst: one more wake-up
+    assert loop.woken == 2
+
+
+def test_a_deferred_submit_comes_before_any_other_event_and_before_its_key_is_let_go(burst):
+    s = Batches()
+    d = dispatcher(s, loop=Loop())
+    d.submit([spec("a")], None, list)
+    d.submit([spec("b")], None, list)                       # deferred
+    d.event(s.cancel, ["b"])                                # comes after b's submit
+    assert s.events == [["a"], ["b"]] and "b" not in s.tasks
+    d.submit([spec("c")], None, list)                       # deferred, then let go
+    d.release("c")
+    d.free_released()
+    assert "c" not in s.tasks and s.events[-1] == ["c"]     # submitted, then released: no task left behind
+
+
+def test_a_wait_ends_the_burst_and_the_scheduler_thread_never_defers(burst):
+    s, loop = Batches(), Loop()
+    d = dispatcher(s, loop=loop)
+    d.submit([spec("a")], None, list)
+    d.submit([spec("b")], None, list)
+    d.settle()                                              # about to wait: b goes now
+    d.submit([spec("c")], None, list)                       # and the next goes straight
+    assert s.events == [["a"], ["b"], ["c"]]
+    loop.on_loop = lambda: True
+    d.submit([spec("d")], None, list)
+    assert s.events[-1] == ["d"]
+
+
+def test_submits_more_than_the_burst_apart_are_never_deferred(monkeypatch):
+    monkeypatch.setattr(dispatch, "BURST", 0.0)
+    s, loop = Batches(), Loop()
+    d = dispatcher(s, loop=loop)
+    for i in range(3):
+        d.submit([spec(f"k{i}")], None, list)
+    assert s.events == [["k0"], ["k1"], ["k2"]] and loop.woken == 0

@@ -296,6 +296,15 @@ class Scheduler:
         already, which do not count once more in the key's ``wanted`` (``Admission.submit``)."""
         return self.admission.submit(specs, again)
 
+    @_placing
+    def submit_batches(self, batches: list) -> list:
+        """Several submits in the order made, ``[(specs, again)]``, placed once at the end
+        (a burst of submits, deferred by the dispatcher)."""
+        out: list = []
+        for specs, again in batches:
+            out += self.admission.submit(specs, again)
+        return out
+
     def scatter(self, items: list, workers: Optional[frozenset] = None, broadcast: bool = False) -> list:
         """Data from the client: ``items`` is [(key, Payload)], placed by ``Admission.scatter``."""
         return self.admission.scatter(items, workers, broadcast)

@@ -267,3 +267,16 @@ def test_submits_more_than_the_burst_apart_are_never_deferred(monkeypatch):
     for i in range(3):
         d.submit([spec(f"k{i}")], None, list)
     assert s.events == [["k0"], ["k1"], ["k2"]] and loop.woken == 0
+
+
+def test_a_long_burst_is_admitted_by_the_submitting_thread_a_batch_at_a_time(burst, monkeypatch):
+    """What a deferred batch holds (its specs, then its runs and frame) stays small: the
+    first-round memory of 1,000 queued no-ops rose ~150 bytes a task with batches unbounded."""
+    monkeypatch.setattr(dispatch, "BATCH", 3)
+    s, loop = Batches(), Loop()
+    d = dispatcher(s, loop=loop)
+    for i in range(8):
+        d.submit([spec(f"k{i}")], None, list)
+    assert s.events == [["k0"], ["k1", "k2", "k3"], ["k4", "k5", "k6"]]
+    d.settle()
+    assert s.events[-1] == ["k7"]

@@ -21,9 +21,10 @@ run on the scheduler thread.
 A loop of submits (each within ``BURST`` seconds of the one before, with no wait between)
 is deferred: ``submit`` queues its tasks lock-free, and whoever next takes the lock through
 here (the next event, a wait or read of the state, the scheduler thread, woken by the first
-of them) hands them all to the scheduler at once, in order, before anything else. One
-placement and one send a batch instead of one each: ~20% less of the parent's time a task
-(benchmarks/README.md). A submit followed by ``result()`` is never deferred.
+of them, or the submit that makes ``BATCH``) hands them all to the scheduler at once, in
+order, before anything else. One placement and one send a batch instead of one each: ~15%
+less of the parent's time a task (benchmarks/README.md). A submit followed by ``result()``
+is never deferred.
 
 Owns (under the cluster's lock): the outlets (one per worker channel, connected and
 disconnected by the supervisor), the listeners to resolve, the request futures of fetch
@@ -65,6 +66,7 @@ logger = logging.getLogger("localcluster")
 _RELEASE_CHUNK = 5000      # keys let go under the lock at once (~20 µs each)
 _RELEASE_TURN = 0.05       # seconds of releasing per wake-up, then the loop's other work
 BURST = 0.0002             # seconds: a submit this soon after the last, with no wait between, is deferred
+BATCH = 64                 # submits deferred at most: the submitting thread admits them then
 RECYCLE_BUDGET = 1 << 30   # bytes of result memory kept warm for the next copy out of a worker
 
 
@@ -223,8 +225,10 @@ class Dispatcher:
         if not burst or self._life.error is not None or self._loop.on_loop():
             return self.event(self._scheduler.submit, specs, again, before=track)
         ret = track()
-        self._deferred.append((specs, again))
-        if not self._wake_due:
+        self._deferred.append((specs, again or None))
+        if len(self._deferred) >= BATCH:   # admitted here: what a batch holds meanwhile stays small
+            self.admit()
+        elif not self._wake_due:
             self._wake_due = True
             self._loop.wake()
         return ret

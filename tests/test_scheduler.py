@@ -11,7 +11,7 @@ from concurrent.futures import CancelledError
 
 from localcluster.wire import protocol as P
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
-from localcluster.scheduler.records import FailAll, Spec
+from localcluster.scheduler.records import FailAll, Spec, Task
 from localcluster.death import blamed_runs
 from localcluster.scheduler.state import Deliver, Resolve, Retire, Scheduler, Send
 from localcluster.wire.serialize import dumps
@@ -1238,3 +1238,19 @@ def test_a_run_counts_its_task_done_on_its_first_finish_and_failed_with_no_retry
     assert s.run_ending("r", finished=False) == (None, True)
     assert s.run_ending("f", finished=False) == (None, True)
     assert s.run_ending("gone", finished=True) == (None, True)    # a run whose task was forgotten
+
+
+def test_a_tasks_rare_fields_read_as_their_defaults_until_one_is_changed():
+    """Deaths, fetches waiting, cancels and retries used live in a record made on the first
+    change: 16 slots a Task, 160 bytes instead of 192 (the 1k-queued benchmark row)."""
+    ts = Task("k", spec("k", retries=2), 0)
+    assert ts.rare is None and len(Task.__slots__) <= 16
+    assert (ts.retries, ts.suspicious, ts.deaths, ts.fetchers, ts.cancels) == (2, 0, (), (), 0)
+    ts.fetchers = ()                    # a default written back: nothing is made
+    assert ts.rare is None
+    ts.retries -= 1
+    assert ts.rare is not None and (ts.retries, ts.fetchers, ts.cancels) == (1, (), 0)
+    ts.fetchers += (7,)
+    ts.suspicious += 1
+    assert (ts.fetchers, ts.suspicious, ts.retries) == ((7,), 1, 1)
+    assert Task("scattered", None, 1).retries == 0

@@ -208,7 +208,7 @@ class Dispatcher:
         try:
             with self._lock:
                 ret = before() if before is not None else None
-                post = self.apply(self._admit() + fn(*args) if self._deferred else fn(*args))
+                post = self.apply(self._admitted_then(fn, *args))
             self.post(post)
         except Exception:
             raise self.break_("scheduler", traceback.format_exc()) from None
@@ -241,6 +241,11 @@ class Dispatcher:
         while self._deferred:
             batches.append(self._deferred.popleft())
         return self._scheduler.submit_batches(batches) if batches else []
+
+    def _admitted_then(self, fn: Callable, *args: Any) -> list:
+        """Caller holds the lock: the deferred submits admitted, then ``fn(*args)``; the
+        actions of both, in that order."""
+        return self._admit() + fn(*args) if self._deferred else fn(*args)
 
     def admit(self) -> None:
         """Any thread, not holding the lock: what was deferred goes to the scheduler now
@@ -303,8 +308,9 @@ class Dispatcher:
                         submitter, counts = ending(key, finished)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
                                "finished" if finished else "error", m.serde if finished else 0.0, submitter, counts)
-            admitted = self._admit() if self._deferred else []
-            post = self.apply(admitted + (self._scheduler.handle_messages(worker, msgs) if msgs else []) + unpin)
+            actions = (self._admitted_then(self._scheduler.handle_messages, worker, msgs) if msgs
+                       else self._admitted_then(list))
+            post = self.apply(actions + unpin)
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])
         self.post(post)
@@ -315,8 +321,7 @@ class Dispatcher:
         scheduler answers what it can at once (as Sends); ``Results`` waits on one fetch a
         key, and the answer goes to the task once all are in. Scheduler thread."""
         with self._lock:
-            post = self.apply(self._admit() + self._scheduler.asked(worker, asks) if self._deferred
-                              else self._scheduler.asked(worker, asks))
+            post = self.apply(self._admitted_then(self._scheduler.asked, worker, asks))
         self.post(post)
         for ask in asks:
             if type(ask.body) is P.Results:
@@ -346,8 +351,7 @@ class Dispatcher:
             while released and len(keys) < _RELEASE_CHUNK:
                 keys.append(released.popleft())
             with self._lock:       # submits deferred before these keys were let go come first
-                post = self.apply(self._admit() + self._scheduler.release_many(keys) if self._deferred
-                                  else self._scheduler.release_many(keys))
+                post = self.apply(self._admitted_then(self._scheduler.release_many, keys))
             self.post(post)
             if released and time.monotonic() >= end:
                 return self._life.open
@@ -465,7 +469,7 @@ class Dispatcher:
     def uncork(self) -> None:
         """Scheduler thread, every tick: send what was held back behind a backlog."""
         with self._lock:
-            flush = self.apply(self._admit()) if self._deferred else []
+            flush = self.apply(self._admitted_then(list))
             for outlet in self._outlets.values():
                 if outlet.cork:
                     flush += self._queue(outlet, [])

@@ -246,6 +246,10 @@ class _Rare:
         self.suspicious, self.deaths, self.fetchers, self.cancels, self.retries = 0, (), (), 0, retries
 
 
+def _spec_retries(task: "Task") -> int:
+    return task.spec.retries if task.spec is not None else 0      # scattered data has no spec
+
+
 def _rare(name: str, default: Callable[["Task"], Any], doc: str) -> property:
     """A field of a Task kept in its ``rare`` record, read as ``default(task)`` until set."""
     def get(task: "Task") -> Any:
@@ -257,7 +261,7 @@ def _rare(name: str, default: Callable[["Task"], Any], doc: str) -> property:
         if rare is None:
             if value == default(task):
                 return
-            rare = task.rare = _Rare(task.spec.retries if task.spec is not None else 0)
+            rare = task.rare = _Rare(_spec_retries(task))
         setattr(rare, name, value)
     return property(get, set_, doc=doc)
 
@@ -310,8 +314,7 @@ class Task:
     cancels = _rare("cancels", lambda ts: 0,
                     "cancels it went through: a reference taken before one (a token, coordination.py) "
                     "counts no more, though a dependent may run this very Task again")
-    retries = _rare("retries", lambda ts: ts.spec.retries if ts.spec is not None else 0,
-                    "user errors it may still retry after")
+    retries = _rare("retries", _spec_retries, "user errors it may still retry after")
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

@@ -157,7 +157,7 @@ def test_a_reload_that_fails_names_the_key_and_the_step():
                       initializer=_failing_spill_reads) as cluster, Client(cluster) as client:
         (name,) = cluster.workers
         f = client.submit(big, 7, key="spilled-7")
-        f.result(30)
+        assert f.exception(30) is None      # done, not fetched: a fetch could race the spill
         wait_for(lambda: cluster.workers[name].spilled > 0)   # the worker's heartbeat spills: no event
         with pytest.raises(StoreError, match=r"reloading 'spilled-7' from its spill file .* injected"):
             client.submit(first, f, pure=False).result(timeout=30)

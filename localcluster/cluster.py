@@ -194,7 +194,7 @@ class LocalCluster:
 
         def args_of(key: str) -> str:
             task = self.scheduler.tasks.get(key)
-            return summarize_args(task.spec.args if task is not None and task.spec is not None else None)
+            return summarize_args(task.args if task is not None and task.terms is not None else None)
         history = self.history
         return insights(history.tasks(), history.startups(), self.deaths, self.threads_per_worker, args_of,
                         slowest=slowest, transfers=history.transfers())

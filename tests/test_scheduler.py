@@ -10,6 +10,7 @@ import pytest
 from concurrent.futures import CancelledError
 
 from localcluster.wire import protocol as P
+from localcluster.wire import serialize
 from localcluster.death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, signal_name
 from localcluster.scheduler.records import FailAll, Spec, Task
 from localcluster.death import blamed_runs
@@ -1241,12 +1242,13 @@ def test_a_run_counts_its_task_done_on_its_first_finish_and_failed_with_no_retry
 
 
 def test_a_tasks_rare_fields_read_as_their_defaults_until_one_is_changed():
-    """Deaths, fetches waiting, cancels and retries used live in a record made on the first
-    change: 16 slots a Task, 160 bytes instead of 192 (the 1k-queued benchmark row)."""
+    """Deaths, fetches waiting, cancels, retries used and an error live in a record made on
+    the first change: 16 slots a Task, 160 bytes, and no Spec kept (the 1k-queued benchmark row)."""
     ts = Task("k", spec("k", retries=2), 0)
     assert ts.rare is None and len(Task.__slots__) <= 16
-    assert (ts.retries, ts.suspicious, ts.deaths, ts.fetchers, ts.cancels) == (2, 0, (), (), 0)
+    assert (ts.retries, ts.suspicious, ts.deaths, ts.fetchers, ts.cancels, ts.error) == (2, 0, (), (), 0, None)
     ts.fetchers = ()                    # a default written back: nothing is made
+    ts.error = None
     assert ts.rare is None
     ts.retries -= 1
     assert ts.rare is not None and (ts.retries, ts.fetchers, ts.cancels) == (1, (), 0)
@@ -1254,3 +1256,16 @@ def test_a_tasks_rare_fields_read_as_their_defaults_until_one_is_changed():
     ts.suspicious += 1
     assert (ts.fetchers, ts.suspicious, ts.retries) == ((7,), 1, 1)
     assert Task("scattered", None, 1).retries == 0
+    err = ValueError("x")
+    ts.error = err
+    assert ts.error is err and ts.rare.error is err
+
+
+def test_a_task_keeps_what_its_spec_held_and_gives_the_spec_back():
+    """The Spec the client made is taken apart (its arguments, shared Terms and inputs kept
+    in the Task) and goes: 64 bytes a task. ``spec`` puts an equal one together again."""
+    made = Spec.sharing("k", serialize.plain_args((7,)), ("d",), spec("x").terms)
+    ts = Task("k", made, 0)
+    assert ts.spec == made and ts.spec is not made and ts.terms is made.terms
+    assert ts.args == made.args and ts.kept == 7                        # a lone argument, no tuple
+    assert Task("scattered", None, 1).spec is None and Task("scattered", None, 1).terms is None

@@ -423,9 +423,10 @@ def test_a_map_of_plain_arguments_pickles_each_as_one_call_would_or_not_at_all()
 
 # --- PlainArgs: a task's plain arguments, pickled when sent -----------------------------
 
-@pytest.mark.parametrize("args", [(), (1,), (2**70, -1.5, True, None, 3j), ("é" * 255, b"x" * 255)])
+@pytest.mark.parametrize("args", [(), (1,), (None,), ("é" * 255,), (2**70, -1.5, True, None, 3j),
+                                  ("é" * 255, b"x" * 255)])
 def test_plain_args_pickle_to_the_payload_dumps_collecting_makes(args):
-    lazy = serialize.plain_args(args)
+    lazy = serialize.task_args(serialize.plain_args(args))      # as a Run reads them
     assert type(lazy) is serialize.PlainArgs
     eager, found = serialize.dumps_collecting((args, {}))
     assert found == {}
@@ -437,8 +438,17 @@ def test_plain_args_pickle_to_the_payload_dumps_collecting_makes(args):
 
 
 def test_plain_args_equal_as_their_pickles_not_as_their_values():
-    assert serialize.plain_args((1,)) != serialize.plain_args((1.0,))      # though 1 == 1.0
-    assert serialize.plain_args((1,)) == serialize.plain_args((1,))
+    one, also_one = (serialize.task_args(serialize.plain_args(a)) for a in ((1,), (1.0,)))
+    assert one != also_one and one == serialize.task_args(serialize.plain_args((1,)))   # though 1 == 1.0
+
+
+def test_a_lone_plain_argument_is_kept_as_itself_with_no_tuple_around_it():
+    x = 10**12
+    assert serialize.plain_args((x,)) is x and serialize.plain_args_many([(x,), (1, 2)])[0] is x
+    assert serialize.task_args(Payload(b"m", (), 1)).meta == b"m"    # pickled ones as they are
+    # None stands for "not plain" in what plain_args returns: a lone None keeps its tuple
+    assert type(serialize.plain_args((None,))) is serialize.PlainArgs
+    assert [type(a) for a in serialize.plain_args_many([(None,), ()])] == [serialize.PlainArgs] * 2
 
 
 @pytest.mark.parametrize("args", [("x" * 256,), (b"x" * 256,), tuple(range(17)), ([1],), ((1, 2),),

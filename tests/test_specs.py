@@ -49,4 +49,4 @@ def test_the_tasks_of_one_function_under_the_default_options_share_one_terms(pur
     other = specs.spec(double, (1,), {}, None, Options(pure, 1, None, 5, None, False))
     assert other.terms is not made[0].terms and (other.priority, other.retries, other.fn) == (5, 1, how.fn_bytes)
     renamed = made[0].with_key("k-1")
-    assert renamed.key == "k-1" and renamed.terms is made[0].terms and renamed.args is made[0].args
+    assert renamed.key == "k-1" and renamed.terms is made[0].terms and renamed.kept is made[0].kept

@@ -59,7 +59,7 @@ class Deaths:
         out: list = []
         recompute: list = []
         for ts in sorted(lost, key=lambda t: t.order):
-            if ts.spec is None:
+            if ts.terms is None:
                 out += self._lost_for_good(ts, death)
             elif ts.wanted or self._forgetting.needed_by_dependents(ts):
                 self._to(ts, "waiting", "worker-died: recompute lost data")
@@ -83,7 +83,7 @@ class Deaths:
                 continue
             ts.worker = None
             if timed_out and seq == timed_out[0]:
-                out += fail(ts, TaskTimeoutError(key, ts.spec.timeout, timed_out[1], death.worker, death.stack),
+                out += fail(ts, TaskTimeoutError(key, ts.terms.timeout, timed_out[1], death.worker, death.stack),
                             "worker-died: timed out")
                 continue
             if key in death.blamed:
@@ -91,7 +91,7 @@ class Deaths:
                 ts.deaths += (death,)
                 if ts.suspicious > self._allowed_failures:
                     out += fail(ts, KilledWorker(key, death.worker, tuple(ts.deaths), self._allowed_failures,
-                                                 ts.spec.submitter),
+                                                 ts.terms.submitter),
                                 "worker-died: KilledWorker")
                     continue
             self._to(ts, "waiting", "worker-died: run again")

@@ -85,7 +85,7 @@ def _check_task(s: "Scheduler", ts: Task) -> None:
     if ts.state == "released":
         assert any(d in s.tasks for d in ts.dependents), f"{key!r} released but kept with no dependents"
     if ts.state in ("waiting", "ready", "processing"):
-        assert ts.spec is not None, f"{key!r} is {ts.state} without a spec"
+        assert ts.terms is not None, f"{key!r} is {ts.state} without a spec"
     for name in ts.who_has:
         assert name in s.workers, f"{key!r} held by unknown worker {name!r}"
         assert key in s.workers[name].has, f"{key!r}: {name} in who_has but the worker does not list it"
@@ -147,7 +147,7 @@ def _check_claims(s: "Scheduler", ws: WorkerState) -> None:
     name = ws.name
     for seq, key in ws.processing.items():
         ts = s.tasks.get(key) if key is not None else None
-        need = ts.spec.resources if ts is not None and ts.seq == seq and ts.spec is not None else None
+        need = ts.terms.resources if ts is not None and ts.seq == seq and ts.terms is not None else None
         try:
             assert need is None or ws.claims.get(seq) == need, \
                 f"{name}: run {seq} of {key!r} asks for {need} but claims {ws.claims.get(seq)}"

@@ -92,11 +92,11 @@ class Placement:
     def push(self, ts: Task, live: list) -> None:
         """Queue a ready task: on the queues of ``live`` (its restricted workers still
         running), or on the shared queue when it is not restricted or only preferred."""
-        entry = (-ts.spec.priority, ts.order, ts.key)
+        entry = (-ts.terms.priority, ts.order, ts.key)
         for w in live:
             heapq.heappush(self._on.setdefault(w, []), entry)
         if not live:
-            need = ts.spec.resources
+            need = ts.terms.resources
             heapq.heappush(self._shared if need is None else self._needy.setdefault(need, []), entry)
 
     def drop_worker(self, name: str) -> list:
@@ -126,7 +126,7 @@ class Placement:
         while self._shared:
             _prio, _order, key = self._shared[0]
             ts = self._task(key)
-            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose):
+            if ts is None or ts.state != "ready" or (ts.terms.workers and not ts.terms.loose):
                 heapq.heappop(self._shared)
                 continue
             ws = self._pick(ts, open_workers, caps)
@@ -145,8 +145,8 @@ class Placement:
         while heap and caps[ws.name] > 0:
             entry = heapq.heappop(heap)
             ts = self._task(entry[2])
-            if ts is not None and ts.state == "ready" and ts.spec.workers and ws.name in ts.spec.workers:
-                need = ts.spec.resources
+            if ts is not None and ts.state == "ready" and ts.terms.workers and ws.name in ts.terms.workers:
+                need = ts.terms.resources
                 if need is not None and not ws.fits(need):
                     aside.append(entry)
                     continue
@@ -173,8 +173,8 @@ class Placement:
             ts = self._task(best[2])
             # Lazily deleted entries: a key released and submitted again may ask for other
             # resources than when this entry was queued (its own entry is in its shape's queue).
-            if ts is None or ts.state != "ready" or (ts.spec.workers and not ts.spec.loose) \
-                    or ts.spec.resources != need:
+            if ts is None or ts.state != "ready" or (ts.terms.workers and not ts.terms.loose) \
+                    or ts.terms.resources != need:
                 heapq.heappop(heap)
                 continue
             ws = self._pick(ts, open_workers if need is None else [w for w in open_workers if w.fits(need)], caps)
@@ -237,11 +237,11 @@ class Placement:
         return [Send(ws.name, P.Steal(tuple(seqs)))] if seqs else []
 
     def _may_move(self, ts: Task, thieves: list) -> bool:
-        spec = ts.spec
+        terms = ts.terms
         for w in thieves:
-            if spec.workers and not spec.loose and w.name not in spec.workers:
+            if terms.workers and not terms.loose and w.name not in terms.workers:
                 continue
-            if spec.resources is not None and not w.fits(spec.resources):
+            if terms.resources is not None and not w.fits(terms.resources):
                 continue
             if not ts.deps or sum(self._task(d).nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
                 return True
@@ -307,12 +307,12 @@ class Placement:
         self._to(ts, "processing", "assign")
         ws.processing[seq] = ts.key
         self.runs[seq] = ts
-        spec = ts.spec
-        if spec.resources is not None:
-            ws.claim(seq, spec.resources)
+        terms = ts.terms
+        if terms.resources is not None:
+            ws.claim(seq, terms.resources)
         fn = None
-        if spec.fn_id not in ws.fns:
-            ws.fns.add(spec.fn_id)
-            fn = spec.fn
-        out.append(Send(ws.name, P.Run(seq, ts.key, spec.fn_id, fn, spec.args, spec.deps)))
+        if terms.fn_id not in ws.fns:
+            ws.fns.add(terms.fn_id)
+            fn = terms.fn
+        out.append(Send(ws.name, P.Run(seq, ts.key, terms.fn_id, fn, ts.args, ts.deps)))
         return out

@@ -38,7 +38,7 @@ class Readiness:
     def make_ready_or_wait(self, ts: Task) -> list:
         """``ts`` waits for the inputs not in memory (bringing back released ones), is queued
         ready if none is missing, or fails if one failed or is gone for good."""
-        if not ts.deps and not ts.spec.workers:      # most tasks of a big map: ready at once
+        if not ts.deps and not ts.terms.workers:      # most tasks of a big map: ready at once
             self._to(ts, "ready", "inputs in memory")
             self._push(ts, ())
             return []
@@ -50,7 +50,7 @@ class Readiness:
             if dts.state in FAILED:
                 return self.fail(ts, dts.error, "an input failed")
             if dts.state == "released":   # needed again: bring it back
-                if dts.spec is None:       # scattered data cannot be recomputed
+                if dts.terms is None:       # scattered data cannot be recomputed
                     return self.fail(ts, _gone(d), "an input is forgotten")
                 self._to(dts, "waiting", "needed again by a dependent")
                 out += self.make_ready_or_wait(dts)
@@ -66,10 +66,10 @@ class Readiness:
         only a preference."""
         # A preference (loose) for a worker that does not run now is no preference: a name
         # that never ran would otherwise hold the task on a queue nobody serves.
-        live = [w for w in ts.spec.workers if not self._gone(w) and (not ts.spec.loose or self._running(w))] \
-            if ts.spec.workers else []
-        if ts.spec.workers and not live and not ts.spec.loose:
-            return self.fail(ts, _unplaceable(ts.key, ts.spec.workers), "no allowed worker left")
+        live = [w for w in ts.terms.workers if not self._gone(w) and (not ts.terms.loose or self._running(w))] \
+            if ts.terms.workers else []
+        if ts.terms.workers and not live and not ts.terms.loose:
+            return self.fail(ts, _unplaceable(ts.key, ts.terms.workers), "no allowed worker left")
         self._push(ts, live)
         return []
 
@@ -79,8 +79,8 @@ class Readiness:
         for key in self._drop_worker(name):
             ts = self._task(key)
             # entries are deleted lazily: the key may have been submitted again since, unrestricted
-            if ts is not None and ts.state == "ready" and ts.spec.workers \
-                    and all(self._gone(w) for w in ts.spec.workers):
+            if ts is not None and ts.state == "ready" and ts.terms.workers \
+                    and all(self._gone(w) for w in ts.terms.workers):
                 out += self.push_ready(ts)
         return out
 

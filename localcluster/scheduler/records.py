@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
 from ..wire import protocol as P
+from ..wire import serialize
 
 
 # --- actions ----------------------------------------------------------------------------
@@ -81,20 +82,26 @@ class Spec:
     """A task as the client submits it: its key, arguments and inputs, and the Terms it
     shares with the other tasks of its call (a map's, or a loop of submits of one function
     with the default options): 64 bytes a task instead of 128. Never changed once made.
-    ``Spec(key, fn_id, fn, args, deps, priority, ...)`` makes Terms of its own."""
-    __slots__ = ("key", "args", "deps", "terms")
+    ``Spec(key, fn_id, fn, args, deps, priority, ...)`` makes Terms of its own.
+    ``kept``: the arguments as the client keeps them (serialize.plain_args: a lone plain
+    argument as itself); ``args`` reads them as a Payload or a PlainArgs."""
+    __slots__ = ("key", "kept", "deps", "terms")
 
-    def __init__(self, key: str, fn_id: int, fn: bytes, args: P.Payload, deps: tuple, *options: Any) -> None:
-        self.key, self.args, self.deps, self.terms = key, args, deps, Terms(fn_id, fn, *options)
+    def __init__(self, key: str, fn_id: int, fn: bytes, args: Any, deps: tuple, *options: Any) -> None:
+        self.key, self.kept, self.deps, self.terms = key, args, deps, Terms(fn_id, fn, *options)
 
     @classmethod
-    def sharing(cls, key: str, args: P.Payload, deps: tuple, terms: Terms) -> "Spec":
+    def sharing(cls, key: str, args: Any, deps: tuple, terms: Terms) -> "Spec":
         spec = _new(cls)
-        spec.key, spec.args, spec.deps, spec.terms = key, args, deps, terms
+        spec.key, spec.kept, spec.deps, spec.terms = key, args, deps, terms
         return spec
 
     def with_key(self, key: str) -> "Spec":
-        return Spec.sharing(key, self.args, self.deps, self.terms)
+        return Spec.sharing(key, self.kept, self.deps, self.terms)
+
+    @property
+    def args(self) -> Any:
+        return serialize.task_args(self.kept)
 
     fn_id = _of_terms("fn_id")
     fn = _of_terms("fn")
@@ -238,16 +245,17 @@ EMPTY: frozenset = frozenset()
 
 class _Rare:
     """The fields of a Task that most tasks never change from their defaults (deaths blamed,
-    fetches waiting, cancels, retries used): made on the first change, so that a task
-    holds one slot for them instead of five, 192 -> 160 bytes a Task."""
-    __slots__ = ("suspicious", "deaths", "fetchers", "cancels", "retries")
+    fetches waiting, cancels, retries used, an error): made on the first change, so that a
+    task holds one slot for them instead of six, 200 -> 160 bytes a Task."""
+    __slots__ = ("suspicious", "deaths", "fetchers", "cancels", "retries", "error")
 
     def __init__(self, retries: int) -> None:
         self.suspicious, self.deaths, self.fetchers, self.cancels, self.retries = 0, (), (), 0, retries
+        self.error: Any = None
 
 
 def _spec_retries(task: "Task") -> int:
-    return task.spec.retries if task.spec is not None else 0      # scattered data has no spec
+    return task.terms.retries if task.terms is not None else 0      # scattered data has no spec
 
 
 def _rare(name: str, default: Callable[["Task"], Any], doc: str) -> property:
@@ -267,8 +275,8 @@ def _rare(name: str, default: Callable[["Task"], Any], doc: str) -> property:
 
 
 class Task:
-    __slots__ = ("key", "state", "spec", "deps", "dependents", "waiting_on", "who_has", "worker",
-                 "seq", "error", "nbytes", "data", "wanted", "type_name", "order", "rare")
+    __slots__ = ("key", "state", "kept", "terms", "deps", "dependents", "waiting_on", "who_has", "worker",
+                 "seq", "nbytes", "data", "wanted", "type_name", "order", "rare")
 
     # Every field: used under the cluster's lock by whichever thread brings the scheduler an
     # event; written by the scheduler and its parts (placement, transfers, forgetting) only.
@@ -277,8 +285,13 @@ class Task:
         self.key = key
         #: one of TaskState; made "released", then written only by Transitions.apply
         self.state: TaskState = "released"
-        #: what the client submitted; None for scattered data (which cannot be recomputed)
-        self.spec = spec
+        # What the client submitted, taken apart (``spec`` puts it together again): the
+        # Spec itself goes, 64 bytes a task. ``terms`` None: scattered data (which cannot be
+        # recomputed), and ``kept`` None too.
+        #: the arguments as the Spec kept them (``args``: as a Run carries them)
+        self.kept: Any = spec.kept if spec else None
+        #: the function and options, shared with the other tasks of its call
+        self.terms: Optional[Terms] = spec.terms if spec else None
         #: input keys; each one still in ``tasks`` lists this task among its ``dependents``
         self.deps: tuple = spec.deps if spec else ()
         #: keys of tasks that depend on this one (and list it in their ``deps``)
@@ -291,8 +304,6 @@ class Task:
         self.worker: Optional[str] = None
         #: its latest run (Placement's number); the current one while processing
         self.seq = 0
-        #: erred, lost: the exception (or its pickled bytes) its futures raise; None otherwise
-        self.error: Any = None
         #: memory: the size of its result
         self.nbytes = 0
         #: memory: the result itself when small (kept in the parent), else None
@@ -315,9 +326,22 @@ class Task:
                     "cancels it went through: a reference taken before one (a token, coordination.py) "
                     "counts no more, though a dependent may run this very Task again")
     retries = _rare("retries", _spec_retries, "user errors it may still retry after")
+    error = _rare("error", lambda ts: None,
+                  "erred, lost: the exception (or its pickled bytes) its futures raise; None otherwise")
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
+
+    @property
+    def spec(self) -> Optional[Spec]:
+        """What the client submitted (made anew on each read); None for scattered data."""
+        terms = self.terms
+        return None if terms is None else Spec.sharing(self.key, self.kept, self.deps, terms)
+
+    @property
+    def args(self) -> Any:
+        """Its arguments as its Run carries them (a Payload or a PlainArgs)."""
+        return serialize.task_args(self.kept)
 
     # The sets below start as EMPTY: _grown makes a set of the task's own on the first add.
     def add_dependent(self, key: str) -> None:

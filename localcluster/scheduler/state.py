@@ -178,8 +178,8 @@ class Scheduler:
         ts = self.tasks.get(key)
         if ts is None:
             return None, True
-        spec = ts.spec
-        return (spec.submitter if spec is not None else None), (not ts.type_name if finished else ts.retries <= 0)
+        terms = ts.terms
+        return (terms.submitter if terms is not None else None), (not ts.type_name if finished else ts.retries <= 0)
 
     def acquire(self, key: str, counted: bool = True) -> list:
         """One more Future of ``key`` holds it like any other (``Admission.acquire``)."""
@@ -208,7 +208,7 @@ class Scheduler:
 
     def timeout_of(self, seq: int) -> Optional[float]:
         ts = self.placement.task_of(seq)
-        return ts.spec.timeout if ts is not None and ts.spec is not None else None
+        return ts.terms.timeout if ts is not None and ts.terms is not None else None
 
     def worker_of(self, key: str) -> Optional[str]:
         """The worker ``key``'s run was sent to, while it is processing. Safe without the lock
@@ -224,8 +224,8 @@ class Scheduler:
         return Whereabouts(ts.state, ts.worker if ts.state == "processing" else None,
                            ts.seq if ts.state == "processing" else 0, tuple(sorted(ts.waiting_on)),
                            len(live), sum(ws.paused for ws in live),
-                           ts.spec.workers if ts.spec is not None and not ts.spec.loose else None,
-                           ts.spec.resources if ts.spec is not None else None)
+                           ts.terms.workers if ts.terms is not None and not ts.terms.loose else None,
+                           ts.terms.resources if ts.terms is not None else None)
 
     # --- workers ------------------------------------------------------------------------
 
@@ -486,10 +486,10 @@ class Scheduler:
         parts = []
         for seq, key in sorted(ws.processing.items()):
             ts = self.tasks.get(key) if key is not None else None
-            if ts is None or ts.spec is None:
+            if ts is None or ts.terms is None:
                 continue
-            if ts.spec.submitter:
-                parts.append(f"{key!r} was submitted by task {ts.spec.submitter!r}")
+            if ts.terms.submitter:
+                parts.append(f"{key!r} was submitted by task {ts.terms.submitter!r}")
             if self.asking.seceded.get(seq) == worker:
                 parts.append(f"{key!r} was waiting for the tasks it submitted (seceded)")
         if not parts:

@@ -94,10 +94,10 @@ class StallWatch:
                     oldest = ts
             queued = None
             if oldest is not None:
-                spec = oldest.spec
+                terms = oldest.terms
                 deps = {d: tasks[d].state if d in tasks else "unknown" for d in oldest.waiting_on}
                 queued = QueuedTask(oldest.key, oldest.state, deps,
-                                    spec.workers if spec is not None and spec.workers and not spec.loose else None)
+                                    terms.workers if terms is not None and terms.workers and not terms.loose else None)
             running = []
             for key, worker in running_on.items():
                 started = self._supervisor.running_since(worker, self._scheduler.whereabouts(key).seq)

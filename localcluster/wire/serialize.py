@@ -290,16 +290,28 @@ def _small_plain(args: tuple) -> bool:
     return True
 
 
-def plain_args(args: tuple) -> Optional[PlainArgs]:
-    """``args`` kept unpickled (:class:`PlainArgs`) when it may be, else None."""
-    return PlainArgs(args) if _small_plain(args) else None
+def plain_args(args: tuple) -> Any:
+    """``args`` kept unpickled when it may be, else None: a lone argument other than None
+    as itself, several (or none, or a lone None) as a :class:`PlainArgs`. Its task's Run
+    reads them back as a PlainArgs (:func:`task_args`). The lone argument of a loop of
+    submits or of ``map(f, range(n))`` keeps no tuple: 56 bytes a queued task."""
+    if not _small_plain(args):
+        return None
+    return args[0] if len(args) == 1 and args[0] is not None else PlainArgs(args)
 
 
 def plain_args_many(argss: list) -> Optional[list]:
     """:func:`plain_args` of each ``args``, or None if any may not be kept unpickled."""
     if not all(map(_small_plain, argss)):
         return None
-    return list(map(PlainArgs, argss))      # each a copy of its tuple; the original goes
+    return [a[0] if len(a) == 1 and a[0] is not None else PlainArgs(a) for a in argss]
+
+
+def task_args(kept: Any) -> Any:
+    """A task's arguments as :func:`plain_args` kept them (or as pickled: a Payload), as a
+    Payload or a PlainArgs: what a Run carries."""
+    t = type(kept)
+    return kept if t is Payload or t is PlainArgs else PlainArgs((kept,))
 
 
 def dumps_collecting(obj: Any) -> tuple[Payload, dict]:

@@ -73,7 +73,7 @@ from .outcomes import Outcomes
 from .placement import Placement
 from .readiness import FAILED, Readiness
 from .roster import Roster
-from .records import Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState
+from .records import Deliver, FailAll, fetches_waiting, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState
 from .transfers import Transfers, gone as _gone
 
 
@@ -579,9 +579,8 @@ class Scheduler:
     def clear(self, error: BaseException) -> list:
         """Everything is forgotten (restart, close): every unfinished future gets ``error``."""
         out: list = [FailAll(error)] if any(ts.state in PENDING for ts in self.tasks.values()) else []
-        for ts in self.tasks.values():
-            for req in ts.fetchers:
-                out.append(Deliver(req, ts.key, error=error))
+        for ts, req in fetches_waiting(self.tasks.values()):
+            out.append(Deliver(req, ts.key, error=error))
         out += self.transfers.clear(error)
         out += self.calls.clear(error)
         self.tasks.clear()

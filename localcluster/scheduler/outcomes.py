@@ -59,11 +59,12 @@ class Outcomes:
         ts.nbytes, ts.type_name, ts.data = nbytes, sys.intern(type_name), data
         ts.add_holder(worker)
         ws.has.add(ts.key)
-        ts.error = None
         out: list = [Resolve(ts.key, "finished", data)]
-        for req in ts.fetchers:
-            out += self._transfers.fetch(ts, req)
-        ts.fetchers = ()
+        if ts.rare is not None:     # else no earlier run's error, no fetch waiting: no property read
+            ts.error = None
+            for req in ts.fetchers:
+                out += self._transfers.fetch(ts, req)
+            ts.fetchers = ()
         task = self._task
         for dkey in (sorted(ts.dependents, key=lambda k: t.order if (t := task(k)) is not None else 0)
                      if ts.dependents else ()):      # most tasks have none: no sort, no closure

@@ -22,8 +22,8 @@ def psi(tmp_path, monkeypatch):
     """A pressure file of our own, whose "some" total the test sets (µs)."""
     path = tmp_path / "cpu"
 
-    def stalled(total_us: int) -> None:
-        path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
+    def stalled(total_us: int, avg10: float = 0.0) -> None:
+        path.write_text(f"some avg10={avg10:.2f} avg60=0.00 avg300=0.00 total={total_us}\n"
                         f"full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     monkeypatch.setattr(spin, "_PSI", str(path))
     monkeypatch.setattr(spin, "_last", (0.0, None, 1.0, False))
@@ -41,8 +41,8 @@ def test_calm_averages_the_share_of_time_tasks_waited_for_a_cpu(psi):
         psi(total)
         return spin.calm(now=now)
 
-    psi(total)
-    assert not spin.calm(now=now)                   # the first look: nothing to compare with
+    psi(total, avg10=100.0)
+    assert not spin.calm(now=now)                   # the first look: the kernel says fully stalled
     assert [look(0.0) for _ in range(4)] == [False, False, False, True]    # calm from the 4th calm look
     for _ in range(10):
         look(0.05)                                  # a round trip's own share: a woken thread waits a little
@@ -53,7 +53,22 @@ def test_calm_averages_the_share_of_time_tasks_waited_for_a_cpu(psi):
     assert [look(0.05) for _ in range(3)] == [False, False, True]          # and back once it calms down
     psi(total + 1_000_000)                          # a second stalled, but
     assert spin.calm(now=now + spin.LOOK / 2)       # too soon to look again: the last view stands
-    assert not spin.calm(now=now + 5.0)             # a look after long without one counts as busy
+    # a look after long without one takes the kernel's average of the last 10 s
+    psi(total + 1_000_000, avg10=40.0)
+    assert not spin.calm(now=now + 5.0)
+    psi(total + 1_000_000, avg10=3.0)
+    assert spin.calm(now=now + 10.0)
+
+
+def test_a_first_look_on_a_calm_machine_polls_at_once(psi):
+    """A new cluster's first round trips, or the first after a pause (a script between two
+    steps, a notebook's cell): the kernel's 10 s average says calm, so no warm-up of five
+    calm looks (~250 ms of round trips that each woke a sleeping thread)."""
+    psi(5_000_000, avg10=2.5)
+    assert spin.calm(now=100.0)
+    psi(5_000_000, avg10=30.0)
+    spin._last = (0.0, None, 1.0, False)
+    assert not spin.calm(now=100.0)
 
 
 def test_on_one_cpu_nothing_is_calm(psi, monkeypatch):

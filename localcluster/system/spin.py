@@ -18,7 +18,10 @@ waits sleep at once, as without spinning. Where there is no PSI (not Linux, or a
 kernel without it), and on a single CPU, never.
 
 Any thread; each process keeps its own view of the pressure, looked at, at most, every
-``LOOK`` seconds (one open, read and close of the file, ~10 µs).
+``LOOK`` seconds (one open, read and close of the file, ~10 µs). A view starts (and starts
+again after a second without a look) from the kernel's own average over the last 10 s
+(``avg10``): from "fully stalled" instead, it took five calm looks, ~250 ms, before a new
+cluster's round trips polled, a quarter of benchmarks/bench.py's 2,000 of them.
 """
 from __future__ import annotations
 
@@ -46,31 +49,38 @@ _last: tuple = (0.0, None, 1.0, False)
 _ALONE = usable_cpus() < 2
 
 
-def _stalled_us() -> Optional[int]:
+def _pressure() -> tuple[Optional[int], float]:
+    """(the "some" total in µs, or None; the kernel's share stalled over the last 10 s, 1.0
+    when unknown)."""
     try:
         with open(_PSI, "rb") as f:
             line = f.readline()             # some avg10=.. avg60=.. avg300=.. total=<µs>
-        return int(line.rsplit(b"total=", 1)[1])
+        total = int(line.rsplit(b"total=", 1)[1])
     except (OSError, ValueError, IndexError):
-        return None
+        return None, 1.0
+    try:
+        return total, min(1.0, float(line.split(b"avg10=", 1)[1].split(None, 1)[0]) / 100)
+    except (ValueError, IndexError):
+        return total, 1.0
 
 
 def calm(now: Optional[float] = None) -> bool:
     """Whether tasks waited for a CPU less than ``CALM`` of the time, on average over the
-    last looks. It starts from "busy": the first looks, and those after a second without
-    any, count as fully stalled, so polling starts only after a few calm looks in a row."""
+    last looks. A first look, and one after a second without any, takes the kernel's average
+    over the last 10 s instead (there is no earlier total to compare with)."""
     global _last
     now = time.monotonic() if now is None else now
     then, before, share, on = _last
     elapsed = now - then
     if elapsed < LOOK or _ALONE:
         return on
-    stalled = _stalled_us()
-    if stalled is None or before is None or elapsed >= 1.0:
-        seen = 1.0
+    stalled, recent = _pressure()
+    if stalled is None:
+        share = 1.0
+    elif before is None or elapsed >= 1.0:
+        share = recent
     else:
-        seen = min(1.0, (stalled - before) * 1e-6 / elapsed)
-    share += WEIGHT * (seen - share)
+        share += WEIGHT * (min(1.0, (stalled - before) * 1e-6 / elapsed) - share)
     _last = (now, stalled, share, share < CALM)
     return _last[3]
 

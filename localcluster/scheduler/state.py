@@ -73,7 +73,8 @@ from .outcomes import Outcomes
 from .placement import Placement
 from .readiness import FAILED, Readiness
 from .roster import Roster
-from .records import Deliver, FailAll, fetches_waiting, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState
+from .records import (Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState,
+                      fetches_waiting)
 from .transfers import Transfers, gone as _gone
 
 

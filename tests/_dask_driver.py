@@ -9,6 +9,7 @@ text, its ``.deaths`` and ``localcluster.dask.deaths(client)``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -78,7 +79,7 @@ def hold_a_restart(client, workdir: str):
     return lambda: os.unlink(hold), before
 
 
-def run(client, scenario: str, workdir: str, before: set = frozenset()):
+def run(client, scenario: str, workdir: str, before: set, out: dict):
     if scenario == "late":       # a segfault on the worker started after install()
         client.wait_for_workers(len(before), timeout=150)
         (new,) = set(client.scheduler_info()["workers"]) - before
@@ -101,9 +102,34 @@ def run(client, scenario: str, workdir: str, before: set = frozenset()):
         if scenario == "kill":
             os.kill(pid, signal.SIGKILL)
         else:       # the machine dies: its nannies with their workers (the test's `dask worker` session)
-            os.killpg(os.getpgid(nanny), signal.SIGKILL)
+            group = os.getpgid(nanny)
+            out["semaphores"] = semaphores_of(group)
+            os.killpg(group, signal.SIGKILL)
+            # multiprocessing's resource tracker, which would unlink them, died in the group too
+            # (a machine that dies takes its /dev/shm with it; this one stays up)
+            for name in out["semaphores"]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join("/dev/shm", name))
         return future.result(timeout=60)
     raise ValueError(scenario)
+
+
+def semaphores_of(group: int) -> list:
+    """The /dev/shm names of the named semaphores the processes of ``group`` have mapped
+    (dask's nannies talk to their workers through multiprocessing queues)."""
+    names = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != group:
+                continue
+            with open(f"/proc/{entry}/maps") as maps:
+                names.update(os.path.basename(line.split()[-1]) for line in maps
+                             if line.rstrip().split()[-1].startswith("/dev/shm/sem."))
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+    return sorted(names)
 
 
 def _raised(call) -> str:
@@ -150,7 +176,7 @@ def main():
             localcluster.dask.install(client, wait=2.0 if scenario == "machine" else 5.0)
         go_on()
         try:
-            out["result"] = repr(run(client, scenario, workdir, before))
+            out["result"] = repr(run(client, scenario, workdir, before, out))
         except KilledWorker as e:
             out.update(type=f"{type(e).__module__}.{type(e).__qualname__}", killed_worker=True, text=str(e),
                        deaths=[d.cause for d in getattr(e, "deaths", ())],

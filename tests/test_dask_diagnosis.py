@@ -82,7 +82,7 @@ def dask_cluster(tmp_path: Path, memory_limit: str = "0", cgroup: "str | None" =
             worker += ["--preload", str(HOLD)]
             env["LOCALCLUSTER_TEST_HOLD"] = str(hold)
         if cgroup is not None:      # join the group, then become the worker command: all it starts is in it
-            worker = ["sh", "-c", f'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *worker]
+            worker = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *worker]
         procs.append(subprocess.Popen(worker, env=env, stdout=logs[1],
                                       stderr=subprocess.STDOUT, start_new_session=True))
         yield scheduler_file
@@ -203,6 +203,9 @@ def test_a_death_no_nanny_reports_is_said_so_not_guessed(tmp_path):
         ours = drive(scheduler_file, "machine", "install", tmp_path)
     assert ours.get("killed_worker") and ours["deaths"] == [], seen(ours, tmp_path)
     assert "no word from its nanny within 2 s" in ours["text"] and "its machine" in ours["text"], ours["text"]
+    # the killed group's multiprocessing semaphores (its resource tracker died with it) are gone
+    assert ours["semaphores"] and all(name.startswith("sem.") for name in ours["semaphores"]), ours
+    assert [n for n in ours["semaphores"] if os.path.exists(os.path.join("/dev/shm", n))] == []
     print(ours["text"])
 
 

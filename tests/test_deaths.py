@@ -423,7 +423,11 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
     wait_running(cluster, fut)
     stacks = cluster.dump_stacks(timeout=20)      # the default 2 s got one of two on a loaded machine
     release(marker)
-    assert len(stacks) == 2 and all("Current thread" in s for s in stacks.values())
+    # Every thread's stack, the worker's main loop last. Not always a "Current thread" block:
+    # faulthandler marks the thread the SIGUSR1 landed on, and the kernel may hand a
+    # process-directed signal to a thread with no Python state (once under load: none marked).
+    assert len(stacks) == 2 and all(s.count("(most recent call first)") >= 3 and s.rstrip().endswith("in <module>")
+                                    for s in stacks.values()), stacks
     assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
     assert fut.result(30) is None and cluster.deaths == []
 

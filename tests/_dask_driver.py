@@ -125,8 +125,8 @@ def semaphores_of(group: int) -> list:
             if os.getpgid(int(entry)) != group:
                 continue
             with open(f"/proc/{entry}/maps") as maps:
-                names.update(os.path.basename(line.split()[-1]) for line in maps
-                             if line.rstrip().split()[-1].startswith("/dev/shm/sem."))
+                paths = [line.split()[-1] for line in maps]
+            names.update(os.path.basename(p) for p in paths if p.startswith("/dev/shm/sem."))
         except (ProcessLookupError, FileNotFoundError, PermissionError):
             continue
     return sorted(names)

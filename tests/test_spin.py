@@ -224,7 +224,7 @@ def test_a_worker_that_answered_polls_longer_than_the_parent_for_the_next_run(mo
         (after,) = client.run(polls).values()
     found, timed_out = (after[k] - before[k] for k in ("found", "timed out"))
     # Two polls a round trip: the first finds the key's release, which comes first; the
-    # second waits for the next run. With a window of spin_wait (spin_wait=window / 4 here)
-    # that one gives up every time (39 found, 38 gave up); here all but a few find it, also
-    # beside three busy loops on two CPUs (76-79 found of 79-80).
+    # second waits for the next run. With a window of spin_wait (tried by starting the
+    # cluster with spin_wait=window / 4) that one gives up every time: 39 found, 38 gave up.
+    # Here all but a few find it, also beside three busy loops on two CPUs (76-79 of 79-80).
     assert found >= n and timed_out <= n // 4, f"the worker's reader found {found} and gave up on {timed_out}"

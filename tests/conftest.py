@@ -181,3 +181,12 @@ def socket_pair():
     yield a, b
     a.close()
     b.close()
+
+
+@pytest.fixture
+def seed(request):
+    """A seed for a randomized test: ``LOCALCLUSTER_SEED`` when set (to replay a failure),
+    else a fresh one. Printed at the start of the test, so a failure's output shows it."""
+    value = int(os.environ.get("LOCALCLUSTER_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"seed {value} (replay: LOCALCLUSTER_SEED={value} pytest '{request.node.nodeid}')")
+    return value

@@ -282,3 +282,43 @@ def test_a_large_result_you_drop_is_reported_as_kept_for_reuse_then_goes_back():
         assert cluster.reusable >= n                                # unused now, kept warm
         wait_for(lambda: cluster.reusable == 0, timeout=30)         # and given back
     assert cluster.reusable == 0
+
+
+# --- values of different sizes on one path at once (issue 48) ------------------------------
+
+def mixed(i: int):
+    """Alternately 8 MB and 800 kB: one crosses by copy, the other inside the frame."""
+    import numpy as np
+    return np.full((1000, 1000) if i % 2 == 0 else (1000, 100), float(i))
+
+
+def is_mixed(a, i: int) -> bool:
+    return a.shape == ((1000, 1000) if i % 2 == 0 else (1000, 100)) and bool((a == i).all())
+
+
+def test_values_of_mixed_sizes_relayed_between_workers_arrive_whole(pair):
+    """The new user's script of issue 48: 60 values made on one worker, each read by a task on
+    the other; with sizes alternating, the small and large values relayed together once came
+    out swapped ("cannot reshape array of size 1000000 into shape (1000,100)")."""
+    cluster, client = pair
+    w0, w1 = names(cluster)
+    made = [client.submit(mixed, i, workers=[w0], pure=False) for i in range(60)]
+    checks = [client.submit(is_mixed, m, i, workers=[w1], pure=False) for i, m in enumerate(made)]
+    assert client.gather(checks) == [True] * 60
+    del made, checks
+    settle(client, cluster)
+
+
+def both(small, large):
+    return small.shape, large.shape, float(small[0, 0]), float(large[0, 0])
+
+
+def test_a_small_and_a_large_argument_of_one_task_arrive_in_their_places(pair):
+    """One frame with a buffer that crosses inside it before one the parent copies in."""
+    import numpy as np
+    cluster, client = pair
+    small, large = np.full((1000, 100), 1.0), np.full((1000, 1000), 2.0)
+    assert client.submit(both, small, large, pure=False).result(60) == ((1000, 100), (1000, 1000), 1.0, 2.0)
+    assert client.submit(both, large[:, :100], large, pure=False).result(60) == ((1000, 100), (1000, 1000), 2.0, 2.0)
+    assert client.submit(both, np.asfortranarray(small), large, pure=False).result(60)[2:] == (1.0, 2.0)
+    settle(client, cluster)

@@ -63,6 +63,8 @@ _RO_FLAG = 1 << 62
 _IN_FLAG = 1 << 61          # the sender copies it into the receiver's memory itself (vmcopy.py); a token follows
 _SIZE_MASK = _IN_FLAG - 1
 _MAX_FDS = 253  # SCM_MAX_FD
+# How a buffer of a frame crosses (encode); any other value is a held memfd's descriptor, passed on
+_STASHED, _INLINE, _MEMFD = -1, -2, -3
 _PICKLE = b"\x80"          # a pickle's first byte (PROTO); else the envelope is protocol.pack_lone's
 _RECV = 1 << 18            # bytes per read, into a buffer kept by the reader
 _RECV_MAX = 1 << 22        # one read of a large frame: more reads take the rest
@@ -163,38 +165,34 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None,
     if not buffers:     # most messages
         return [_HEAD.pack(_HEAD.size + len(env), 0, len(env)) + env], []
     views = [pb.raw() for pb in buffers]
-    shared: list[bool] = []         # per buffer: it crosses as a memfd
-    held: list[int] = []            # per buffer: the descriptor it passes on as it is, else -1
+    # How each buffer crosses, decided first: the header lists the buffers in the pickle's
+    # order, and the receiver hands them to pickle.loads in that order, whatever their ways.
+    ways: list[int] = []            # per buffer: _STASHED, _INLINE, _MEMFD, or a held fd passed on as it is
     n_fds = to_write = 0
-    sizes, inline, fds = [], [], []
-    for i, v in enumerate(views):
+    for v in views:
         large = v.nbytes >= MEMFD_THRESHOLD
         fd = _held_fd(v) if large else -1
         if large and stash is not None and fd < 0:      # not a relay of a held memfd: copied in later
-            views[i] = None
-            sizes.append(v.nbytes | _IN_FLAG)
-            sizes.append(stash(v))
-            shared.append(False)
-            held.append(-1)
-            continue
-        memfd = HAVE_MEMFD and large and n_fds < _MAX_FDS
-        shared.append(memfd)
-        held.append(fd if memfd else -1)
-        if memfd:
+            ways.append(_STASHED)
+        elif HAVE_MEMFD and large and n_fds < _MAX_FDS:
             n_fds += 1
-            to_write += v.nbytes if held[-1] < 0 else 0
+            ways.append(_MEMFD if fd < 0 else fd)
+            to_write += v.nbytes if fd < 0 else 0
+        else:
+            ways.append(_INLINE)
     if charge is not None and to_write:
         charge(to_write)
+    sizes, inline, fds = [], [], []
     try:
-        for view, memfd, fd in zip(views, shared, held):
-            if view is None:                # stashed: its size and token are in already
-                continue
-            if memfd:
-                fds.append(_to_memfd(view) if fd < 0 else os.dup(fd))
-                sizes.append(view.nbytes | _FD_FLAG)
-            else:
+        for view, way in zip(views, ways):
+            if way == _INLINE:
                 inline.append(view)
                 sizes.append(view.nbytes | (_RO_FLAG if view.readonly else 0))
+            elif way != _STASHED:
+                fds.append(_to_memfd(view) if way == _MEMFD else os.dup(way))
+                sizes.append(view.nbytes | _FD_FLAG)
+            else:
+                sizes.append(None)          # its token is taken once nothing else can fail
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -202,7 +200,10 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None,
     finally:
         if charge is not None and to_write:
             charge(-to_write)
-    size_bytes = b"".join(_SIZE.pack(s) for s in sizes)
+    for i, way in enumerate(ways):
+        if way == _STASHED:
+            sizes[i] = (views[i].nbytes | _IN_FLAG, stash(views[i]))
+    size_bytes = b"".join(_SIZE.pack(s) if type(s) is int else _SIZE.pack(s[0]) + _SIZE.pack(s[1]) for s in sizes)
     total = _HEAD.size + len(size_bytes) + len(env) + sum(v.nbytes for v in inline)
     head = _HEAD.pack(total, len(views), len(env)) + size_bytes
     if not inline:

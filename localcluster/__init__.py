@@ -22,7 +22,7 @@ _WHERE = {
     "Variable": "coordination",
     "KilledWorker": "death", "WorkerDeath": "death", "TaskTimeoutError": "death", "LostDataError": "death",
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
-    "ClusterBroken": "death", "RemoteTraceback": "death",
+    "ClusterBroken": "death", "TransferError": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
     "report": "views.report", "live": "views.live",
 }
@@ -30,7 +30,7 @@ _WHERE = {
 __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
     "LostDataError", "TaskError", "WorkerStartupError", "ReplayedDeath", "ClusterRestarted", "ClusterClosed",
-    "ClusterBroken", "RemoteTraceback", "StoreError", "WorkerInfo",
+    "ClusterBroken", "TransferError", "RemoteTraceback", "StoreError", "WorkerInfo",
     "wait", "as_completed", "fire_and_forget", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
     "Lock", "Semaphore", "Event", "Queue", "Variable",
@@ -60,7 +60,7 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo
     from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,
-                        TaskError, TaskTimeoutError, WorkerDeath, WorkerStartupError)
+                        TaskError, TaskTimeoutError, TransferError, WorkerDeath, WorkerStartupError)
     from .views.progress import progress
     from .views.report import report
     from .views.live import live

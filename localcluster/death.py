@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .config import format_bytes
-from .wire.basics import RemoteTraceback, thread_ident
+from .wire.basics import RemoteTraceback, TransferError, thread_ident
 
 __all__ = [
     "WorkerDeath", "KilledWorker", "TaskTimeoutError", "RemoteTraceback", "LostDataError", "TaskError", "ClusterBroken",
-    "ClusterRestarted", "ClusterClosed", "WorkerStartupError",
+    "TransferError", "ClusterRestarted", "ClusterClosed", "WorkerStartupError",
     "CAUSES", "classify", "signal_name", "exit_signal", "describe_exit", "crash_stack", "crashing_thread", "thread_ident",
 ]
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 
 import weakref
 
+from .death import TransferError
 from .wire import protocol as P, remote, serialize
 
 __all__ = ["Future", "fire_and_forget"]
@@ -287,6 +288,8 @@ class Future(cf.Future):
                 raise
         try:
             value = serialize.loads(payload)
+        except TransferError as e:      # checked as it landed here: a bug of this process's
+            raise TransferError(self.key, "kept for the client", e.detail) from None
         except Exception as e:
             step = f"unpickling the result of task {self.key!r} in the client failed"
             raise serialize.restate(e, step) from None

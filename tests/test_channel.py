@@ -311,7 +311,7 @@ def test_a_received_payload_can_be_sent_on_as_it_is(memfds):
             c.close()
 
 
-def _relay(memfds: list, change) -> tuple:
+def _relay(memfds: list, change, changed_after_sealing: bool = False) -> tuple:
     """worker -> parent -> worker: what the last worker got, and how many memfds were written."""
     a1, b1 = socket.socketpair()
     a2, b2 = socket.socketpair()
@@ -324,7 +324,12 @@ def _relay(memfds: list, change) -> tuple:
         assert mid_out.send(msg) is True
         (relayed,) = dst.recv_all()
         del msg
-        return arr, serialize.loads(relayed[1]), len(memfds)
+        payload = relayed[1]
+        if changed_after_sealing:       # the seal sees it; here the bytes themselves are the point
+            with pytest.raises(localcluster.TransferError):
+                serialize.loads(payload)
+            return arr, pickle.loads(payload.meta, buffers=payload.buffers), len(memfds)
+        return arr, serialize.loads(payload), len(memfds)
     finally:
         for c in (src, mid_in, mid_out, dst):
             c.close()
@@ -347,7 +352,7 @@ def test_data_let_go_to_user_code_is_copied_when_sent_again(memfds):
         channel.let_go(payload.buffers)
         value = serialize.loads(payload)
         value[7] = -7.0
-    sent, got, written = _relay(memfds, user_writes)
+    sent, got, written = _relay(memfds, user_writes, changed_after_sealing=True)
     assert got[7] == -7.0 and np.array_equal(got[8:], sent[8:])
     assert written == 2
 

@@ -228,7 +228,7 @@ def test_dependency_on_other_worker_is_relayed():
     assert exp.locate               # the parent copies it out itself, where it may (wire/vmcopy.py)
     payload = dumps(41)
     acts = s.data("w2", exp.request, "c", payload, None)
-    assert sends(acts) == [("w1", P.Put("c", payload))]
+    assert sends(acts) == [("w1", P.Put("c", payload, 0, "worker 'w2'"))]
     assert s.tasks["c"].who_has == {"w1", "w2"}
 
 
@@ -257,7 +257,7 @@ def test_small_result_in_parent_is_put_directly():
     s.set_paused("w1", True)
     acts = s.submit([spec("b", "a")])
     assert runs(acts) == [("b", "w2")]
-    assert sends(acts, P.Put) == [("w2", P.Put("a", small))]
+    assert sends(acts, P.Put) == [("w2", P.Put("a", small, 0, "the parent's copy"))]
     assert not sends(acts, P.Export)
 
 
@@ -797,7 +797,7 @@ def test_lost_dependency_pulls_back_the_waiting_dependent():
 def test_scattered_data_lost_with_its_only_worker():
     s = sched("w1", "w2")
     payload, acts = scatter(s, "x", ["w1"])
-    assert sends(acts) == [("w1", P.Put("x", payload))] and resolves(acts)["x"].status == "finished"
+    assert sends(acts) == [("w1", P.Put("x", payload, 0, "the client (scatter)"))] and resolves(acts)["x"].status == "finished"
     acts = s.submit([spec("b", "x")])
     assert runs(acts) == [("b", "w1")]
     acts = died(s, death("w1"), running(s, "b"))
@@ -902,7 +902,7 @@ def test_relay_from_dead_holder_goes_to_another_holder():
     ((h2, exp),) = sends(acts, P.Export)
     assert h2 == other and exp.key == "x"
     payload = dumps(1)
-    assert sends(s.data(other, exp.request, "x", payload, None)) == [("w3", P.Put("x", payload))]
+    assert sends(s.data(other, exp.request, "x", payload, None)) == [("w3", P.Put("x", payload, 0, f"worker {other!r}"))]
 
 
 def test_late_data_from_dead_holder_is_ignored():
@@ -969,7 +969,7 @@ def test_retire_moves_data_only_it_holds_then_retires():
     assert runs(s.submit([spec("b")])) == [("b", "w2")]       # no new work for w1
     payload = dumps(1)
     acts = s.data("w1", exp.request, "a", payload, None)
-    assert sends(acts) == [("w2", P.Put("a", payload))]
+    assert sends(acts) == [("w2", P.Put("a", payload, 0, "worker 'w1'"))]
     assert Retire("w1") in acts
     assert s.tasks["a"].who_has == {"w1", "w2"}
 
@@ -1100,7 +1100,7 @@ def test_scatter_with_no_worker_keeps_the_data_and_sends_it_when_needed():
     assert not sends(acts) and resolves(acts)["a"].status == "finished"
     s.submit([spec("b", "a")])
     acts = s.add_worker("w1", 1)
-    assert sends(acts, P.Put) == [("w1", P.Put("a", big))] and runs(acts) == [("b", "w1")]
+    assert sends(acts, P.Put) == [("w1", P.Put("a", big, 0, "the parent's copy"))] and runs(acts) == [("b", "w1")]
 
 
 def test_replicate_answers_once_every_copy_has_arrived():

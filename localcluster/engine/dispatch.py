@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import pickle
 import threading
 import time
@@ -96,6 +97,7 @@ class Flush:
 
 
 _COPIES = (P.Located, P.Landing)     # what the parent copies out of or into a worker itself
+_LANDS = (P.Located, P.Landing, P.Data)     # what brings a worker's data here, to copy or to check
 
 
 def copy_in(outlet: Outlet, m: P.Landing) -> P.Landed:
@@ -117,12 +119,14 @@ def copy_in(outlet: Outlet, m: P.Landing) -> P.Landed:
 
 
 def copy_located(pid: int, worker: str, m: P.Located,
-                 fresh: Callable[[int], Any] = vmcopy.fresh) -> Optional[P.Data]:
+                 fresh: Callable[[int], Any] = vmcopy.fresh) -> Any:
     """The value a :class:`~localcluster.wire.protocol.Located` shows, copied out of process
     ``pid`` into memory here (``fresh(n)``: recycle.py's take), as the Data it stands for
     (or Data carrying the error). None when the process is gone (its memory with it): as if
     it had died before answering, its death sends the request to another holder, or has
-    the value made again (a soak found a relay failing its dependents instead)."""
+    the value made again (a soak found a relay failing its dependents instead). A copy that
+    is not what the holder sealed becomes a Damaged from that worker: the scheduler drops
+    the holder's copy and gets the value again."""
     try:
         meta = m.meta if type(m.meta) is bytes else bytes(vmcopy.read_from(pid, *m.meta))
         buffers = tuple(pickle.PickleBuffer(vmcopy.read_from(pid, addr, n, fresh(n))) for addr, n in m.spans)
@@ -134,7 +138,29 @@ def copy_located(pid: int, worker: str, m: P.Located,
                              f"until the parent has read it: this is a bug; please report it to the "
                              f"localcluster maintainers with this message")
         return P.Data(m.request, m.key, None, dumps_exception(error))
-    return P.Data(m.request, m.key, P.Payload(meta, buffers, m.nbytes), None)
+    payload = P.Payload(meta, buffers, m.nbytes, m.seals)
+    detail = P.broken_seal(payload) if m.seals else None
+    if detail is not None:
+        return P.Damaged(m.key, 0, m.request, f"copied out of worker {worker!r} (pid {pid}): {detail}")
+    return P.Data(m.request, m.key, payload, None)
+
+
+def _tell_damaged(worker: str, m: P.Damaged, run: Optional[str]) -> None:
+    what = (f"the data of {m.key!r}" if m.key else f"the arguments of task {run!r}") + \
+        (f", read by task {run!r}," if m.key and run else "")
+    logger.warning("localcluster: a transfer went wrong: %s, at worker %r, is not what was sent (%s). It "
+                   "was not used: it is sent again, or computed again from its lineage. This is a failure of "
+                   "localcluster's, not of your data or code; please report this message with "
+                   "client.get_versions() to the localcluster maintainers", what, worker, m.detail)
+
+
+def checked(worker: str, m: P.Data) -> Any:
+    """``m`` itself when its data is what the holder sealed (or it has no out-of-band part),
+    else a Damaged from that worker (the scheduler gets the value again)."""
+    detail = P.broken_seal(m.data) if m.data is not None and m.data.seals else None
+    if detail is None:
+        return m
+    return P.Damaged(m.key, 0, m.request, f"sent by worker {worker!r}: {detail}")
 
 
 class Dispatcher:
@@ -162,8 +188,10 @@ class Dispatcher:
         #: the scheduler thread is woken for what is deferred; cleared by ``_admit`` before it
         #: takes any, so that a submit that sees it set is taken by that admit
         self._wake_due = False
-        #: when the last submit came (monotonic), or 0 after a wait: a burst is under way while recent
-        self._last_submit = 0.0
+        #: when the last submit came (monotonic), or -inf after a wait: a burst is under way while
+        #: recent (not 0: a clock that started less than BURST ago, as a test's BURST of an hour
+        #: on a machine booted minutes ago, would make the first submit a burst)
+        self._last_submit = -math.inf
 
     # --- the supervisor's side (scheduler thread) ---------------------------------------------
 
@@ -256,7 +284,7 @@ class Dispatcher:
     def settle(self) -> None:
         """:meth:`admit`, and the burst ends: the caller is about to wait for a future (its
         next submit goes at once, as the round trip of ``submit(f).result()`` wants)."""
-        self._last_submit = 0.0
+        self._last_submit = -math.inf
         self.admit()
 
     @contextlib.contextmanager
@@ -287,21 +315,26 @@ class Dispatcher:
         if not msgs and (outlet is None or not outlet.cork):
             return
         unpin: list = []
-        if outlet is not None and outlet.pid is not None and any(type(m) in _COPIES for m in msgs):
-            # Copied here, outside the lock, by the thread that read the frame: it holds the
-            # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
-            # its pid cannot belong to another process yet.
-            unpin = [S.Send(worker, P.Unpin(m.request)) for m in msgs if type(m) is P.Located]
-            unpin += [S.Send(worker, copy_in(outlet, m)) for m in msgs if type(m) is P.Landing]
-            fresh = self._recycler.take
-            msgs = [copy_located(outlet.pid, worker, m, fresh) if type(m) is P.Located else m for m in msgs
-                    if type(m) is not P.Landing]
-            msgs = [m for m in msgs if m is not None]
+        if outlet is not None and any(type(m) in _LANDS for m in msgs):
+            if outlet.pid is not None and any(type(m) in _COPIES for m in msgs):
+                # Copied here, outside the lock, by the thread that read the frame: it holds the
+                # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
+                # its pid cannot belong to another process yet.
+                unpin = [S.Send(worker, P.Unpin(m.request)) for m in msgs if type(m) is P.Located]
+                unpin += [S.Send(worker, copy_in(outlet, m)) for m in msgs if type(m) is P.Landing]
+                fresh = self._recycler.take
+                msgs = [copy_located(outlet.pid, worker, m, fresh) if type(m) is P.Located else m for m in msgs
+                        if type(m) is not P.Landing]
+                msgs = [m for m in msgs if m is not None]
+            msgs = [checked(worker, m) if type(m) is P.Data else m for m in msgs]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
+        damaged: list = []
         with self._lock:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key
                 t = type(m)
-                if t is P.Finished or t is P.Failed:
+                if t is P.Damaged:
+                    damaged.append((m, key_of(m.seq) if m.seq else None))
+                elif t is P.Finished or t is P.Failed:
                     key = key_of(m.seq)
                     if key is not None:
                         finished = t is P.Finished
@@ -314,6 +347,8 @@ class Dispatcher:
             if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
                 post += self._queue(outlet, [])
         self.post(post)
+        for m, run in damaged:
+            _tell_damaged(worker, m, run)
 
     def on_task_requests(self, worker: str, asks: list) -> None:
         """Requests from tasks on ``worker`` (Ask: get_client, secede ...), in the order sent,

@@ -116,7 +116,7 @@ class Admission:
             for ws in (targets if broadcast or not targets else [targets[i % len(targets)]]):
                 ts.add_holder(ws.name)
                 ws.has.add(key)
-                out.append(Send(ws.name, P.Put(key, data)))
+                out.append(Send(ws.name, P.Put(key, data, 0, "the client (scatter)")))
             out.append(Resolve(key, "finished", ts.data))
         return out
 

@@ -104,6 +104,12 @@ class Outcomes:
             out += self._orphans_settled()
         return out + self._maybe_retire(self._worker(worker))
 
+    def take_back(self, worker: str, seq: int) -> Optional[Task]:
+        """A run that could not start (its inputs arrived damaged): its slot is free, and its
+        task, still processing, is the caller's to place again or fail. None when nobody
+        waits for that run any more (its orphan was freed)."""
+        return self._take_run(worker, seq)
+
     def _take_run(self, worker: str, seq: int) -> Optional[Task]:
         ws = self._worker(worker)
         if ws is None:

@@ -247,11 +247,12 @@ class _Rare:
     """The fields of a Task that most tasks never change from their defaults (deaths blamed,
     fetches waiting, cancels, retries used, an error): made on the first change, so that a
     task holds one slot for them instead of six, 200 -> 160 bytes a Task."""
-    __slots__ = ("suspicious", "deaths", "fetchers", "cancels", "retries", "error")
+    __slots__ = ("suspicious", "deaths", "fetchers", "cancels", "retries", "error", "damages")
 
     def __init__(self, retries: int) -> None:
         self.suspicious, self.deaths, self.fetchers, self.cancels, self.retries = 0, (), (), 0, retries
         self.error: Any = None
+        self.damages = 0
 
 
 def _spec_retries(task: "Task") -> int:
@@ -338,6 +339,9 @@ class Task:
     retries = _rare("retries", _spec_retries, "user errors it may still retry after")
     error = _rare("error", lambda ts: None,
                   "erred, lost: the exception (or its pickled bytes) its futures raise; None otherwise")
+    damages = _rare("damages", lambda ts: 0,
+                    "copies of its data, or of its run's arguments, that arrived damaged (protocol.Damaged); "
+                    "past MAX_DAMAGES it fails with TransferError")
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

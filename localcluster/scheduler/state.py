@@ -61,7 +61,7 @@ import itertools
 from typing import Any, Callable, Optional
 
 from ..wire import protocol as P
-from ..death import WorkerDeath
+from ..death import TransferError, WorkerDeath
 from .admission import Admission
 from .asking import Asking
 from .coordination import Asker, Coordination
@@ -76,6 +76,11 @@ from .roster import Roster
 from .records import (Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState,
                       fetches_waiting)
 from .transfers import Transfers, gone as _gone
+
+
+#: copies of one value (or of one run's arguments) that may arrive damaged before what waits for
+#: it fails with TransferError: a mix-up that repeats is not mended by a fourth try
+MAX_DAMAGES = 3
 
 
 def _placing(event: Callable) -> Callable:
@@ -342,6 +347,8 @@ class Scheduler:
                     out += self.stored(m.ack)
                 elif t is P.Called:
                     out += self.called(m.request, m.data, m.error)
+                elif t is P.Damaged:
+                    out += self.damaged(worker, m)
                 else:
                     raise TypeError(f"not a task message: {m!r}")
         finally:
@@ -536,7 +543,7 @@ class Scheduler:
                 if payload is not None:
                     ts.add_holder(target)
                     tws.has.add(key)
-                    out.append(self.transfers.put(key, target, payload))
+                    out.append(self.transfers.put(key, target, payload, f"worker {holder!r}"))
                 else:
                     for dkey in list(ts.dependents):
                         dts = self.tasks.get(dkey)
@@ -547,6 +554,90 @@ class Scheduler:
         ws = self.workers.get(holder)
         if ws is not None:
             out += self.roster.maybe_retire(ws)
+        return out
+
+    # --- a copy that broke its seal (protocol.Damaged) ---------------------------------
+
+    def damaged(self, worker: str, m: P.Damaged) -> list:
+        """A copy on ``worker``, or copied out of it, is not what it was sealed as where it was
+        pickled: localcluster's own failure, never the user's. The copy is dropped, and the
+        value is got again: from another copy, or computed again from its lineage when it was
+        the last (as when a worker dies); a run that could not start for it is placed again.
+        After ``MAX_DAMAGES`` damaged copies of one value (or of one run's arguments), what
+        waits for it fails with TransferError, naming the key, the workers and what differed."""
+        ws = self.workers.get(worker)
+        ts = self.tasks.get(m.key) if m.key else None
+        export = self.transfers.answered(m.request) if m.request else None
+        run = self.outcomes.take_back(worker, m.seq) if m.seq else None
+        blamed = ts if ts is not None else run          # whose count of damaged copies grows
+        error = None
+        if blamed is not None:
+            blamed.damages += 1
+            if blamed.damages > MAX_DAMAGES:
+                where = (f"that reached worker {worker!r}" if not m.request
+                         else f"copied out of worker {worker!r}")
+                error = TransferError(blamed.key, where, m.detail, blamed.damages)
+        out: list = []
+        if ts is not None and ts.state == "memory":
+            out += self._drop_damaged_copy(ts, worker, ws, stored=bool(m.seq or m.request))
+            if ws is not None and not m.seq and not m.request:        # a Put that was not stored
+                self.transfers.put_lost(ts.key, worker)
+                out += self._needed_again_on(ts, ws, error)
+        if export is not None:
+            if error is not None and export.client_request is not None:
+                out.append(Deliver(export.client_request, export.key, error=error))
+            elif error is not None:
+                out += self.transfers.done(export.key, export.target, error)
+            else:
+                out += self.transfers.ask_again(export)
+        if run is not None:
+            if error is not None:
+                out += self.readiness.fail(run, error, "damaged: gave up")
+            else:
+                out += self.readiness.make_ready_or_wait(run)
+        elif m.seq:                     # nobody waits for that run any more
+            out += self.forgetting.orphan(worker, m.seq)
+        return out + (self.roster.maybe_retire(ws) if ws is not None else [])
+
+    def _drop_damaged_copy(self, ts: Task, worker: str, ws: Optional[WorkerState], stored: bool) -> list:
+        """Forget ``worker``'s copy of ``ts`` (and have the worker drop it when it stored one);
+        when it was the last, ``ts`` is made again if something needs it (as after a death)."""
+        out: list = []
+        ts.drop_holder(worker)
+        if ws is not None:
+            ws.has.discard(ts.key)
+            if stored:
+                out.append(Send(worker, P.Free((ts.key,))))
+        if ts.who_has or ts.data is not None:
+            return out
+        if ts.terms is None:        # scattered: nothing to make it again from
+            self._to(ts, "lost", "damaged: the last copy of scattered data")
+            ts.error = TransferError(ts.key, f"on worker {worker!r}", "it was the last copy of scattered data")
+            out.append(Resolve(ts.key, "lost", ts.error))
+            for req in ts.fetchers:
+                out.append(Deliver(req, ts.key, error=ts.error))
+            ts.fetchers = ()
+            return out + self.readiness.fail_dependents(ts, ts.error)
+        if ts.wanted or self.forgetting.needed_by_dependents(ts):
+            self._to(ts, "waiting", "damaged: compute the last copy again")
+            return out + self.deaths.pull_back([ts]) + self.readiness.make_ready_or_wait(ts)
+        self._to(ts, "released", "damaged: the last copy, nobody needs it")
+        return out + self.forgetting.forget(ts)
+
+    def _needed_again_on(self, ts: Task, ws: WorkerState, error: Optional[TransferError]) -> list:
+        """A copy of ``ts`` meant for ``ws`` did not arrive whole: sent again for the runs on ``ws``
+        that wait for it and the replicates that asked for it, or those fail with ``error``."""
+        out: list = []
+        waiting = [dts for dkey in sorted(ts.dependents) if (dts := self.tasks.get(dkey)) is not None
+                   and dts.state == "processing" and dts.worker == ws.name]
+        replicated = any((ts.key, ws.name) in pending for pending in self.transfers.replicas.values())
+        if error is not None:
+            for dts in waiting:
+                out += self.forgetting.unassign(dts)
+                out += self.readiness.fail(dts, error, "damaged: an input's copy, again and again")
+            return out + self.transfers.done(ts.key, ws.name, error)
+        if (waiting or replicated) and ts.state == "memory":
+            out += self.transfers.relay(ts, ws)
         return out
 
     # --- forgetting (forgetting.py) ---------------------------------------------------

@@ -50,7 +50,7 @@ class Transfers:
         if ts.data is not None:
             ts.add_holder(target.name)
             target.has.add(ts.key)
-            return [self.put(ts.key, target.name, ts.data)]
+            return [self.put(ts.key, target.name, ts.data, "the parent's copy")]
         if (ts.key, target.name) in self.relaying or not ts.who_has:
             return []
         holder = min(ts.who_has, key=lambda w: len(ws.processing) if (ws := self._worker(w)) is not None else 0)
@@ -76,13 +76,14 @@ class Transfers:
             self.relaying.pop((export.key, export.target), None)
         return export
 
-    def put(self, key: str, target: str, data: P.Payload) -> Send:
-        """Put data on a worker, asking for an acknowledgement when a replicate waits for it."""
+    def put(self, key: str, target: str, data: P.Payload, origin: str) -> Send:
+        """Put data on a worker, asking for an acknowledgement when a replicate waits for it.
+        ``origin``: where the bytes come from, for the worker to name if they arrive damaged."""
         ack = 0
         if any((key, target) in pending for pending in self.replicas.values()):
             ack = next(self._ids)
             self.unacked[ack] = (key, target)
-        return Send(target, P.Put(key, data, ack))
+        return Send(target, P.Put(key, data, ack, origin))
 
     def stored(self, ack: int) -> list:
         """A worker acknowledged a Put: a copy that ``replicate`` waits for exists."""
@@ -143,10 +144,19 @@ class Transfers:
                 out += self.done(export.key, dead)
             elif export.holder == dead:
                 self.answered(req)
-                out += self._ask_again(export)
+                out += self.ask_again(export)
         return out
 
-    def _ask_again(self, export: Export) -> list:
+    def put_lost(self, key: str, target: str) -> None:
+        """A Put of ``key`` to ``target`` was not stored (it arrived damaged): no Stored will
+        answer its ack; the relay that sends it again asks for a new one."""
+        for ack, entry in list(self.unacked.items()):
+            if entry == (key, target):
+                del self.unacked[ack]
+
+    def ask_again(self, export: Export) -> list:
+        """An Export whose holder cannot answer it (died, or its copy is damaged): asked of
+        another holder, or waiting for the value to be made again, or failed."""
         key, target, client = export.key, export.target, export.client_request
         ts = self._task(key)
         if target is not None:

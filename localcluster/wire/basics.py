@@ -1,6 +1,6 @@
 """What the worker's side of the wire and the parent's diagnosis (death.py) both need:
-how a thread's ident is kept on the status board, and the exception that carries a task's
-traceback as text. Here rather than in death.py, so that a worker does not import the
+how a thread's ident is kept on the status board, the exception that carries a task's
+traceback as text, and the one that says a transfer of localcluster's went wrong. Here rather than in death.py, so that a worker does not import the
 diagnosis, and with it concurrent.futures, dataclasses' users and config (~7 ms of its
 start, measured by ``python -X importtime``)."""
 from __future__ import annotations
@@ -22,3 +22,26 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.text}"""'
+
+
+class TransferError(RuntimeError):
+    """A value's bytes arrived other than they were sent: localcluster lost track of a transfer
+    between two of its processes. Never the user's data or code: each value is sealed where it
+    is pickled (its buffers' lengths and a sample of their bytes) and checked where it lands,
+    and a copy that breaks its seal is never unpickled. It is fetched again, or computed again
+    from its lineage, first; this is what the user gets only when that failed ``tries`` times."""
+
+    def __init__(self, key: str, where: str, detail: str, tries: int = 1):
+        self.key, self.where, self.detail, self.tries = key, where, detail, tries
+        super().__init__(key, where, detail, tries)
+
+    def __str__(self) -> str:
+        again = (f" It was fetched or computed again {self.tries - 1} time{'s' * (self.tries > 2)}, with the "
+                 f"same result." if self.tries > 1 else "")
+        return (f"localcluster lost track of a transfer: the data of {self.key!r} {self.where} is not what was "
+                f"sent ({self.detail}).{again} This is a failure of localcluster, not of your data or your "
+                f"code: no value was made of the wrong bytes. Submit the work again, and please report this "
+                f"message with client.get_versions() to the localcluster maintainers.")
+
+    def __reduce__(self):
+        return (TransferError, (self.key, self.where, self.detail, self.tries))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 import pickle
 import struct
+import zlib
 from array import array
 from typing import Any, Optional
 
@@ -94,10 +95,62 @@ def _repr(self: Any) -> str:
 
 @_dc
 class Payload:
-    """User data pickled with cloudpickle; ``buffers`` are its out-of-band pickle-5 buffers."""
+    """User data pickled with cloudpickle; ``buffers`` are its out-of-band pickle-5 buffers.
+    ``seals``: what the parts that leave the pickle stream must be wherever they land
+    (:func:`seal`), made once where the value is pickled and carried with it; () when every
+    part is in the stream, where the frame's order keeps them."""
     meta: Any          # bytes, or a PickleBuffer when large (so it too leaves the stream)
     buffers: tuple     # PickleBuffers, always: so a Payload can be sent on as it arrived
     nbytes: int
+    seals: tuple = ()  # (the meta's seal, or 0 when it is in the stream, then one per buffer)
+
+
+# A seal samples this many bytes spread over a buffer, plus its first and last 64.
+_SAMPLE = 4096
+
+
+def seal(buf: Any) -> int:
+    """What a buffer of a payload must be where it lands: its length, and a CRC-32 of its first
+    and last 64 bytes and of ~4,096 bytes spread over it (at an odd stride, so that every
+    byte of a word is sampled somewhere). A few microseconds whatever the size: it tells a
+    buffer from another value's, a shorter or longer one, or memory never written, not a
+    single flipped bit in the middle of a large one."""
+    view = buf.raw() if type(buf) is pickle.PickleBuffer else memoryview(buf).cast("B")
+    n = view.nbytes
+    if n <= 2 * _SAMPLE:
+        crc = zlib.crc32(view)
+    else:
+        crc = zlib.crc32(view[:64])
+        crc = zlib.crc32(view[::(n // _SAMPLE) | 1].tobytes(), crc)
+        crc = zlib.crc32(view[-64:], crc)
+    return n << 32 | crc
+
+
+def seals_of(meta: Any, buffers: Any) -> tuple:
+    """The seals of a payload's parts that leave the pickle stream; () when none do."""
+    large_meta = type(meta) is not bytes
+    if not buffers and not large_meta:
+        return ()
+    return (seal(meta) if large_meta else 0, *map(seal, buffers))
+
+
+def broken_seal(payload: "Payload") -> Optional[str]:
+    """None when every out-of-band part of ``payload`` is what it was sealed as; else what
+    differs, for the error (which part, its length and seal against the expected)."""
+    seals = payload.seals
+    if not seals:
+        return None
+    buffers = payload.buffers
+    if len(seals) != len(buffers) + 1:
+        return f"{len(buffers)} buffers arrived where {len(seals) - 1} were sent"
+    parts = ((seals[0], payload.meta),) if seals[0] else ()
+    for i, (want, part) in enumerate((*parts, *zip(seals[1:], buffers))):
+        got = seal(part)
+        if got != want:
+            which = "the pickle stream" if i == 0 and parts else f"buffer {i - len(parts) + 1} of {len(buffers)}"
+            return (f"{which}: {got >> 32:,} bytes with seal {got & 0xFFFFFFFF:08x} arrived where "
+                    f"{want >> 32:,} bytes with seal {want & 0xFFFFFFFF:08x} were sent")
+    return None
 
 
 SHARED_MAX_BYTES = 24
@@ -122,17 +175,18 @@ def shared(payload: Optional[Payload], memo: dict) -> Optional[Payload]:
     return payload
 
 
-def _payload_from_wire(meta: Any, buffers: tuple, nbytes: int) -> Payload:
+def _payload_from_wire(meta: Any, buffers: tuple, nbytes: int, seals: tuple = ()) -> Payload:
     # pickle hands a read-only out-of-band buffer back as a memoryview (READONLY_BUFFER);
     # wrap it again, or the Payload could not be pickled out-of-band a second time.
     if type(meta) is memoryview:
         meta = pickle.PickleBuffer(meta)
     if buffers and any(type(b) is not pickle.PickleBuffer for b in buffers):
         buffers = tuple(b if type(b) is pickle.PickleBuffer else pickle.PickleBuffer(b) for b in buffers)
-    return Payload(meta, buffers, nbytes)
+    return Payload(meta, buffers, nbytes, seals)
 
 
-Payload.__reduce__ = lambda self: (_payload_from_wire, (self.meta, self.buffers, self.nbytes))
+Payload.__reduce__ = lambda self: (_payload_from_wire, (self.meta, self.buffers, self.nbytes, self.seals)
+                                   if self.seals else (self.meta, self.buffers, self.nbytes))
 
 
 # --- parent -> worker ------------------------------------------------------------------
@@ -155,6 +209,7 @@ class Put:
     key: str
     data: Payload
     ack: int = 0
+    origin: str = ""    # where the bytes come from (the worker it was relayed from, the client), for a Damaged
 
 
 @_dc
@@ -267,6 +322,22 @@ class Located:
     meta: Any           # the pickle's bytes, or (address, nbytes) when large
     spans: tuple        # (address, nbytes) of each out-of-band buffer, in order
     nbytes: int
+    seals: tuple = ()   # the Payload's: what the parent must find there
+
+
+@_dc
+class Damaged:
+    """A value arrived, or was read, other than it was sealed as (:func:`broken_seal`):
+    localcluster lost track of a transfer, and the copy is not used. ``key``: the value whose
+    copy on this worker is damaged ("" when it was a run's own arguments); ``seq``: the run
+    that could not start for it (0: none); ``request``: the Export it answered (0: none; the
+    parent makes those itself when a copy out of a holder breaks its seal). ``detail``: what
+    differs. The parent drops that copy and gets the value again, from another copy or by
+    computing it again."""
+    key: str
+    seq: int
+    request: int
+    detail: str
 
 
 @_dc

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import cloudpickle
 
-from .protocol import OUT_OF_BAND, Payload
+from .basics import TransferError
+from .protocol import OUT_OF_BAND, Payload, broken_seal, seals_of
 from .remote import detached_traceback, explain_here
 
 _local = threading.local()
@@ -147,7 +148,7 @@ def _payload(meta: bytes, buffers: list) -> Payload:
     nbytes = len(meta) + sum(pb.raw().nbytes for pb in buffers)
     if len(meta) >= OUT_OF_BAND:
         meta = pickle.PickleBuffer(meta)
-    return Payload(meta, tuple(buffers), nbytes)
+    return Payload(meta, tuple(buffers), nbytes, seals_of(meta, buffers))
 
 
 def dumps(obj: Any) -> Payload:
@@ -155,7 +156,14 @@ def dumps(obj: Any) -> Payload:
 
 
 def loads(payload: Payload, store: Any = None) -> Any:
-    """``store``: in the worker, where each Future among task arguments finds its value."""
+    """``store``: in the worker, where each Future among task arguments finds its value.
+    Raises TransferError (its key and place left for the caller to fill in) when the bytes
+    are not the ones that were pickled: no value is ever made of another value's bytes, and
+    the user's data is never blamed for them."""
+    if payload.seals:
+        detail = broken_seal(payload)
+        if detail is not None:
+            raise TransferError("", "", detail)
     if store is None:
         return pickle.loads(payload.meta, buffers=payload.buffers)
     return _ArgsUnpickler(io.BytesIO(payload.meta), payload.buffers, store).load()
@@ -247,7 +255,7 @@ class PlainArgs(tuple):
     task holds this tuple (~50 bytes) rather than a Payload and its bytes (~110). Nothing the
     caller holds can change the arguments meanwhile: each one is immutable."""
     __slots__ = ()
-    buffers = ()
+    buffers = seals = ()
 
     @property
     def meta(self) -> bytes:
@@ -489,6 +497,8 @@ def restate(exc: BaseException, step: str) -> BaseException:
     """The same kind of exception, its message prefixed with the step that failed
     ("pickling the result of task 'f-1' failed on worker 'worker-0': ...")."""
     from ..death import TaskError
+    if isinstance(exc, TransferError):      # the bytes are not the data's: never blame the data
+        return TransferError(exc.key or "the arguments", exc.where or f"read while {step}", exc.detail)
     if isinstance(exc, ImportError):
         why = "every module the function and the data refer to must be importable there"
     else:

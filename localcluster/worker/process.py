@@ -33,6 +33,7 @@ import traceback
 from collections import deque
 from typing import Any, Callable, Optional
 
+from ..wire.basics import TransferError
 from ..wire import protocol as P
 from ..wire import remote, serialize
 from ..wire.recycle import Recycler
@@ -223,6 +224,11 @@ class Worker:
 
     def _put(self, msg: P.Put) -> None:
         t = time.perf_counter_ns()
+        if msg.data.seals:
+            detail = P.broken_seal(msg.data)
+            if detail is not None:      # never stored: the parent drops this copy and sends it again
+                self.chan.send(P.Damaged(msg.key, 0, 0, f"{detail}; it came from {msg.origin or 'the parent'}"))
+                return
         self.store.put_payload(msg.key, msg.data)
         self.board.moved(time.perf_counter_ns() - t)
         if msg.ack:
@@ -497,7 +503,11 @@ class Worker:
                 fn = self.fns[run.fn_id] = pickle.loads(fn)
             step = "unpickling the arguments"
             # only a task with dependencies has placeholders to resolve (the plain loads is faster)
-            args, kwargs = serialize.loads(run.args, self.store if run.deps else None)
+            try:
+                args, kwargs = serialize.loads(run.args, self.store if run.deps else None)
+            except TransferError as e:      # not the task's: the parent sends what it needs again
+                whose = f"the stored copy of {e.key!r}" if e.key else "the task's arguments"
+                return P.Damaged(e.key, run.seq, 0, f"{whose}: {e.detail}")
             step = "running the task"
             here.run, here.row = run, row
             t1 = time.perf_counter()

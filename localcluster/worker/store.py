@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
+from ..wire.basics import TransferError
 from ..wire import serialize
 from ..system.machine import rss
 from ..wire.protocol import Payload
@@ -100,6 +101,8 @@ class Store:
             if entry.value is _ABSENT:
                 try:
                     entry.value = serialize.loads(entry.payload)
+                except TransferError as e:      # not the user's data: the worker says so (process.py)
+                    raise TransferError(key, "stored on this worker", e.detail) from None
                 except Exception as e:
                     raise StoreError(f"unpickling the stored data of {key!r} failed: "
                                      f"{type(e).__name__}: {e}") from e
@@ -225,14 +228,14 @@ def _unlink(path: str) -> None:
         pass
 
 
-# Spill file: u64 header length | pickled (meta length, [(size, readonly)]) | meta | buffers.
+# Spill file: u64 header length | pickled (meta length, [(size, readonly)], seals) | meta | buffers.
 # Read-only buffers (bytes) come back as bytes and writable ones as bytearray, so a reloaded
 # value is as writable as it was, and a reloaded bytes needs no second copy.
 
 def _write(path: str, payload: Payload) -> None:
     meta = payload.meta.raw() if isinstance(payload.meta, pickle.PickleBuffer) else memoryview(payload.meta)
     bufs = [pb.raw() for pb in payload.buffers]
-    header = pickle.dumps((meta.nbytes, [(b.nbytes, b.readonly) for b in bufs]))
+    header = pickle.dumps((meta.nbytes, [(b.nbytes, b.readonly) for b in bufs], payload.seals))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -254,7 +257,7 @@ def _write(path: str, payload: Payload) -> None:
 def _read(path: str) -> Payload:
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
-        meta_len, sizes = pickle.loads(f.read(n))
+        meta_len, sizes, seals = pickle.loads(f.read(n))
         meta = f.read(meta_len)
         bufs = []
         for size, readonly in sizes:
@@ -269,4 +272,4 @@ def _read(path: str) -> Payload:
             bufs.append(pickle.PickleBuffer(b))
     if len(meta) != meta_len:
         raise EOFError("spill file is truncated")
-    return Payload(meta, tuple(bufs), meta_len + sum(s for s, _ in sizes))
+    return Payload(meta, tuple(bufs), meta_len + sum(s for s, _ in sizes), seals)

@@ -88,4 +88,4 @@ def _located(msg: P.Export, payload: P.Payload) -> Optional[P.Located]:
         spans = tuple(vmcopy.address(b) for b in payload.buffers)
     except (BufferError, OSError, TypeError):
         return None
-    return P.Located(msg.request, msg.key, meta, spans, payload.nbytes)
+    return P.Located(msg.request, msg.key, meta, spans, payload.nbytes, payload.seals)

@@ -134,6 +134,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.leases: list = []
         self.ids = itertools.count(1)
         self.awaiting: set = set()                  # (worker, request) of a task's run not answered yet
+        self.damaging = False                       # copies arrive damaged (protocol.Damaged) meanwhile
         for _ in range(2):
             self._add(1)
 
@@ -162,6 +163,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif type(m) is P.Export:
                 w.exports.append((m.key, m.request))
             elif type(m) is P.Put:
+                if self.damaging:           # as worker.py: a copy that breaks its seal is not stored
+                    w.replies.append(P.Damaged(m.key, 0, 0, "damaged in the model"))
+                    continue
                 w.store.add(m.key)
                 if m.ack:
                     w.replies.append(P.Stored(m.ack))
@@ -369,8 +373,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._do(self.s.set_paused(data.draw(st.sampled_from(sorted(self.workers))), paused))
 
     # --- what the workers do ---
+    @rule(on=st.booleans())
+    def copies_damaged(self, on):
+        """From now on, copies that land (Puts, the parent's copies out of workers) arrive
+        damaged, or whole again: the scheduler gets them again, or gives up."""
+        self.damaging = on
+
     @precondition(lambda self: any(w.queue for w in self.workers.values()))
-    @rule(data=st.data(), outcome=st.sampled_from(["small", "big", "error"]), now=st.booleans())
+    @rule(data=st.data(), outcome=st.sampled_from(["small", "big", "error", "damaged"]), now=st.booleans())
     def run_ends(self, data, outcome, now):
         """A run ends (starting it first if it may); its answer goes out now or in a later frame."""
         name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.queue)))
@@ -382,7 +392,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         key = w.queue.pop(seq)
         w.asks.pop(seq, None)
         w.started.discard(seq)
-        if outcome == "error":
+        if outcome == "damaged":        # its arguments, or a stored input, broke their seal: it never ran
+            damaged = data.draw(st.sampled_from(("",) + tuple(w.deps[seq])))
+            w.replies.append(P.Damaged(damaged, seq, 0, "damaged in the model"))
+        elif outcome == "error":
             w.replies.append(P.Failed(seq, ERR))
         else:
             w.store.add(key)
@@ -433,6 +446,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             w.replies.append(P.Called(req, SMALL, None))
         w.calls = []
         for key, req in w.exports:
+            if self.damaging and key in w.store:        # as dispatch.copy_located: the copy out broke its seal
+                w.replies.append(P.Damaged(key, 0, req, "damaged in the model"))
+                continue
             w.replies.append(P.Data(req, key, BIG, None) if key in w.store
                              else P.Data(req, key, None, dumps(KeyError(key))))
         for asked in w.steals:
@@ -484,7 +500,7 @@ TestSchedulerMachine = SchedulerMachine.TestCase
 # No "explain" phase: it traces every line of a failing example again, which on a loaded
 # machine took the test past its timeout, so that a loaded run showed a Timeout in place of
 # the broken rule (the shrunk example and its message are what a reader needs).
-TestSchedulerMachine.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
+TestSchedulerMachine.settings = settings(max_examples=int(__import__("os").environ.get("MACHINE_EXAMPLES", 100)), stateful_step_count=50, deadline=None,
                                          suppress_health_check=[HealthCheck.too_slow],
                                          phases=[p for p in Phase if p is not Phase.explain])
 TestSchedulerMachine = pytest.mark.timeout(300)(TestSchedulerMachine)    # and time to shrink one

@@ -576,7 +576,8 @@ class Scheduler:
             if blamed.damages > MAX_DAMAGES:
                 where = (f"that reached worker {worker!r}" if not m.request
                          else f"copied out of worker {worker!r}")
-                error = TransferError(blamed.key, where, m.detail, blamed.damages)
+                from_client = ts is None or "the client" in m.detail      # its arguments, or scattered
+                error = TransferError(blamed.key, where, m.detail, blamed.damages, from_client)
         out: list = []
         if ts is not None and ts.state == "memory":
             out += self._drop_damaged_copy(ts, worker, ws, stored=bool(m.seq or m.request))

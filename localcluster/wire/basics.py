@@ -31,17 +31,22 @@ class TransferError(RuntimeError):
     and a copy that breaks its seal is never unpickled. It is fetched again, or computed again
     from its lineage, first; this is what the user gets only when that failed ``tries`` times."""
 
-    def __init__(self, key: str, where: str, detail: str, tries: int = 1):
+    def __init__(self, key: str, where: str, detail: str, tries: int = 1, from_client: bool = False):
         self.key, self.where, self.detail, self.tries = key, where, detail, tries
-        super().__init__(key, where, detail, tries)
+        self.from_client = from_client      # the bytes were the client's own (arguments, scatter)
+        super().__init__(key, where, detail, tries, from_client)
 
     def __str__(self) -> str:
         again = (f" It was fetched or computed again {self.tries - 1} time{'s' * (self.tries > 2)}, with the "
                  f"same result." if self.tries > 1 else "")
+        ours = ("This is a failure of localcluster, not of your data or your code" if not self.from_client else
+                "Unless your code changed an array after passing it to submit() or scatter() and before the "
+                "task started (arguments are read when they are sent, not at submit(): pass a copy), this is a "
+                "failure of localcluster, not of your data or your code")
         return (f"localcluster lost track of a transfer: the data of {self.key!r} {self.where} is not what was "
-                f"sent ({self.detail}).{again} This is a failure of localcluster, not of your data or your "
-                f"code: no value was made of the wrong bytes. Submit the work again, and please report this "
-                f"message with client.get_versions() to the localcluster maintainers.")
+                f"sent ({self.detail}).{again} {ours}: no value was made of the wrong bytes. Submit the work "
+                f"again, and please report this message with client.get_versions() to the localcluster "
+                f"maintainers.")
 
     def __reduce__(self):
-        return (TransferError, (self.key, self.where, self.detail, self.tries))
+        return (TransferError, (self.key, self.where, self.detail, self.tries, self.from_client))

@@ -135,7 +135,9 @@ def test_a_retire_from_a_user_thread_is_left_for_the_scheduler_thread():
 def test_a_landed_is_never_corked_behind_a_backlog():
     """Sends to a worker with a backlog wait for the scheduler thread's next tick, but not a
     Landed: the worker holds back all it reads behind the value it waits for (up to 50 ms a
-    large argument, measured). It goes at once, after what was corked, in order."""
+    large argument, measured). It goes at once, in a frame of its own, ahead of what was corked
+    (in one frame with a Run whose buffers land too, the worker held the Landed behind the
+    value it lets go: a map of large arrays hung, issue 53)."""
     class Backlogged(Sending):
         def __init__(self) -> None:
             self.workers = {"w": type("WS", (), {"processing": {1, 2, 3}, "nthreads": 1})()}
@@ -151,7 +153,10 @@ def test_a_landed_is_never_corked_behind_a_backlog():
         assert select.select([there], [], [], 0)[0] == []      # corked: nothing sent yet
         d.event(lambda: [Send("w", P.Landed((5,)))])
         assert select.select([there], [], [], 5)[0] == [there], "the Landed was corked"
-        assert peer.recv_all() == [P.Batch((P.Free(("k",)), P.Landed((5,))))]
+        got = peer.recv_all()
+        if len(got) < 2:
+            got += peer.recv_all()
+        assert got == [P.Landed((5,)), P.Free(("k",))]
     finally:
         chan.close()
         peer.close()

@@ -214,6 +214,25 @@ def test_tasks_sent_with_the_landed_their_input_waits_for_run(reads):
         assert cluster.deaths == []
 
 
+def norm(a):
+    return float((a * a).sum())
+
+
+def test_a_map_of_large_arguments_twice_never_waits_for_a_landed_sent_with_the_next_run(reads):
+    """Each Run carries a buffer the parent copies in. The parent once sent its Landed for one
+    Run in the same frame as the next such Run: the worker held that whole frame, the Landed
+    with it, behind the Run the Landed lets go, and the map hung (issue 53). A Landed goes in a
+    frame of its own now."""
+    np = pytest.importorskip("numpy")
+    arrays = [np.full(300_000, float(i)) for i in range(20)]       # 2.4 MB each: copied in
+    with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        if not vmcopy.available(next(iter(cluster.workers.values())).pid):
+            pytest.skip("this process may not copy into its workers (ptrace refused)")
+        for _round in range(6):
+            assert client.gather(client.map(norm, arrays), timeout=30) == [300_000.0 * i * i for i in range(20)]
+        assert cluster.deaths == []
+
+
 def where_and_sum(a, mark=b""):
     """Where ``a`` is, its sum, and the bytes just past its end in the memory it was copied into
     (a buffer is a whole number of 2 MiB pages): what the previous task wrote there, when the

@@ -479,9 +479,25 @@ class Dispatcher:
         channel, in order. Returns ``[Flush]`` when the caller is to send them once it has
         let go of the lock: the syscall (and the worker's wake-up) is not made under the lock,
         which the other thread, submitting or handling results, may be waiting for."""
+        frames = []
+        if outlet.cork or len(msgs) > 1:
+            # A Landed goes ahead, in a frame of its own: in one frame with a message whose
+            # buffers land too (a Run, a Put), the worker would hold the whole frame, the
+            # Landed with it, behind the very message that Landed lets go (worker/transfers.py).
+            landed = [m for m in msgs if type(m) is P.Landed]
+            if landed:
+                msgs = [m for m in msgs if type(m) is not P.Landed]
+                frames.append(landed[0] if len(landed) == 1 else P.Batch(tuple(landed)))
         if outlet.cork:   # order matters: corked messages go first
             msgs, outlet.cork = outlet.cork + msgs, []
-        if outlet.chan.queue(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs))):
+        if msgs:
+            frames.append(msgs[0] if len(msgs) == 1 else P.Batch(tuple(msgs)))
+        if not frames:
+            return []
+        first = outlet.chan.queue(frames[0])
+        if len(frames) > 1:
+            outlet.chan.queue(frames[1])
+        if first:       # the first in line: the Flush sends what follows it too
             return [Flush(outlet)]
         self._watch(outlet)
         return []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 
 import pytest
 
@@ -322,3 +323,52 @@ def test_a_small_and_a_large_argument_of_one_task_arrive_in_their_places(pair):
     assert client.submit(both, large[:, :100], large, pure=False).result(60) == ((1000, 100), (1000, 1000), 2.0, 2.0)
     assert client.submit(both, np.asfortranarray(small), large, pure=False).result(60)[2:] == (1.0, 2.0)
     settle(client, cluster)
+
+
+# --- a gather of spilled values, a window at a time (issue 53) ------------------------------
+
+def twenty_mb(i: int):
+    import numpy as np
+    return np.full(20_000_000 // 8, float(i))
+
+
+def spilled_results(client, cluster, n):
+    fs = client.map(twenty_mb, range(n), pure=False)
+    wait(fs, timeout=120)
+    wait_for(lambda: all(w.spilled > 0 for w in cluster.workers.values()), timeout=60)
+    return fs
+
+
+@SLOW
+@pytest.mark.timeout(180)
+def test_gathering_twice_the_workers_memory_of_spilled_results_kills_no_worker():
+    """Each value a worker spilled is read back into memory to be sent; asked for all at once,
+    both workers died of it while running nothing (and the values came back only because they
+    were computed again). A holder is asked for a window of bytes at a time now."""
+    with LocalCluster(n_workers=2, memory_limit="400MiB", forward_logs=False) as cluster, \
+            Client(cluster) as client:
+        fs = spilled_results(client, cluster, 40)             # 800 MB: twice the workers' memory
+        got = client.gather(fs, timeout=120)
+        assert [float(a[0]) for a in got] == [float(i) for i in range(40)]
+        assert cluster.deaths == [], [d.message for d in cluster.deaths]
+
+
+@SLOW
+@pytest.mark.timeout(180)
+def test_a_worker_that_dies_while_sending_its_values_says_so():
+    """With no window (as before the fix), the gather kills a worker; its death names the
+    values it was asked to send, not only the tasks' memory."""
+    with LocalCluster(n_workers=2, memory_limit="400MiB", forward_logs=False) as cluster, \
+            Client(cluster) as client:
+        fs = spilled_results(client, cluster, 40)
+        cluster.scheduler.transfers.window = 1 << 40
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(client.gather(fs, timeout=150)))
+        t.start()
+        wait_for(lambda: cluster.deaths, timeout=120)
+        cluster.scheduler.transfers.window = 64 << 20
+        t.join(150)
+        death = cluster.deaths[0]
+        assert death.cause == "memory-limit" and death.tasks == ()
+        assert "It was asked to send" in death.message and "to the client (gather or result())" in death.message
+        assert [float(a[0]) for a in out[0]] == [float(i) for i in range(40)]

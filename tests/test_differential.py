@@ -51,6 +51,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import gc
 import hashlib
 import logging
 import os
@@ -64,6 +65,7 @@ import numpy as np
 import pytest
 
 import localcluster
+from _util import release, released
 from localcluster.wire import protocol, vmcopy
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -142,13 +144,19 @@ def _digest(buf: Any) -> str:
     return hashlib.blake2b(buf, digest_size=16).hexdigest()
 
 
+def native(a: np.ndarray) -> np.ndarray:
+    """``a`` in this machine's byte order: numpy itself unpickles a strided big-endian array
+    in native order (numpy 2.4: ``pickle.loads(pickle.dumps(np.arange(4, dtype=">i8")[::2]))``
+    is ``int64``), so only the values, not their byte order, are the same on every path."""
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+
+
 def fingerprint(v: Any) -> tuple:
     """Equal exactly when the values are: type, dtype, shape and a digest of the content in C
     order (whatever the strides and the byte order), recursively for containers."""
     t = type(v)
     if t is np.ndarray:
-        if not v.dtype.isnative:    # numpy unpickles a strided big-endian array in native order
-            v = v.astype(v.dtype.newbyteorder("="))
+        v = native(v)
         flat = v.reshape(-1).view(np.uint8) if v.flags.c_contiguous else np.frombuffer(v.tobytes(), np.uint8)
         return ("ndarray", str(v.dtype.descr), v.shape, _digest(flat))
     if t is bytes or t is bytearray:
@@ -223,7 +231,7 @@ def apply(recipe: tuple, inputs: tuple) -> Any:
             return v[::-1]
         return v[::2]
     if how == "concat":         # ("concat",): the bytes of every input, one after the other
-        return np.frombuffer(b"".join(x.tobytes() if isinstance(x, np.ndarray) else bytes(x) for x in inputs),
+        return np.frombuffer(b"".join(native(x).tobytes() if isinstance(x, np.ndarray) else bytes(x) for x in inputs),
                              np.uint8)
     if how == "derive":         # ("derive", spec): a new value, made after reading the inputs
         return make_value(recipe[1])
@@ -536,6 +544,9 @@ class Program:
         except BaseException as error:  # noqa: BLE001 - any error is judged
             if not self.accepted(e, error):
                 raise self.failure(f"{how}: .result() raised {type(error).__name__}: {error}", e) from error
+            # The future keeps this very exception: its traceback would keep this frame, so
+            # the program and every future of it, alive (and their data on the workers).
+            error.__traceback__ = None
             return
         self.compare(e, got, how)
 
@@ -565,7 +576,11 @@ class Program:
 
     def doing(self, what: str) -> None:
         self.op = what
-        self.last_ops.append(f"#{self.opno} {what}")
+        line = f"#{self.opno} {what}"
+        if self.last_ops and self.last_ops[-1].startswith(f"#{self.opno} "):
+            self.last_ops[-1] = line        # the op says more of itself
+        else:
+            self.last_ops.append(line)
 
     def op_make(self) -> None:
         spec = self.value_spec()
@@ -584,7 +599,7 @@ class Program:
         targets = r.sample(names, r.randint(2, len(names))) if how == "many" and len(names) > 1 else [r.choice(names)]
         self.doing(f"scatter {how} {[describe(v) for v in values]}" + ("" if how == "broadcast" else f" to {targets}"))
         aow = self.cfg.kills > 0
-        if how == "one":
+        if how == "one" and not isinstance(values[0], (list, tuple, dict)):
             futs = [self.client.scatter(values[0], workers=targets, allow_other_workers=aow)]
         elif how == "broadcast":
             futs = self.client.scatter(values, broadcast=True)
@@ -866,12 +881,14 @@ def run_programs(cluster: Any, client: Any, cfg: Config, seed: int, first: int, 
 def settled(cluster: Any, seed: int, cfg: Config) -> None:
     """Every future let go: no worker holds or spills anything."""
     def empty() -> bool:
+        gc.collect()        # a future in a reference cycle is let go by the collector
         return all(i.managed == 0 and i.spilled == 0 for i in cluster.workers.values())
     try:
         _until(empty, "every worker's managed and spilled bytes back to 0")
     except AssertionError:
         raise AssertionError(f"seed {seed} ({cfg.name}): data left on the workers after every future was let go: "
-                             f"{ {n: (i.managed, i.spilled) for n, i in cluster.workers.items()} }") from None
+                             f"{ {n: (i.managed, i.spilled) for n, i in cluster.workers.items()} } (managed, spilled "
+                             f"bytes); the scheduler's keys: {sorted(cluster.scheduler.tasks)[:20]}") from None
 
 
 @contextlib.contextmanager
@@ -902,10 +919,16 @@ def fixed_seed(request):
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(tmp_path_factory):
     with localcluster.LocalCluster(n_workers=2, forward_logs=False) as cluster, localcluster.Client(cluster) as client:
-        # The done-callbacks thread starts on first use: now, so that no test sees a new thread.
-        client.submit(fingerprint, b"", pure=False).add_done_callback(lambda f: None)
+        # The done-callbacks thread starts on first use: now, on a future surely pending (its
+        # task waits for a marker file), so that no test sees a new thread.
+        marker = str(tmp_path_factory.mktemp("differential") / "go")
+        pending = client.submit(released, marker, pure=False)
+        pending.add_done_callback(lambda f: None)
+        release(marker)
+        pending.result(TIMEOUT)
+        del pending
         client.gather(client.map(make_value, [("bytes", (0, i), 10) for i in range(4)], pure=False))
         yield cluster, client
 

@@ -1269,3 +1269,37 @@ def test_a_task_keeps_what_its_spec_held_and_gives_the_spec_back():
     assert ts.spec == made and ts.spec is not made and ts.terms is made.terms
     assert ts.args == made.args and ts.kept == 7                        # a lone argument, no tuple
     assert Task("scattered", None, 1).spec is None and Task("scattered", None, 1).terms is None
+
+
+# --- data asked of a holder a window at a time (issue 53) ----------------------------------------
+
+def test_a_holder_is_asked_for_a_window_of_bytes_at_a_time_and_its_answers_make_room():
+    """A gather of many large values held by one worker: a spilled one is read back into memory
+    to be sent, so the worker is asked for at most ``window`` bytes at once (always one value);
+    each answer lets the next go. A holder that dies takes its waiting requests with it: they
+    are asked of another holder."""
+    from localcluster.scheduler.transfers import EXPORT_WINDOW
+    s = sched("w1")
+    size = EXPORT_WINDOW // 3 + 1                      # two fit in a window, three do not
+    keys = [f"k{i}" for i in range(5)]
+    s.submit([spec(k) for k in keys])
+    for k in keys:
+        finish(s, k, nbytes=size)
+    s.add_worker("w2", 1)
+    asked = []
+    for k in keys:
+        req, acts = s.fetch(k)
+        asked.append(req)
+        assert len(sends(acts, P.Export)) == (1 if len(asked) <= 2 else 0), k
+    assert sorted(s.transfers.sent_sizes()) == asked[:2]
+    acts = s.data("w1", asked[0], "k0", dumps(0), None)
+    assert [m.key for _w, m in sends(acts, P.Export)] == ["k2"]        # room for one more
+    s.replicate(["k3", "k4"], None)                                     # w2 wants copies: they wait too
+    acts = s.data("w1", asked[1], "k1", dumps(1), None)
+    assert [m.key for _w, m in sends(acts, P.Export)] == ["k3"]
+    assert s.exporting("w1").startswith("It was asked to send 5 values")
+    assert "to the client" in s.exporting("w1") and "to 'w2'" in s.exporting("w1")
+    s.worker_died(death("w1"))                                  # all five are computed again on w2
+    assert not s.transfers.sent_sizes() and not s.transfers.waiting
+    assert {s.tasks[k].state for k in keys} <= {"processing", "ready"}
+    assert [s.tasks[k].fetchers for k in keys[2:]] == [(r,) for r in asked[2:]]     # they wait for it

@@ -122,6 +122,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.s = S.Scheduler(allowed_failures=1)
+        self.s.transfers.window = 2 * BIG.nbytes        # exports wait for room at their holder too
         self.workers: dict[str, Worker] = {}
         self.names = (f"w{i}" for i in itertools.count())
         self.scattered = (f"s{i}" for i in itertools.count())

@@ -177,6 +177,16 @@ def _check_transfers(s: "Scheduler") -> None:
         assert req in t.exports and t.exports[req].key == key, f"relaying ({key!r}, {target}) has no export"
     for ack, (key, target) in t.unacked.items():
         assert target in s.workers, f"unacked put {ack} of {key!r} to dead worker {target}"
+    sent = t.sent_sizes()
+    for holder, queue in t.waiting.items():
+        assert queue, f"an empty queue of exports kept for {holder}"
+        for req in queue:
+            assert req in t.exports and t.exports[req].holder == holder, f"waiting export {req} is not {holder}'s"
+            assert req not in sent, f"export {req} both sent and waiting"
+        assert any(t.exports[r].holder == holder for r in sent), \
+            f"exports wait for room at {holder}, yet none was sent there: they would wait forever"
+    assert set(sent) == {r for r in t.exports if not any(r in q for q in t.waiting.values())}, \
+        "an export neither sent nor waiting"
 
 
 def _check_references(s: "Scheduler") -> None:

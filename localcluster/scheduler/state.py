@@ -61,6 +61,7 @@ import itertools
 from typing import Any, Callable, Optional
 
 from ..wire import protocol as P
+from ..config import format_bytes
 from ..death import TransferError, WorkerDeath
 from .admission import Admission
 from .asking import Asking
@@ -505,6 +506,21 @@ class Scheduler:
         return "Tasks that submit tasks: " + "; ".join(parts) + "; a task that runs again finds its children " \
             "done or under way when their keys are pure."
 
+    def exporting(self, worker: str) -> Optional[str]:
+        """What ``worker`` was asked to send out of its memory and had not yet, for its death's
+        message: a death during a gather is not the tasks' doing."""
+        exports = self.transfers.sending(worker)
+        if not exports:
+            return None
+        total = sum(ts.nbytes for e in exports if (ts := self.tasks.get(e.key)) is not None)
+        fetched = sum(1 for e in exports if e.client_request is not None)
+        targets = sorted({e.target for e in exports if e.target is not None})
+        to = ([f"{fetched} to the client (gather or result())"] if fetched else []) + \
+            ([f"{len(exports) - fetched} to {', '.join(map(repr, targets))}"] if targets else [])
+        return (f"It was asked to send {len(exports)} value{'s' * (len(exports) > 1)} ({format_bytes(total)}) "
+                f"out of its memory: {'; '.join(to)}; a value it had spilled is read back into memory to be sent, "
+                f"{format_bytes(self.transfers.window)} at a time.")
+
     # --- data for the client ------------------------------------------------------------
 
     def fetch(self, key: str) -> tuple[int, list]:
@@ -524,11 +540,10 @@ class Scheduler:
     def data(self, worker: str, request: int, key: str, payload: Optional[P.Payload],
              error: Optional[bytes]) -> list:
         """A holder answered an Export: the data (or why not) for a relay or a client fetch."""
-        entry = self.transfers.answered(request)
+        entry, out = self.transfers.answered(request)
         if entry is None:
-            return []
+            return out
         holder, target, client = entry.holder, entry.target, entry.client_request
-        out: list = []
         ts = self.tasks.get(key)
         if target is None:
             out.append(Deliver(client, key, payload, error))
@@ -567,7 +582,7 @@ class Scheduler:
         waits for it fails with TransferError, naming the key, the workers and what differed."""
         ws = self.workers.get(worker)
         ts = self.tasks.get(m.key) if m.key else None
-        export = self.transfers.answered(m.request) if m.request else None
+        export, asks = self.transfers.answered(m.request) if m.request else (None, [])
         run = self.outcomes.take_back(worker, m.seq) if m.seq else None
         blamed = ts if ts is not None else run          # whose count of damaged copies grows
         error = None
@@ -578,7 +593,7 @@ class Scheduler:
                          else f"copied out of worker {worker!r}")
                 from_client = ts is None or "the client" in m.detail      # its arguments, or scattered
                 error = TransferError(blamed.key, where, m.detail, blamed.damages, from_client)
-        out: list = []
+        out: list = asks
         if ts is not None and ts.state == "memory":
             out += self._drop_damaged_copy(ts, worker, ws, stored=bool(m.seq or m.request))
             if ws is not None and not m.seq and not m.request:        # a Put that was not stored
@@ -592,7 +607,9 @@ class Scheduler:
             else:
                 out += self.transfers.ask_again(export)
         if run is not None:
-            if error is not None:
+            if run.state != "processing":       # failed with the input it needed (its last copy, scattered)
+                pass
+            elif error is not None:
                 out += self.readiness.fail(run, error, "damaged: gave up")
             else:
                 out += self.readiness.make_ready_or_wait(run)

@@ -7,7 +7,11 @@ bookkeeping of data on the move:
 - ``exports``: request id -> Export, data asked of a holder for a worker or a client;
 - ``relaying``: (key, target) -> the request id of the relay under way;
 - ``replicas``: replicate request -> the (key, target) copies not yet stored;
-- ``unacked``: ack id of a Put -> (key, target), until the worker answers Stored.
+- ``unacked``: ack id of a Put -> (key, target), until the worker answers Stored;
+- ``waiting``: per holder, the Exports not sent yet, in order: a holder is asked for at most
+  ``EXPORT_WINDOW`` bytes at once (always one value). A spilled value is read back into memory
+  to be sent, and held there until the parent has copied it: a gather of all of a worker's
+  spilled results once read them all back together and the worker died of it.
 
 A dependency on another worker is relayed through the parent: the holder gets
 ``Export``; its ``Data`` reply (or the bytes the parent copied out after ``Located``)
@@ -18,10 +22,14 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import CancelledError
+from collections import OrderedDict
 from typing import Any, Callable, Iterable, Optional
 
 from ..wire import protocol as P
 from .records import Deliver, Export, Send, Task, WorkerState
+
+#: bytes of values one holder is asked to send at once (a value larger than this goes alone)
+EXPORT_WINDOW = 64 << 20
 
 
 class Transfers:
@@ -40,6 +48,13 @@ class Transfers:
         self.replicas: dict[int, set] = {}
         #: ack id of a Put to a live worker -> (key, target), until the worker answers Stored
         self.unacked: dict[int, tuple] = {}
+        #: holder -> bytes of the Exports sent to it and not answered (never above EXPORT_WINDOW
+        #: but for a lone value); the requests' sizes, until answered
+        self._asked: dict[str, int] = {}
+        self._sizes: dict[int, int] = {}
+        self.window = EXPORT_WINDOW         #: read only (a test makes it small)
+        #: holder -> request id -> (bytes, the Export message) not sent yet, in the order asked
+        self.waiting: dict[str, OrderedDict] = {}
 
     def holding(self, worker: str) -> bool:
         """Whether a relay or fetch still waits for data from ``worker``."""
@@ -59,7 +74,7 @@ class Transfers:
         self.relaying[(ts.key, target.name)] = req
         # locate: the parent copies it out of the holder itself, then into the target (two
         # copies into warm memory beat one memfd of 4 KiB shmem pages threefold; wire/recycle.py)
-        return [Send(holder, P.Export(ts.key, req, True))]
+        return self._ask(holder, req, ts.nbytes, P.Export(ts.key, req, True))
 
     def fetch(self, ts: Task, req: int) -> list:
         """The client's request ``req`` for the data of ``ts`` (in memory somewhere)."""
@@ -67,14 +82,58 @@ class Transfers:
             return [Deliver(req, ts.key, ts.data)]
         holder = min(ts.who_has, key=lambda w: len(self._worker(w).processing))
         self.exports[req] = Export(ts.key, holder, None, req)
-        return [Send(holder, P.Export(ts.key, req, True))]      # for this process: it may copy it out itself
+        return self._ask(holder, req, ts.nbytes, P.Export(ts.key, req, True))    # it may copy it out itself
 
-    def answered(self, request: int) -> Optional[Export]:
-        """The holder answered ``request`` (data or an error): what it was for."""
+    def _ask(self, holder: str, req: int, nbytes: int, msg: P.Export) -> list:
+        """Send ``msg`` to ``holder`` now if its window has room (or nothing is asked of it),
+        else when earlier answers have made room (:meth:`answered`)."""
+        used = self._asked.get(holder, 0)
+        if used and (used + nbytes > self.window or self.waiting.get(holder)):
+            self.waiting.setdefault(holder, OrderedDict())[req] = (nbytes, msg)
+            return []
+        self._asked[holder] = used + nbytes
+        self._sizes[req] = nbytes
+        return [Send(holder, msg)]
+
+    def sent_sizes(self) -> dict:
+        """Request id -> bytes, of the Exports sent and not answered (invariants.py)."""
+        return dict(self._sizes)
+
+    def sending(self, holder: str) -> list:
+        """The Exports asked of ``holder`` (sent or waiting), for its death's message."""
+        return [e for e in self.exports.values() if e.holder == holder]
+
+    def answered(self, request: int) -> tuple[Optional[Export], list]:
+        """The holder answered ``request`` (data or an error), or will never (it died): what it
+        was for, and the Exports its answer made room for."""
         export = self.exports.pop(request, None)
-        if export is not None and export.target is not None:
+        if export is None:
+            return None, []
+        if export.target is not None:
             self.relaying.pop((export.key, export.target), None)
-        return export
+        holder = export.holder
+        queue = self.waiting.get(holder)
+        if queue and queue.pop(request, None) is not None:     # never sent: it takes no room
+            if not queue:
+                del self.waiting[holder]
+            return export, []
+        used = self._asked.get(holder, 0) - self._sizes.pop(request, 0)
+        out: list = []
+        while queue:
+            req, (nbytes, msg) = next(iter(queue.items()))
+            if used and used + nbytes > self.window:
+                break
+            del queue[req]
+            used += nbytes
+            self._sizes[req] = nbytes
+            out.append(Send(holder, msg))
+        if queue is not None and not queue:
+            del self.waiting[holder]
+        if used:
+            self._asked[holder] = used
+        else:
+            self._asked.pop(holder, None)
+        return export, out
 
     def put(self, key: str, target: str, data: P.Payload, origin: str) -> Send:
         """Put data on a worker, asking for an acknowledgement when a replicate waits for it.
@@ -140,11 +199,12 @@ class Transfers:
                 out += self.done(key, target)
         for req, export in list(self.exports.items()):
             if export.target == dead:
-                self.answered(req)
-                out += self.done(export.key, dead)
+                _export, more = self.answered(req)
+                out += more + self.done(export.key, dead)
             elif export.holder == dead:
                 self.answered(req)
                 out += self.ask_again(export)
+        self._asked.pop(dead, None)
         return out
 
     def put_lost(self, key: str, target: str) -> None:
@@ -184,6 +244,9 @@ class Transfers:
         self.relaying.clear()
         self.replicas.clear()
         self.unacked.clear()
+        self._asked.clear()
+        self._sizes.clear()
+        self.waiting.clear()
         return out
 
 

@@ -477,7 +477,8 @@ class Supervisor:
             else:
                 blamed = self._scheduler.blame(cause, running, crashed_seq, timed_out[0] if timed_out else None)
             detail = oom if cause == "oom-killer" else self._death_detail(n, slot, cause, timed_out, lines)
-            for more in (self._scheduler.lineage(n.name), self._scheduler.coordination.held_by(n.name)):
+            for more in (self._scheduler.lineage(n.name), self._scheduler.exporting(n.name),
+                         self._scheduler.coordination.held_by(n.name)):
                 if more:
                     detail = f"{detail} {more}" if detail else more
             limit = self._settings.memory_limit

@@ -134,3 +134,22 @@ def test_a_copy_damaged_every_time_fails_with_transfer_error_never_a_wrong_value
         monkeypatch.undo()
         assert client.submit(total, x, workers=[b], pure=False).result(30) == 2.0 * N      # the cluster goes on
         cluster.validate()
+
+
+def test_buffers_the_parent_could_not_copy_in_are_sent_again(cluster, monkeypatch, warnings_said):
+    """process_vm_writev refused once (as for memory the worker unmapped): the worker reports
+    the Run it could not start, and the parent sends it again; no worker dies."""
+    left = [1]
+    real = vmcopy.write_to
+
+    def write_to(pid, buf, remote):
+        if left[0]:
+            left[0] -= 1
+            raise OSError(14, "Bad address")
+        return real(pid, buf, remote)
+    monkeypatch.setattr(vmcopy, "write_to", write_to)
+    with Client(cluster) as client:
+        assert client.submit(total, made(4)).result(30) == 4.0 * N
+        assert left == [0] and cluster.deaths == []
+        (said,) = warnings_said()
+        assert "could not copy its buffers" in said

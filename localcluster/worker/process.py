@@ -192,11 +192,15 @@ class Worker:
         elif type(msg) is Incoming:
             self.transfers.park(msg, self.pending)
         elif isinstance(msg, P.Landed):
-            self._handle(self.transfers.landed(msg))
+            inner = self.transfers.landed(msg)
+            self._handle(inner if msg.ok else self._not_landed(inner))
             for held in self.transfers.released():
                 self._handle(held)
         elif isinstance(msg, P.Free):
             self.store.free(msg.keys)
+        elif isinstance(msg, P.Damaged):      # a message whose buffers never landed (_not_landed)
+            self.pending.discard(msg.seq)
+            self.chan.send(msg)
         elif isinstance(msg, P.Cancel):
             self._cancel(msg.seqs)
         elif isinstance(msg, P.Steal):
@@ -221,6 +225,23 @@ class Worker:
             os._exit(0)
         else:
             raise TypeError(f"unexpected message {msg!r}")
+
+    def _not_landed(self, inner: Any) -> Any:
+        """What a message whose buffers the parent could not copy in stands for: its Runs and
+        Puts become Damaged (the parent sends them again; a Run's function is kept, as it
+        would have been), its other messages, which carry no such buffers, are as they were."""
+        why = "the parent could not copy its buffers into this worker (process_vm_writev failed)"
+        out = []
+        for one in (inner.messages if isinstance(inner, P.Batch) else (inner,)):
+            if isinstance(one, P.Run):
+                if one.fn is not None:
+                    self.fns[one.fn_id] = one.fn
+                out.append(P.Damaged("", one.seq, 0, f"the task's arguments: {why}"))
+            elif isinstance(one, P.Put):
+                out.append(P.Damaged(one.key, 0, 0, why))
+            else:
+                out.append(one)
+        return out[0] if len(out) == 1 else P.Batch(tuple(out))
 
     def _put(self, msg: P.Put) -> None:
         t = time.perf_counter_ns()

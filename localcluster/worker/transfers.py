@@ -51,13 +51,9 @@ class Transfers:
         self._send(P.Landing(tuple((token, vmcopy.address(buf)[0]) for token, buf in msg.landing)))
 
     def landed(self, msg: P.Landed) -> Any:
-        """The message whose buffers the parent has written, to handle now, before
-        :meth:`released`."""
-        inner = self._landing.pop(msg.tokens)
-        if not msg.ok:
-            raise RuntimeError(f"the parent could not copy the data of {type(inner).__name__} into this "
-                               f"worker (process_vm_writev failed)")
-        return inner
+        """The message whose buffers the parent has written (or could not: ``msg.ok`` false),
+        to handle now, before :meth:`released`."""
+        return self._landing.pop(msg.tokens)
 
     def released(self) -> Iterator[Any]:
         """The messages held back, in order, until one of them parks again."""

@@ -9,6 +9,8 @@ import socket
 import pytest
 
 from localcluster.wire import protocol as P
+from localcluster.wire import serialize
+from localcluster import TransferError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -135,3 +137,30 @@ def test_a_run_of_plain_arguments_kept_unpickled_is_sent_as_the_pickled_one():
         channel.BlockingChannel(a).send(msg)
         [back] = channel.BlockingChannel(b).recv_all()
     assert back == P.Run(2**64, "k", 1, None, eager, ()) and type(back.args) is P.Payload
+
+
+# --- seals: what each out-of-band part must be where it lands (issue 48) ----------------------
+
+def test_a_payload_is_sealed_where_it_is_pickled_and_a_changed_part_breaks_the_seal(seed):
+    """Random values of many sizes, sealed by serialize.dumps: whole, each passes; any part
+    swapped for another of the same size, shortened, or with one sampled word changed, fails,
+    and the failure says which part and both lengths."""
+    import random
+    import numpy as np
+    rng = random.Random(seed)
+    for _ in range(30):
+        n = rng.choice([1 << 16, (1 << 16) + 3, 1 << 20, 3 << 20, 10_000_007])
+        a = np.frombuffer(rng.randbytes(n), dtype="u1").copy()
+        p = serialize.dumps([a, a[: n // 2].copy()])
+        assert p.seals and len(p.seals) == len(p.buffers) + 1 and P.broken_seal(p) is None
+        other = bytearray(memoryview(p.buffers[0]))
+        other[rng.randrange(64)] ^= 0xFF                        # within the first 64 bytes: always sampled
+        swapped = P.Payload(p.meta, (pickle.PickleBuffer(other), p.buffers[1]), p.nbytes, p.seals)
+        assert P.broken_seal(swapped).startswith("buffer 1 of 2:"), seed
+        shorter = P.Payload(p.meta, (p.buffers[1], p.buffers[1]), p.nbytes, p.seals)
+        assert f"{len(memoryview(p.buffers[1])):,} bytes" in P.broken_seal(shorter)
+        assert "were sent" in P.broken_seal(P.Payload(p.meta, p.buffers[:1], p.nbytes, p.seals))
+        with pytest.raises(TransferError):
+            serialize.loads(swapped)
+    big_meta = serialize.dumps([i.to_bytes(8, "little") for i in range(10_000)])     # a large pickle stream
+    assert big_meta.seals[0] and P.broken_seal(big_meta) is None

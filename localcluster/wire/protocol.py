@@ -105,23 +105,24 @@ class Payload:
     seals: tuple = ()  # (the meta's seal, or 0 when it is in the stream, then one per buffer)
 
 
-# A seal samples this many bytes spread over a buffer, plus its first and last 64.
-_SAMPLE = 4096
+# A seal samples this many 8-byte words spread over a buffer, plus its first and last 64 bytes.
+_WORDS = 512
 
 
 def seal(buf: Any) -> int:
     """What a buffer of a payload must be where it lands: its length, and a CRC-32 of its first
-    and last 64 bytes and of ~4,096 bytes spread over it (at an odd stride, so that every
-    byte of a word is sampled somewhere). A few microseconds whatever the size: it tells a
-    buffer from another value's, a shorter or longer one, or memory never written, not a
-    single flipped bit in the middle of a large one."""
+    and last 64 bytes and of 512 eight-byte words spread over it (at an odd stride, so that
+    samples fall at every offset of a larger element). ~5 µs whatever the size: it tells a
+    buffer from another value's, a shorter or longer one, or memory never written; not a single
+    flipped bit between the samples of a large one."""
     view = buf.raw() if type(buf) is pickle.PickleBuffer else memoryview(buf).cast("B")
     n = view.nbytes
-    if n <= 2 * _SAMPLE:
+    if n <= 16 * _WORDS:
         crc = zlib.crc32(view)
     else:
+        words = view[:n - n % 8].cast("Q")
         crc = zlib.crc32(view[:64])
-        crc = zlib.crc32(view[::(n // _SAMPLE) | 1].tobytes(), crc)
+        crc = zlib.crc32(words[::(len(words) // _WORDS) | 1].tobytes(), crc)
         crc = zlib.crc32(view[-64:], crc)
     return n << 32 | crc
 

@@ -595,17 +595,20 @@ class Scheduler:
                 error = TransferError(blamed.key, where, m.detail, blamed.damages, from_client)
         out: list = asks
         if ts is not None and ts.state == "memory":
-            out += self._drop_damaged_copy(ts, worker, ws, stored=bool(m.seq or m.request))
+            out += self._drop_damaged_copy(ts, worker, ws, bool(m.seq or m.request), m.detail)
             if ws is not None and not m.seq and not m.request:        # a Put that was not stored
                 self.transfers.put_lost(ts.key, worker)
                 out += self._needed_again_on(ts, ws, error)
         if export is not None:
-            if error is not None and export.client_request is not None:
-                out.append(Deliver(export.client_request, export.key, error=error))
-            elif error is not None:
-                out += self.transfers.done(export.key, export.target, error)
-            else:
+            target = self.workers.get(export.target) if export.target is not None else None
+            if error is None:
                 out += self.transfers.ask_again(export)
+            elif export.client_request is not None:
+                out.append(Deliver(export.client_request, export.key, error=error))
+            elif target is not None and ts is not None:       # the runs there waiting for it fail
+                out += self._needed_again_on(ts, target, error)
+            else:
+                out += self.transfers.done(export.key, export.target, error)
         if run is not None:
             if run.state != "processing":       # failed with the input it needed (its last copy, scattered)
                 pass
@@ -617,7 +620,8 @@ class Scheduler:
             out += self.forgetting.orphan(worker, m.seq)
         return out + (self.roster.maybe_retire(ws) if ws is not None else [])
 
-    def _drop_damaged_copy(self, ts: Task, worker: str, ws: Optional[WorkerState], stored: bool) -> list:
+    def _drop_damaged_copy(self, ts: Task, worker: str, ws: Optional[WorkerState], stored: bool,
+                           detail: str) -> list:
         """Forget ``worker``'s copy of ``ts`` (and have the worker drop it when it stored one);
         when it was the last, ``ts`` is made again if something needs it (as after a death)."""
         out: list = []
@@ -630,7 +634,8 @@ class Scheduler:
             return out
         if ts.terms is None:        # scattered: nothing to make it again from
             self._to(ts, "lost", "damaged: the last copy of scattered data")
-            ts.error = TransferError(ts.key, f"on worker {worker!r}", "it was the last copy of scattered data")
+            ts.error = TransferError(ts.key, f"on worker {worker!r}", f"{detail}; it was the last copy, and "
+                                     f"scattered data cannot be computed again: scatter it again", 1, True)
             out.append(Resolve(ts.key, "lost", ts.error))
             for req in ts.fetchers:
                 out.append(Deliver(req, ts.key, error=ts.error))

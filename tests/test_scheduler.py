@@ -1303,3 +1303,47 @@ def test_a_holder_is_asked_for_a_window_of_bytes_at_a_time_and_its_answers_make_
     assert not s.transfers.sent_sizes() and not s.transfers.waiting
     assert {s.tasks[k].state for k in keys} <= {"processing", "ready"}
     assert [s.tasks[k].fetchers for k in keys[2:]] == [(r,) for r in asked[2:]]     # they wait for it
+
+
+# --- copies that break their seal (protocol.Damaged, issue 48) ---------------------------------
+
+def _relay_of_c():
+    """``c`` on w2, ``b(c)`` sent to w1: the Export asked of w2 for the relay."""
+    s = sched("w1", "w2")
+    s.submit([spec("a"), spec("c")])
+    finish(s, "a", nbytes=BIG)
+    finish(s, "c", nbytes=BIG)
+    acts = s.submit([spec("b", "a", "c")])
+    (holder, exp), = sends(acts, P.Export)
+    assert holder == "w2" and exp.key == "c" and runs(acts) == [("b", "w1")]
+    return s, exp
+
+
+def test_a_damaged_copy_out_of_the_only_holder_is_computed_again_then_relayed():
+    s, exp = _relay_of_c()
+    acts = s.handle_messages("w2", [P.Damaged("c", 0, exp.request, "copied out of worker 'w2': x")])
+    assert ("w2", P.Free(("c",))) in sends(acts)                  # the holder drops its copy
+    assert s.tasks["c"].state in ("ready", "processing") and s.tasks["b"].state == "waiting"
+    assert s.tasks["c"].damages == 1
+
+
+def test_a_relay_whose_copies_keep_arriving_damaged_fails_its_dependent_with_transfer_error():
+    """Each damaged copy is dropped and relayed again (a new Export to the holder, a new Put);
+    the fourth fails the run waiting for it with TransferError, and the holder keeps its copy."""
+    from localcluster import TransferError
+    s, exp = _relay_of_c()
+    for attempt in range(1, 5):
+        acts = s.data("w2", exp.request, "c", dumps(b"x" * 100), None)
+        assert sends(acts, P.Put) == [("w1", P.Put("c", dumps(b"x" * 100), 0, "worker 'w2'"))]
+        seq = s.tasks["b"].seq
+        acts = s.handle_messages("w1", [P.Damaged("c", 0, 0, "buffer 1 of 1: ...; it came from worker 'w2'")])
+        exports = sends(acts, P.Export)
+        if attempt <= 3:
+            assert s.tasks["b"].state == "processing" and [w for w, _m in exports] == ["w2"], attempt
+            exp = exports[0][1]
+        else:                                                   # given up: b's run is taken back
+            assert not exports and sends(acts, P.Cancel) == [("w1", P.Cancel((seq,)))]
+    error = s.tasks["b"].error
+    assert s.tasks["b"].state == "erred" and isinstance(error, TransferError)
+    assert "'c'" in str(error) and "worker 'w1'" in str(error) and "again 3 times" in str(error)
+    assert s.tasks["c"].state == "memory" and s.tasks["c"].who_has == {"w2"}

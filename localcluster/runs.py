@@ -27,7 +27,7 @@ from .system import kernel_log, registry
 from .system.machine import memory_cgroups, pid_alive, rss
 from .system.oom import Kill, judge, parse_limit
 
-__all__ = ["PreviousRun", "RunRecorder", "describe", "explain", "previous_runs", "tell_previous"]
+__all__ = ["PreviousRun", "RunRecorder", "describe", "explain", "forget_warnings", "previous_runs", "tell_previous"]
 
 logger = logging.getLogger("localcluster")
 
@@ -102,6 +102,11 @@ def _memory_limit() -> tuple[Optional[str], Optional[int]]:
             d = os.path.dirname(d)
         return (directory[len(root):] or "/"), lowest
     return None, None
+
+
+def forget_warnings() -> None:
+    """Warn again of what this process warned of already (for tests)."""
+    _warned.clear()
 
 
 def _warn_once(what: str, text: str, *args: Any) -> None:
@@ -208,7 +213,7 @@ def _work(record: dict) -> str:
 
 def _memory(record: dict) -> str:
     used, limit, held = record.get("rss"), record.get("memory_limit"), record.get("held")
-    text = f" Its memory was last {format_bytes(used)}" if used else ""
+    text = f" Its memory at its last record was {format_bytes(used)}" if used else ""
     if text and limit:
         text += f" against the limit of {format_bytes(limit)} of its memory cgroup {record.get('cgroup')}"
     if held:

@@ -3,19 +3,18 @@ processes killed, crashed and OOM-killed, and through records written by hand fo
 test cannot cause (a reboot, a reused pid, a damaged file)."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from _cgroups import memory_group
+from _runs_story import end, env, kill_mid_map, next_process, record_of, records, script, spawn
 from _util import wait_for
 
 import localcluster
@@ -24,84 +23,9 @@ from localcluster.system import kernel_log, registry
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=REPO)
-    env.pop("PYTHONFAULTHANDLER", None)       # a handled fault leaves no segfault line in the kernel log
-    return env
-
-
-def _script(tmp_path, name: str, body: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
-
-
-def _spawn(path: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, path, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
-
-
-def _records(folder) -> list:
-    return [json.loads((folder / n).read_text()) for n in sorted(os.listdir(folder)) if n.endswith(".json")]
-
-
-def _record_of(folder, pid: int) -> dict:
-    found = [r for r in _records(folder) if r["pid"] == pid]
-    return found[0] if found else {}
-
-
-# A map of short tasks that prints how many have finished once it reaches argv[1], then waits
-# for its stdin (never closed by the killing tests): the test kills it there.
-MAPPER = """
-    import sys, time
-    from localcluster import Client, LocalCluster
-
-    def work(x):
-        time.sleep(0.002)
-        return x
-
-    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
-        futures = client.map(work, range(5000))
-        for i, f in enumerate(futures, 1):
-            f.result()
-            if i == int(sys.argv[1]):
-                print(i, flush=True)
-                break
-        sys.stdin.read()
-"""
-
-
-def _run_until(tmp_path, folder, finished: int) -> subprocess.Popen:
-    """A mapping child with at least ``finished`` tasks finished in its record."""
-    proc = _spawn(_script(tmp_path, "mapper.py", MAPPER), str(finished))
-    assert proc.stdout.readline().strip() == str(finished), proc.stderr.read()
-    wait_for(lambda: _record_of(folder, proc.pid).get("finished", 0) >= finished, timeout=10)
-    return proc
-
-
-def _end(proc: subprocess.Popen, kill: bool = True) -> None:
-    if kill and proc.poll() is None:
-        proc.kill()
-    proc.communicate(timeout=30)
-
-
-NEXT = """
-    import logging, sys
-    import localcluster
-    from localcluster import LocalCluster
-    with LocalCluster(n_workers=1, forward_logs=False):
-        pass
-    print(len(localcluster.previous_runs()))
-"""
-
-
 @pytest.mark.slow
 def test_a_killed_run_is_told_once_by_the_next_process(tmp_path, run_registry):
-    proc = _run_until(tmp_path, run_registry, 50)
-    _end(proc)
+    proc = kill_mid_map(tmp_path, run_registry, 50)
     assert proc.returncode == -signal.SIGKILL
 
     # previous_runs() on a copy of the registry: the run, once
@@ -113,15 +37,14 @@ def test_a_killed_run_is_told_once_by_the_next_process(tmp_path, run_registry):
     run = found[0]
     assert run.cause == "signal" and run.finished >= 50 and run.pending > 0
     assert "killed from outside" in run.message and "mapper.py" in run.message
-    assert run.argv[0].endswith("mapper.py") and run.cwd == os.getcwd()
+    assert run.argv == ("mapper.py", "50") and run.cwd == str(tmp_path)
     assert run.started <= run.ended
     assert localcluster.previous_runs() == []
     assert [r.pid for r in localcluster.previous_runs(reported=True)] == [proc.pid]
 
     # the next process's first cluster: one WARNING line naming the pid; then nothing left
     os.environ["XDG_CACHE_HOME"] = str(run_registry.parent)
-    after = subprocess.run([sys.executable, _script(tmp_path, "next.py", NEXT)], capture_output=True, text=True,
-                           env=_env(), timeout=30)
+    after = next_process(tmp_path)
     assert after.returncode == 0, after.stderr
     lines = [line for line in after.stderr.splitlines() if "previous run" in line]
     assert len(lines) == 1, after.stderr
@@ -142,8 +65,8 @@ CRASHER = """
 def test_a_segfault_in_your_own_process_is_a_crash(tmp_path, run_registry):
     if isinstance(kernel_log.read(limit=1), kernel_log.Unreadable):
         pytest.skip(f"the kernel log is not readable here: {kernel_log.read(limit=1).reason}")
-    proc = _spawn(_script(tmp_path, "crasher.py", CRASHER))
-    _end(proc, kill=False)
+    proc = spawn(tmp_path, script(tmp_path, "crasher.py", CRASHER))
+    end(proc, kill=False)
     assert proc.returncode == -signal.SIGSEGV
     found = localcluster.previous_runs()
     assert [(r.pid, r.cause, r.signal) for r in found] == [(proc.pid, "crash", "SIGSEGV")], found
@@ -176,15 +99,15 @@ def test_a_run_oom_killed_by_its_own_allocations_is_told_as_such(tmp_path, run_r
     if isinstance(kernel_log.read(limit=1), kernel_log.Unreadable):
         pytest.skip(f"the kernel log is not readable here: {kernel_log.read(limit=1).reason}")
     with memory_group("runs-oom", 300 << 20) as (path, _version):
-        proc = _spawn(_script(tmp_path, "oom.py", OOM), path)
+        proc = spawn(tmp_path, script(tmp_path, "oom.py", OOM), path)
         try:
             assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-            wait_for(lambda: (_record_of(run_registry, proc.pid).get("held") or 0) >= 20 << 20, timeout=10)
+            wait_for(lambda: (record_of(run_registry, proc.pid).get("held") or 0) >= 20 << 20, timeout=10)
             proc.stdin.write("go\n")
             proc.stdin.flush()
             proc.communicate(timeout=30)
         finally:
-            _end(proc)
+            end(proc)
     assert proc.returncode == -signal.SIGKILL
     found = localcluster.previous_runs()
     assert [(r.pid, r.cause, r.signal) for r in found] == [(proc.pid, "oom-killer", "SIGKILL")], found
@@ -205,7 +128,7 @@ LIVE = """
 
 @pytest.mark.slow
 def test_a_run_still_alive_is_never_told_and_a_closed_one_neither(tmp_path, run_registry):
-    proc = _spawn(_script(tmp_path, "live.py", LIVE))
+    proc = spawn(tmp_path, script(tmp_path, "live.py", LIVE))
     try:
         assert proc.stdout.readline().strip() == "1", proc.stderr.read()
         assert localcluster.previous_runs() == []
@@ -216,8 +139,8 @@ def test_a_run_still_alive_is_never_told_and_a_closed_one_neither(tmp_path, run_
         proc.stdin.flush()
         proc.communicate(timeout=30)
     assert proc.returncode == 0
-    records = _records(run_registry)
-    assert len(records) == 2 and all(r["closed"] for r in records)
+    closed = records(run_registry)
+    assert len(closed) == 2 and all(r["closed"] for r in closed)
     assert localcluster.previous_runs() == []
 
 
@@ -295,7 +218,7 @@ def test_two_processes_at_once_tell_a_run_once(run_registry):
     pid = _dead_pid()
     _fake(run_registry, pid=pid)
     code = "import localcluster; print([r.pid for r in localcluster.previous_runs()])"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_env())
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env())
              for _ in range(2)]
     outs = [p.communicate(timeout=30)[0].strip() for p in procs]
     assert sorted(outs, key=len) == ["[]", f"[{pid}]"]
@@ -310,7 +233,8 @@ def test_the_registry_keeps_the_last_100_runs_in_a_private_folder(run_registry):
     assert len(names) == registry.KEEP
     assert registry.file_name(1000.0, os.getpid()) not in names and registry.file_name(1006.0, os.getpid()) in names
     assert os.stat(run_registry).st_mode & 0o777 == 0o700
-    assert _records(run_registry)[-1]["finished"] == 3
+    assert {os.stat(run_registry / n).st_mode & 0o777 for n in names} == {0o600}
+    assert records(run_registry)[-1]["finished"] == 3
 
 
 def test_a_registry_that_cannot_be_written_is_one_warning_and_the_cluster_goes_on(run_registry, caplog):

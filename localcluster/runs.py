@@ -296,14 +296,19 @@ def _load(folder: str, name: str) -> Optional[dict]:
     try:
         return registry.load(folder, name)
     except registry.RegistryError as e:
-        damaged = os.path.join(folder, name + ".damaged")
-        try:
-            os.rename(os.path.join(folder, name), damaged)    # out of the listing: said once
-        except OSError:
-            damaged = ""
-        _warn_once(name, "localcluster: a record in the run registry is damaged and was ignored (%s)%s",
-                   e, f"; it was moved to {damaged}, which you may delete" if damaged else "")
+        _load_damaged(folder, name, e)
         return None
+
+
+def _load_damaged(folder: str, name: str, e: registry.RegistryError) -> None:
+    """One warning for a damaged record, set aside: out of the listing, it is said once."""
+    damaged = os.path.join(folder, name + ".damaged")
+    try:
+        os.rename(os.path.join(folder, name), damaged)
+    except OSError:
+        damaged = ""
+    _warn_once(name, "localcluster: a record in the run registry is damaged and was ignored (%s)%s",
+               e, f"; it was moved to {damaged}, which you may delete" if damaged else "")
 
 
 def _told(record: dict) -> PreviousRun:
@@ -334,15 +339,20 @@ def _claim(folder: str, name: str, me: registry.Identity, log: list) -> Optional
         records = log[0]
         found = records if isinstance(records, kernel_log.Unreadable) else \
             kernel_log.evidence(records, record["pid"], record.get("since_boot"))
-    cause, signal, message = explain(record, found, restarted)
+    try:
+        cause, signal, message = explain(record, found, restarted)
+        record.update(cause=cause, signal=signal, message=message)
+        run = _told(record)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:     # JSON, but not as a run writes it
+        _load_damaged(folder, name, registry.RegistryError(f"{os.path.join(folder, name)}: {e!r}"))
+        return None
     if not registry.mark_told(folder, name):
         return None
-    record.update(cause=cause, signal=signal, message=message)
     try:
         registry.write(folder, name[:-len(registry.RUN)] + registry.TOLD, record)
     except registry.RegistryError:
         pass                  # told now, and claimed: only its explanation is not kept
-    return _told(record)
+    return run
 
 
 def previous_runs(reported: bool = False) -> list:

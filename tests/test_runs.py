@@ -206,12 +206,15 @@ def test_the_kernel_log_is_read_for_the_pid_after_the_runs_start():
 def test_a_damaged_record_is_ignored_with_one_warning(run_registry, caplog):
     _fake(run_registry, pid=_dead_pid())
     (run_registry / "00000000000000000001-1.run.json").write_bytes(b'{"pid": 1, "bo\x00\xff')
+    (run_registry / "00000000000000000002-2.run.json").write_text('{"pid": 2, "host": "%s", "closed": false, '
+                                                                   '"boot": 7, "argv": 3}' % registry.identity().host)
     with caplog.at_level(logging.WARNING, logger="localcluster"):
         found = localcluster.previous_runs()
         assert len(found) == 1
         assert localcluster.previous_runs() == []
-    damaged = [r for r in caplog.records if "damaged" in r.getMessage()]
-    assert len(damaged) == 1 and "00000000000000000001-1.run.json" in damaged[0].getMessage()
+    damaged = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(damaged) == 2 and "00000000000000000001-1.run.json" in damaged[0], damaged
+    assert "00000000000000000002-2.run.json" in damaged[1], damaged
 
 
 def test_two_processes_at_once_tell_a_run_once(run_registry):

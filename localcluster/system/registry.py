@@ -47,7 +47,11 @@ class Identity(NamedTuple):
 def directory() -> str:
     """``$XDG_CACHE_HOME/localcluster``, else ``~/.cache/localcluster`` (read now: a test
     points it elsewhere)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):          # the XDG spec: a relative one is to be ignored
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):          # no home: never a folder relative to wherever we are
+        base = os.path.join(os.path.abspath(os.sep), "nonexistent-home", ".cache")
     return os.path.join(base, "localcluster")
 
 

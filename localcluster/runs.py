@@ -147,7 +147,7 @@ class RunRecorder:
         t0 = time.monotonic()
         try:
             registry.write(self._folder, self._name, record)
-        except registry.RegistryError as e:
+        except OSError as e:
             self.record = None
             _warn_once("folder", "localcluster: the run registry cannot be written (%s); this run goes on, "
                        "but a later one will not be able to say how it ended. LOCALCLUSTER_RUN_REGISTRY=0 turns "
@@ -295,12 +295,12 @@ def _ended(record: dict, me: registry.Identity) -> Optional[bool]:
 def _load(folder: str, name: str) -> Optional[dict]:
     try:
         return registry.load(folder, name)
-    except registry.RegistryError as e:
+    except ValueError as e:
         _load_damaged(folder, name, e)
         return None
 
 
-def _load_damaged(folder: str, name: str, e: registry.RegistryError) -> None:
+def _load_damaged(folder: str, name: str, e: ValueError) -> None:
     """One warning for a damaged record, set aside: out of the listing, it is said once."""
     damaged = os.path.join(folder, name + ".damaged")
     try:
@@ -344,13 +344,13 @@ def _claim(folder: str, name: str, me: registry.Identity, log: list) -> Optional
         record.update(cause=cause, signal=signal, message=message)
         run = _told(record)
     except (TypeError, ValueError, KeyError, AttributeError) as e:     # JSON, but not as a run writes it
-        _load_damaged(folder, name, registry.RegistryError(f"{os.path.join(folder, name)}: {e!r}"))
+        _load_damaged(folder, name, ValueError(f"{os.path.join(folder, name)}: {e!r}"))
         return None
     if not registry.mark_told(folder, name):
         return None
     try:
         registry.write(folder, name[:-len(registry.RUN)] + registry.TOLD, record)
-    except registry.RegistryError:
+    except OSError:
         pass                  # told now, and claimed: only its explanation is not kept
     return run
 

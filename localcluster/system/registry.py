@@ -21,16 +21,12 @@ import socket
 import time
 from typing import Iterator, NamedTuple, Optional
 
-__all__ = ["KEEP", "RUN", "TOLD", "Identity", "RegistryError", "directory", "file_name", "identity", "load", "mark_told",
+__all__ = ["KEEP", "RUN", "TOLD", "Identity", "directory", "file_name", "identity", "load", "mark_told",
            "process_start", "records", "remove_oldest", "write"]
 
 KEEP = 100                  # runs kept; the oldest files go as new runs start
 RUN, TOLD = ".run.json", ".told.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-
-
-class RegistryError(Exception):
-    """A record could not be written or read: the path and the reason, for one warning."""
 
 
 class Identity(NamedTuple):
@@ -96,7 +92,8 @@ def _ensure(folder: str) -> None:
 
 def write(folder: str, name: str, record: dict) -> None:
     """Replace ``name`` (a run's file) with ``record``, whole: a reader sees the old record or
-    the new one. Not synced to disk: a record lost with the machine is the last second's."""
+    the new one. Not synced to disk: a record lost with the machine is the last second's.
+    OSError naming the path when it cannot be written."""
     try:
         _ensure(folder)
         path = os.path.join(folder, name)
@@ -112,7 +109,7 @@ def write(folder: str, name: str, record: dict) -> None:
             os.unlink(f"{os.path.join(folder, name)}.{os.getpid()}.tmp")
         except OSError:
             pass
-        raise RegistryError(f"{os.path.join(folder, name)}: {e}") from None
+        raise OSError(f"{os.path.join(folder, name)}: {e}") from None
 
 
 def records(folder: str) -> Iterator[str]:
@@ -125,22 +122,26 @@ def records(folder: str) -> Iterator[str]:
 
 
 def load(folder: str, name: str) -> Optional[dict]:
-    """One record, or None when it went meanwhile; RegistryError when it is damaged."""
+    """One record, or None when it went meanwhile; ValueError naming the path when it is
+    damaged or unreadable."""
     path = os.path.join(folder, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise RegistryError(f"{path}: {e}") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(1 << 20)
+        raise ValueError(f"{path}: {e}") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(1 << 20)
+    except OSError as e:
+        raise ValueError(f"{path}: {e}") from None
     try:
         record = json.loads(data)
     except ValueError as e:     # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise RegistryError(f"{path}: not a run record ({e})") from None
+        raise ValueError(f"{path}: not a run record ({e})") from None
     if not isinstance(record, dict):
-        raise RegistryError(f"{path}: not a run record (a JSON {type(record).__name__})")
+        raise ValueError(f"{path}: not a run record (a JSON {type(record).__name__})")
     return record
 
 

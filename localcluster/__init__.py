@@ -24,7 +24,7 @@ _WHERE = {
     "TaskError": "death", "WorkerStartupError": "death", "ClusterRestarted": "death", "ClusterClosed": "death",
     "ClusterBroken": "death", "TransferError": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
-    "report": "views.report", "live": "views.live",
+    "report": "views.report", "live": "views.live", "previous_runs": "runs",
 }
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
     "ClusterBroken", "TransferError", "RemoteTraceback", "StoreError", "WorkerInfo",
     "wait", "as_completed", "fire_and_forget", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
-    "Lock", "Semaphore", "Event", "Queue", "Variable",
+    "Lock", "Semaphore", "Event", "Queue", "Variable", "previous_runs",
 ]
 
 
@@ -64,5 +64,6 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from .views.progress import progress
     from .views.report import report
     from .views.live import live
+    from .runs import previous_runs
     from .integrations.replay import ReplayedDeath
     from .worker.store import StoreError

@@ -26,6 +26,8 @@ import tempfile
 import threading
 import traceback
 import weakref
+from itertools import compress
+from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from . import config as _config
@@ -44,12 +46,15 @@ from .supervision.policy import Adapt
 from .supervision.stallwatch import StallWatch
 from .supervision.supervisor import Supervisor, WorkerInfo, WorkerSettings
 from .engine.watchdog import Watchdog
+from .runs import RunRecorder, tell_previous
+from .scheduler.forgetting import PENDING
 
 __all__ = ["LocalCluster", "WorkerInfo"]
 
 # Every cluster of this process not yet closed, with its lifecycle (a fork marks them all).
 _live_clusters: "weakref.WeakKeyDictionary[LocalCluster, Lifecycle]" = weakref.WeakKeyDictionary()
 _watchers: list = []      # callables told of each new cluster (localcluster.report)
+_STATE, _NBYTES = attrgetter("state"), attrgetter("nbytes")
 
 
 def live_clusters() -> list:
@@ -106,6 +111,10 @@ class LocalCluster:
         self._callbacks = CallbackThread()
         self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
                                 self._callbacks, self._loop)
+        self._runs: Optional[RunRecorder] = None
+        if cfg["run_registry"]:
+            tell_previous()                      # the first cluster of this process: how the last run ended
+            self._runs = RunRecorder(self._progress)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
         if cfg["scheduler_watchdog"]:
@@ -143,6 +152,8 @@ class LocalCluster:
             self._dispatch.trim()
             self._supervisor.tick(now)
             self._stall.tick(now)      # a stall_warning with no task ending: one WARNING saying why
+            if self._runs is not None:
+                self._runs.tick(now)       # the run's record: at most once a second
         try:
             self._loop.run(tick, interval, self._supervisor.keep_going)
         except BaseException:  # a bug here must be loud and fail everyone at once, never hang
@@ -152,6 +163,15 @@ class LocalCluster:
             self._dispatch.trim(everything=True)
             self._life.to(Phase.STOPPED)   # from CLOSING or BROKEN: the only ways out of the loop
             self._loop.fail_pending()     # after the move: a command handed over later fails at once
+
+    def _progress(self) -> tuple[int, int, int]:
+        """(tasks finished, tasks pending, bytes of results in memory) for the run's record, on
+        the scheduler thread, without the lock: a copy of the task table, as the dashboard reads."""
+        tasks = list(self.scheduler.tasks.values())
+        states = list(map(_STATE, tasks))
+        pending = sum(map(PENDING.__contains__, states))
+        held = sum(map(_NBYTES, compress(tasks, map("memory".__eq__, states))))
+        return self.history.done, pending, held
 
     def _stalled(self, seconds: float, stack: str, who: str) -> None:
         """On the watchdog thread: the scheduler thread (or a thread handling what it read for
@@ -302,6 +322,8 @@ class LocalCluster:
         self._callbacks.close(timeout)
         self._loop.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)
+        if self._runs is not None:
+            self._runs.closed()
         os.close(self._directory_lock)          # after the removal: nobody else may purge it half-way
         _live_clusters.pop(self, None)
         self._life.to(Phase.CLOSED)

@@ -333,6 +333,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "log_lines": _int("log_lines", 1),
     "resources": _resources,
     "spin_wait": _seconds("spin_wait", allow_none=True, zero_is_none=True),
+    "run_registry": _bool("run_registry"),
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -356,6 +357,7 @@ DEFAULTS: dict[str, Any] = {
     "log_lines": 1000,
     "resources": None,            # every worker's abstract resources, {"MEM": 2, "GPU": 1}: submit(resources=)
     "spin_wait": 0.0002,          # a thread waiting for a reply polls that long before it sleeps, if the machine is calm (spin.py)
+    "run_registry": True,         # each run recorded in the user's cache dir; the next says how one ended unclosed (runs.py)
 }
 
 _lock = threading.Lock()

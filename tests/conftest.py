@@ -89,6 +89,29 @@ def no_leaks():
     assert not left_shm, f"test left /dev/shm entries: {sorted(left_shm)}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_registry_of_the_session(tmp_path_factory):
+    """The clusters of the suite, and of the scripts it runs, record their runs in a registry
+    of the suite's own (runs.py), never in the user's cache: a test that kills a script would
+    make the user's next cluster say so."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(autouse=True)
+def run_registry(tmp_path_factory, monkeypatch):
+    """Each test its own registry: a script one test kills is never reported by the first
+    cluster of another test's script. The folder it is in (``localcluster/`` below it)."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache / "localcluster"
+
+
 # --- validate(): the scheduler's invariants, for every cluster a test makes ---------------
 #
 # Every LocalCluster made in this process checks its scheduler's invariants when it is closed

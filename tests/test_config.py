@@ -45,6 +45,7 @@ LEVELS = {
     "scheduler_watchdog": (("12", 12.0), ("none", None), (3.5, 3.5)),
     "stall_warning": (("0", None), (2, 2.0), ("1.5", 1.5)),
     "worker_cgroup": (("off", False), (True, True), (False, False)),
+    "run_registry": (("off", False), (True, True), (False, False)),
     "memory_ceiling": (("1.5", 1.5), (2, 2.0), (1.25, 1.25)),
     "memory_target": (("0.5", 0.5), (0.4, 0.4), (False, None)),
     "memory_pause": (("0.85", 0.85), ("0.7", 0.7), (0.75, 0.75)),
@@ -59,7 +60,7 @@ LEVELS = {
 }
 
 
-TWO_VALUED = {"worker_cgroup"}
+TWO_VALUED = {"worker_cgroup", "run_registry"}
 
 
 def test_every_key_is_covered_here():
@@ -182,6 +183,7 @@ BAD = {
     "scheduler_watchdog": ("a number of seconds > 0 or None", [0, -2, "later", False, float("nan")]),
     "stall_warning": ("a number of seconds > 0, or None or 0 to disable", [-1, "soon", True, float("inf"), [1]]),
     "worker_cgroup": ("True or False", ["maybe", 2, None, 1.0]),
+    "run_registry": ("True or False", ["sometimes", 0, None, 1.0]),
     "memory_ceiling": ("a multiple of memory_limit >= 1", [0.5, "big", True, -1, float("inf")]),
     "memory_target": ("a fraction between 0 and 1", [0, 1.5, -0.1, "half", True, "0"]),
     "memory_pause": ("a fraction between 0 and 1", [1.01, "2", [0.5]]),

@@ -78,7 +78,7 @@ def _run(path: Path, cwd: Path, timeout: float = 100) -> subprocess.CompletedPro
 def test_every_printed_block_of_the_readme_has_its_test():
     # dask's plain KilledWorker and localcluster.dask's: tests/test_dask_diagnosis.py compares them
     known = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError",
-             "Attempted to run task", "DaskKilledWorker")
+             "Attempted to run task", "DaskKilledWorker", "your previous run")
     for block in _text_blocks():
         assert sum(marker in block for marker in known) == 1, f"a README block without a test here:\n{block}"
 
@@ -136,3 +136,13 @@ def test_the_errors_example_is_what_its_script_prints(tmp_path):
         block = block.replace(note, "")
         proc.stderr = proc.stderr.split("direct cause of the following exception:\n\n")[1]
     assert matches(block, proc.stderr), proc.stderr
+
+
+@pytest.mark.slow
+def test_the_previous_run_line_is_what_the_next_process_prints(tmp_path, run_registry):
+    from _runs_story import kill_mid_map, next_process
+    killed = kill_mid_map(tmp_path, run_registry, 50)
+    after = next_process(tmp_path)
+    assert after.returncode == 0, after.stderr
+    assert matches(_block("your previous run"), after.stderr), after.stderr
+    assert f"pid {killed.pid}" in after.stderr

@@ -1,0 +1,263 @@
+"""How the last run ended (issue 49, parts 2 and 3): the per-user run registry, through real
+processes killed, crashed and OOM-killed, and through records written by hand for what a
+test cannot cause (a reboot, a reused pid, a damaged file)."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from _cgroups import memory_group
+from _runs_story import end, env, kill_mid_map, next_process, record_of, records, script, spawn
+from _util import wait_for
+
+import localcluster
+from localcluster import LocalCluster, config, runs
+from localcluster.system import kernel_log, registry
+
+pytestmark = pytest.mark.timeout(60)
+
+@pytest.mark.slow
+def test_a_killed_run_is_told_once_by_the_next_process(tmp_path, run_registry):
+    proc = kill_mid_map(tmp_path, run_registry, 50)
+    assert proc.returncode == -signal.SIGKILL
+
+    # previous_runs() on a copy of the registry: the run, once
+    copy = tmp_path / "copy"
+    shutil.copytree(run_registry.parent, copy)
+    os.environ["XDG_CACHE_HOME"] = str(copy)       # the fixture's monkeypatch restores it
+    found = localcluster.previous_runs()
+    assert [r.pid for r in found] == [proc.pid]
+    run = found[0]
+    assert run.cause == "signal" and run.finished >= 50 and run.pending > 0
+    assert "killed from outside" in run.message and "mapper.py" in run.message
+    assert run.argv == ("mapper.py", "50") and run.cwd == str(tmp_path)
+    assert run.started <= run.ended
+    assert localcluster.previous_runs() == []
+    assert [r.pid for r in localcluster.previous_runs(reported=True)] == [proc.pid]
+
+    # the next process's first cluster: one WARNING line naming the pid; then nothing left
+    os.environ["XDG_CACHE_HOME"] = str(run_registry.parent)
+    after = next_process(tmp_path)
+    assert after.returncode == 0, after.stderr
+    lines = [line for line in after.stderr.splitlines() if "previous run" in line]
+    assert len(lines) == 1, after.stderr
+    assert f"pid {proc.pid}" in lines[0] and "signal" in lines[0] and "finished" in lines[0]
+    assert after.stdout.strip() == "0"
+    print(lines[0])
+
+
+CRASHER = """
+    import ctypes
+    from localcluster import Client, LocalCluster
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.gather(client.map(abs, range(20))) == list(range(20))
+        ctypes.string_at(0)
+"""
+
+
+def test_a_segfault_in_your_own_process_is_a_crash(tmp_path, run_registry):
+    if isinstance(kernel_log.read(limit=1), kernel_log.Unreadable):
+        pytest.skip(f"the kernel log is not readable here: {kernel_log.read(limit=1).reason}")
+    proc = spawn(tmp_path, script(tmp_path, "crasher.py", CRASHER))
+    end(proc, kill=False)
+    assert proc.returncode == -signal.SIGSEGV
+    found = localcluster.previous_runs()
+    assert [(r.pid, r.cause, r.signal) for r in found] == [(proc.pid, "crash", "SIGSEGV")], found
+    assert "SIGSEGV" in found[0].message and "segfault at" in found[0].message
+
+
+OOM = """
+    import os, sys
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    from localcluster import Client, LocalCluster
+
+    def block(i):
+        return bytes([i % 256]) * (1 << 20)
+
+    with LocalCluster(n_workers=1, memory_limit="1GiB", worker_cgroup=False, forward_logs=False) as cluster, \\
+            Client(cluster) as client:
+        held = client.map(block, range(20))
+        values = client.gather(held)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        hog = []
+        while True:
+            hog.append(b"\\x01" * (8 << 20))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_oom_killed_by_its_own_allocations_is_told_as_such(tmp_path, run_registry):
+    if isinstance(kernel_log.read(limit=1), kernel_log.Unreadable):
+        pytest.skip(f"the kernel log is not readable here: {kernel_log.read(limit=1).reason}")
+    with memory_group("runs-oom", 300 << 20) as (path, _version):
+        proc = spawn(tmp_path, script(tmp_path, "oom.py", OOM), path)
+        try:
+            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+            wait_for(lambda: (record_of(run_registry, proc.pid).get("held") or 0) >= 20 << 20, timeout=10)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            proc.communicate(timeout=30)
+        finally:
+            end(proc)
+    assert proc.returncode == -signal.SIGKILL
+    found = localcluster.previous_runs()
+    assert [(r.pid, r.cause, r.signal) for r in found] == [(proc.pid, "oom-killer", "SIGKILL")], found
+    message = found[0].message
+    print(message)
+    assert "out-of-memory" in message and "memory" in message and "300.00 MiB" in message, message
+    assert "results your futures held came to" in message, message
+
+
+LIVE = """
+    import sys
+    from localcluster import Client, LocalCluster
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        print(client.submit(abs, -1).result(), flush=True)
+        sys.stdin.readline()
+"""
+
+
+@pytest.mark.slow
+def test_a_run_still_alive_is_never_told_and_a_closed_one_neither(tmp_path, run_registry):
+    proc = spawn(tmp_path, script(tmp_path, "live.py", LIVE))
+    try:
+        assert proc.stdout.readline().strip() == "1", proc.stderr.read()
+        assert localcluster.previous_runs() == []
+        with LocalCluster(n_workers=1, forward_logs=False):      # this process's own, open
+            assert localcluster.previous_runs() == []
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    closed = records(run_registry)
+    assert len(closed) == 2 and all(r["closed"] for r in closed)
+    assert localcluster.previous_runs() == []
+
+
+# --- records written by hand --------------------------------------------------------------
+
+def _fake(folder, **fields) -> str:
+    me = registry.identity()
+    record = {"version": 1, "pid": me.pid, "start": me.start, "boot": me.boot, "host": me.host,
+              "pid_ns": me.pid_ns, "since_boot": time.clock_gettime(time.CLOCK_MONOTONIC), "started": time.time() - 5,
+              "argv": ["job.py", "--n", "3"], "cwd": "/data", "notebook": None, "seen": time.time() - 1,
+              "finished": 7, "pending": 3, "held": 0, "rss": 100 << 20, "cgroup": "/", "memory_limit": None,
+              "closed": False}
+    record.update(fields)
+    name = registry.file_name(record["started"], record["pid"])
+    registry.write(str(folder), name, record)
+    return name
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_reused_pid_is_another_process(run_registry):
+    me = registry.identity()
+    _fake(run_registry, start=me.start - 1)            # our pid, an earlier start: that run is gone
+    _fake(run_registry, started=time.time() - 4)       # our pid and start: alive
+    found = localcluster.previous_runs()
+    assert [(r.pid, r.cause, r.finished, r.pending) for r in found] == [(me.pid, "signal", 7, 3)]
+    assert "'job.py --n 3'" in found[0].message
+
+
+def test_a_new_boot_is_a_machine_restart_and_another_host_is_not_ours(run_registry):
+    _fake(run_registry, boot="00000000-0000-0000-0000-000000000000", pid=_dead_pid())
+    _fake(run_registry, host="elsewhere", pid=_dead_pid(), started=time.time() - 3)
+    found = localcluster.previous_runs()
+    assert [r.cause for r in found] == ["machine-restart"]
+    assert "machine restarted" in found[0].message
+
+
+def test_the_kernel_log_is_read_for_the_pid_after_the_runs_start():
+    kill = ("3,659,2000000000,-;Memory cgroup out of memory: Killed process 4242 (python) total-vm:481560kB, "
+            "anon-rss:163736kB, UID:0 pgtables:492kB oom_score_adj:0")
+    context = ("6,658,2000000000,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+               "oom_memcg=/lc-test,task_memcg=/lc-test,task=python,pid=4242,uid=0")
+    fault = ("6,819,3000000000,-;python3[4343]: segfault at 0 ip 00007f30d3985ad8 sp 00007ffee15422c8 error 4 in "
+             "libc.so.6[167ad8,7f30d3844000+156000] likely on CPU 0 (core 0, socket 0)")
+    log = [context, kill, fault]
+    found = kernel_log.evidence(log, 4242, since=1900.0)
+    assert found.pid == 4242 and found.oom_memcg == "/lc-test" and found.constraint == "CONSTRAINT_MEMCG"
+    assert kernel_log.evidence(log, 4242, since=2500.0) is None         # an earlier process with that pid
+    crash = kernel_log.evidence(log, 4343, since=2500.0)
+    assert crash == kernel_log.Fault(4343, "SIGSEGV", "libc.so.6", crash.line) and "segfault at 0" in crash.line
+    cause, sig, message = runs.explain({"pid": 4242, "argv": ["a.py"], "rss": 290 << 20, "held": 200 << 20,
+                                        "memory_limit": 300 << 20, "cgroup": "/lc-test"}, found, False)
+    assert (cause, sig) == ("oom-killer", "SIGKILL")
+    assert "290.00 MiB" in message and "300.00 MiB" in message and "200.00 MiB" in message, message
+    cause, _, message = runs.explain({"pid": 1, "argv": []}, kernel_log.Unreadable("no"), False)
+    assert cause == "signal" and "could not be read: no" in message
+
+
+def test_a_damaged_record_is_ignored_with_one_warning(run_registry, caplog):
+    _fake(run_registry, pid=_dead_pid())
+    (run_registry / "00000000000000000001-1.run.json").write_bytes(b'{"pid": 1, "bo\x00\xff')
+    (run_registry / "00000000000000000002-2.run.json").write_text('{"pid": 2, "host": "%s", "closed": false, '
+                                                                   '"boot": 7, "argv": 3}' % registry.identity().host)
+    with caplog.at_level(logging.WARNING, logger="localcluster"):
+        found = localcluster.previous_runs()
+        assert len(found) == 1
+        assert localcluster.previous_runs() == []
+    damaged = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(damaged) == 2 and "00000000000000000001-1.run.json" in damaged[0], damaged
+    assert "00000000000000000002-2.run.json" in damaged[1], damaged
+
+
+def test_two_processes_at_once_tell_a_run_once(run_registry):
+    pid = _dead_pid()
+    _fake(run_registry, pid=pid)
+    code = "import localcluster; print([r.pid for r in localcluster.previous_runs()])"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env())
+             for _ in range(2)]
+    outs = [p.communicate(timeout=30)[0].strip() for p in procs]
+    assert sorted(outs, key=len) == ["[]", f"[{pid}]"]
+
+
+def test_the_registry_keeps_the_last_100_runs_in_a_private_folder(run_registry):
+    for i in range(105):
+        _fake(run_registry, started=1000.0 + i, closed=True)
+    recorder = runs.RunRecorder(lambda: (3, 1, 0))
+    recorder.closed()
+    names = sorted(os.listdir(run_registry))
+    assert len(names) == registry.KEEP
+    assert registry.file_name(1000.0, os.getpid()) not in names and registry.file_name(1006.0, os.getpid()) in names
+    assert os.stat(run_registry).st_mode & 0o777 == 0o700
+    assert {os.stat(run_registry / n).st_mode & 0o777 for n in names} == {0o600}
+    assert records(run_registry)[-1]["finished"] == 3
+
+
+def test_a_registry_that_cannot_be_written_is_one_warning_and_the_cluster_goes_on(run_registry, caplog):
+    run_registry.parent.mkdir(exist_ok=True)
+    run_registry.write_text("a file where the folder should be")
+    runs.forget_warnings()
+    with caplog.at_level(logging.WARNING, logger="localcluster"):
+        for _ in range(2):
+            recorder = runs.RunRecorder(lambda: (0, 0, 0))
+            recorder.tick(time.monotonic())
+            recorder.closed()
+    said = [r.getMessage() for r in caplog.records if "run registry cannot be written" in r.getMessage()]
+    assert len(said) == 1 and "LOCALCLUSTER_RUN_REGISTRY=0" in said[0]
+
+
+def test_the_off_switch(run_registry, monkeypatch):
+    with pytest.raises(ValueError, match="run_registry"):
+        config.set(run_registry="sometimes")
+    monkeypatch.setenv("LOCALCLUSTER_RUN_REGISTRY", "0")
+    assert config.get("run_registry") is False
+    with LocalCluster(n_workers=0):
+        pass
+    assert not run_registry.exists()

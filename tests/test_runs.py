@@ -231,6 +231,7 @@ def test_the_registry_keeps_the_last_100_runs_in_a_private_folder(run_registry):
     for i in range(105):
         _fake(run_registry, started=1000.0 + i, closed=True)
     recorder = runs.RunRecorder(lambda: (3, 1, 0))
+    recorder.tick(time.monotonic())
     recorder.closed()
     names = sorted(os.listdir(run_registry))
     assert len(names) == registry.KEEP

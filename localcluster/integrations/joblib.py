@@ -237,8 +237,8 @@ class Initializer:
 
 
 class Batch:
-    """One joblib batch as a task (pickled by reference: unpickling it registers the backend
-    in the worker, so a call inside it may name "localcluster"). It runs the call's
+    """One joblib batch, the argument of its task (pickled by reference: unpickling it registers
+    the backend in the worker, so a call inside it may name "localcluster"). It runs the call's
     initializer first, and stops between its calls once joblib has given up on it."""
 
     def __init__(self, calls: Any, init: Optional[Initializer]):

@@ -163,6 +163,19 @@ def test_a_frame_larger_than_the_socket_buffer_is_queued_then_flushed(pair):
     assert not tx.wants_write() and tx.flush() is True
 
 
+def test_what_a_partial_send_leaves_is_a_view_of_the_frame_never_a_copy():
+    """A large frame leaves a socket buffer's worth at a time: copying the rest of a chunk
+    after each send made sending one quadratic in its size (issue 53)."""
+    head, body = b"h" * 16, data_of(4, 1 << 20)
+    (rest,) = channel._skip([head, body], len(head) + 1000)
+    assert rest.obj is body and bytes(rest) == body[1000:]
+    (rest,) = channel._skip([rest], 5000)                    # a view of a view: still the frame's bytes
+    assert rest.obj is body and bytes(rest) == body[6000:]
+    first, second = channel._skip([head, body], 3)
+    assert first.obj is head and bytes(first) == head[3:] and second is body
+    assert channel._skip([head, body], 0) == [head, body]
+
+
 @needs_memfd
 def test_a_partial_send_passes_its_descriptors_once(pair, memfds):
     """A frame with a memfd buffer and an inline one, cut by a small socket buffer: the

@@ -46,6 +46,11 @@ def nap(seconds):
     return seconds
 
 
+def held_until(gate, x):
+    """``x`` once ``gate`` (a localcluster.Event) is set; bounded, so a broken test fails, never hangs."""
+    return x, gate.wait(30)
+
+
 def nested(x):
     """A Parallel call inside a task: which backend it gets, and where its calls ran."""
     backend, _ = joblib.parallel.get_active_backend()
@@ -98,6 +103,40 @@ def test_multi_megabyte_arrays_through_joblib(client):
     with joblib.parallel_config(backend="localcluster", client=client):
         out = joblib.Parallel(n_jobs=2)(joblib.delayed(scale)(a, 2) for a in arrays)
     assert [o.nbytes for o in out] == [4 * 2**20] * 6 and [o[-1] for o in out] == [2.0 * i for i in range(6)]
+
+
+@pytest.mark.slow
+def test_a_batch_is_handed_to_joblib_as_it_finishes(client):
+    """Callback-based retrieval (joblib's ``supports_retrieve_callback``): each batch's
+    done-callback gives joblib its results as the batch ends; joblib's own thread never
+    fetches them. Unordered, the first result comes out while the other batch is still
+    held on the worker, until the test lets it go."""
+    backend = localcluster.joblib.LocalClusterBackend(client=client)
+    assert backend.supports_retrieve_callback
+    gate = localcluster.Event(client=client)
+    with joblib.parallel_config(backend=backend):
+        out = joblib.Parallel(n_jobs=2, batch_size=1, return_as=UNORDERED)(
+            [joblib.delayed(held_until)(gate, "held"), joblib.delayed(where)(3)])
+        first = next(out)
+        assert first[0] == 9, "the finished batch waited for the held one"
+        gate.set()
+        assert list(out) == [("held", True)]
+
+
+@pytest.mark.slow
+def test_batches_are_the_arguments_of_one_function_not_functions_of_their_own(client):
+    """A batch as the task's function was pickled in the stream, its arrays copied and
+    framed with it, and each worker kept every one it ran for good, as it keeps functions
+    (issue 53). As the argument of one shared function, its arrays travel out of band and go
+    with the task."""
+    arrays = [np.full(2**17, float(i)) for i in range(6)]            # 1 MiB each
+    workers = client.cluster.scheduler.workers
+    before = {name: set(ws.fns) for name, ws in workers.items()}
+    with joblib.parallel_config(backend="localcluster", client=client):
+        out = joblib.Parallel(n_jobs=2, batch_size=1)(joblib.delayed(scale)(a, 2) for a in arrays)
+    assert [o[-1] for o in out] == [2.0 * i for i in range(6)]
+    assert all(len(ws.fns - before[name]) <= 1 for name, ws in workers.items()), \
+        {name: len(ws.fns - before[name]) for name, ws in workers.items()}
 
 
 @pytest.mark.slow

@@ -140,8 +140,13 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         """One batch of calls (joblib's BatchedCalls) as one task."""
         if self._in_use is None:         # used without configure(): as a Parallel call would
             self.configure()
-        future = self._in_use.submit(Batch(func, self._call_init), key=f"{_batch_name(func)}-{os.urandom(8).hex()}",
-                                     **self.submit_kwargs)
+        # The batch is the task's argument, never its function: a function is pickled in the
+        # stream (a 40 MB array copied, hashed and framed with it), and each worker that runs it
+        # keeps it for good, as it keeps every function; each batch would be a function of its
+        # own. As an argument, its arrays travel out of band as client.submit(f, array) sends
+        # them, and go with the task (issue 53). joblib's dask backend passes its calls so too.
+        future = self._in_use.submit(_run_batch, Batch(func, self._call_init),
+                                     key=f"{_batch_name(func)}-{os.urandom(8).hex()}", **self.submit_kwargs)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         if callback is not None:
@@ -232,8 +237,8 @@ class Initializer:
 
 
 class Batch:
-    """One joblib batch as a task (pickled by reference: unpickling it registers the backend
-    in the worker, so a call inside it may name "localcluster"). It runs the call's
+    """One joblib batch, the argument of its task (pickled by reference: unpickling it registers
+    the backend in the worker, so a call inside it may name "localcluster"). It runs the call's
     initializer first, and stops between its calls once joblib has given up on it."""
 
     def __init__(self, calls: Any, init: Optional[Initializer]):
@@ -246,6 +251,11 @@ class Batch:
         calls = self.calls
         calls.items = [(UnlessCancelled(fn), args, kwargs) for fn, args, kwargs in calls.items]
         return calls()
+
+
+def _run_batch(batch: Batch) -> Any:
+    """The function of every batch's task (``submit`` says why the batch is its argument)."""
+    return batch()
 
 
 class UnlessCancelled:

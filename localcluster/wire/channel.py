@@ -330,14 +330,19 @@ def _send_chunks(sock: socket.socket, chunks: list, fds: list[int]) -> int:
 
 
 def _skip(chunks: list, n: int) -> list:
+    """``chunks`` without their first ``n`` bytes (those sent). What is left of a chunk is a
+    view of it, never a copy: a large frame leaves a socket buffer's worth at a time, and
+    copying the rest of a large chunk after each send made sending it quadratic in its size,
+    on the scheduler thread (issue 53)."""
     out = []
     for c in chunks:
-        c = memoryview(c).cast("B") if not isinstance(c, (bytes, bytearray)) else c
-        if n >= len(c):
-            n -= len(c)
-            continue
-        out.append(c[n:] if n else c)
-        n = 0
+        if n:
+            c = memoryview(c).cast("B")
+            if n >= len(c):
+                n -= len(c)
+                continue
+            c, n = c[n:], 0
+        out.append(c)
     return out
 
 

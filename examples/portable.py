@@ -137,6 +137,16 @@ def fire_forget_and_collections(client):
     print("persist", type(kept).__name__, client.compute(kept.sum()).result(), len(client.who_has(kept)))
 
 
+def default_scheduler(client):
+    # the Client is dask's default scheduler while it is open: plain compute() and persist()
+    y = client.persist(da.ones((100, 100), chunks=10) + 1)
+    workers = set(client.run(os.getpid).values())
+    on_workers = set(da.ones(4, chunks=2).map_blocks(lambda b: b * 0 + os.getpid(), dtype=float).compute().tolist())
+    print("default scheduler", y.mean().compute(), on_workers <= workers, os.getpid() not in on_workers)
+    z, = dask.persist(da.arange(10, chunks=5))
+    print("dask.persist", z.sum().compute(), len(client.who_has(z)))
+
+
 def main():
     with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
@@ -145,8 +155,10 @@ def main():
         cancel_and_death(client)
         batches_and_run(client)
         fire_forget_and_collections(client)
+        default_scheduler(client)
         client.restart()
         print("after restart", client.submit(inc, 41).result())
+    print("dask's scheduler once the client is closed:", dask.config.get("scheduler", None))
 
 
 if __name__ == "__main__":

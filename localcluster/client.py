@@ -22,7 +22,7 @@ from . import future as _future
 from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_resources
-from .client_dask import DaskCalls
+from .client_dask import DaskCalls, become_default, release_default
 from .client_specs import DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
 from .engine.lifecycle import Phase
 from .future import Future
@@ -82,6 +82,10 @@ class Client:
         self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
         self._dask = DaskCalls(self, self._check, self._specs, self._options)    # run, compute, who_has...
         _future.register_client(self)
+        if set_as_default:      # dask's default scheduler while open, as distributed's Client
+            become_default()
+            # one garbage-collected without close() gives dask's settings back too
+            weakref.finalize(self, release_default)
 
     @property
     def status(self) -> str:
@@ -479,6 +483,8 @@ class Client:
             return
         self._closed = True
         _future.unregister_client(self)
+        if self.set_as_default:      # the previous Client is dask's default again, or dask's own setting
+            release_default()
         if self._owns_cluster:
             self.cluster.close()
 

@@ -121,6 +121,15 @@ def batches_and_run(client):
     print("scheduler_info", len(info["workers"]), set(info["workers"]) == set(pids))
     [x] = client.scatter([list(range(10))], workers=[first], hash=False)
     print("who_has", list(client.who_has([x])[x.key]) == [first])
+    print("has_what", x.key in client.has_what()[first], set(client.has_what()) == set(pids))
+    print("nthreads", sorted(client.nthreads().values()), client.ncores() == client.nthreads())
+    print("processing", set(client.processing()) == set(pids),
+          all(isinstance(key, str) for keys in client.processing().values() for key in keys))
+    print("run_on_scheduler", client.run_on_scheduler(inc, 1), client.run_on_scheduler(os.getpid) == os.getpid())
+    done = client.submit(inc, 100)
+    done.result()
+    steps = [s[1:4] for s in client.story(done.key) if s[0] == "scheduler"]
+    print("story", steps[-1] == (done.key, "processing", "memory"))
 
 
 def fire_forget_and_collections(client):
@@ -148,17 +157,21 @@ def default_scheduler(client):
 
 
 def main():
-    with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
-        basics(client)
-        data_and_placement(client)
-        cancel_and_death(client)
-        batches_and_run(client)
-        fire_forget_and_collections(client)
-        default_scheduler(client)
-        client.restart()
-        print("after restart", client.submit(inc, 41).result())
-    print("dask's scheduler once the client is closed:", dask.config.get("scheduler", None))
+    with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster:
+        with Client(cluster) as client:
+            client.wait_for_workers(2)
+            basics(client)
+            data_and_placement(client)
+            cancel_and_death(client)
+            batches_and_run(client)
+            fire_forget_and_collections(client)
+            default_scheduler(client)
+            client.restart()
+            print("after restart", client.submit(inc, 41).result())
+        print("dask's scheduler once the client is closed:", dask.config.get("scheduler", None))
+        other = Client(cluster)
+        other.shutdown()                                 # that client, and the cluster it was given
+        print("shutdown", other.status)
 
 
 if __name__ == "__main__":

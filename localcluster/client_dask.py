@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
 import threading
@@ -102,6 +103,61 @@ class DaskCalls:
             "workers": {w.name: _worker_identity(w, cluster.local_directory, cluster.config["resources"])
                         for w in shown},
         }
+
+    def _workers(self, call: str, workers: Any) -> dict:
+        """cluster.workers, or the named ones (unknown names: a ValueError naming the known)."""
+        self._check()
+        infos = self._client.cluster.workers
+        if workers is None:
+            return infos
+        names = self._client.gateway.check_worker_names(workers)
+        return {name: info for name, info in infos.items() if name in names}
+
+    def nthreads(self, workers: Any) -> dict[str, int]:
+        return {name: w.nthreads for name, w in self._workers("nthreads", workers).items()}
+
+    def has_what(self, workers: Any) -> dict[str, tuple]:
+        infos = self._workers("has_what", workers)
+        held: dict = {name: [] for name in infos}
+        for key, names in self._client.gateway.who_has(None).items():
+            for name in names:
+                if name in held:
+                    held[name].append(key)
+        return {name: tuple(keys) for name, keys in held.items()}
+
+    def processing(self, workers: Any) -> dict[str, tuple]:
+        return {name: tuple(w.processing) for name, w in self._workers("processing", workers).items()}
+
+    def run_on_scheduler(self, function: Callable, args: tuple, kwargs: dict) -> Any:
+        if not callable(function):
+            raise TypeError(f"run_on_scheduler() needs a callable first, got {serialize.describe(function)}")
+        self._check()
+        result = function(*args, **kwargs)
+        if inspect.isawaitable(result):
+            import asyncio
+
+            async def run() -> Any:
+                return await result
+            try:
+                return asyncio.run(run())
+            except RuntimeError as e:
+                if "running event loop" not in str(e):
+                    raise
+                raise RuntimeError(f"run_on_scheduler({name_of(function)}) is an async function and this "
+                                   f"thread runs an event loop already: await {name_of(function)}() there "
+                                   f"yourself (the scheduler is this process)") from None
+        return result
+
+    def story(self, keys: tuple) -> list[tuple]:
+        self._check()
+        names = []
+        for k in keys:
+            if hasattr(k, "key") and hasattr(k, "client"):      # a Future
+                k = k.key
+            if not isinstance(k, str):
+                raise TypeError(f"story() takes keys (strings) or Futures, got {serialize.describe(k)}")
+            names.append(k)
+        return self._client.gateway.story(names)
 
     def get_worker_logs(self, n: Optional[int], workers: Any) -> dict[str, list]:
         logs = self._client.cluster.get_logs(n)

@@ -70,3 +70,10 @@ def test_shutdown_closes_the_cluster_it_was_given():
         other.submit(inc, 1)
     other.close()
     client.shutdown()               # again: nothing left to close
+
+
+def test_futures_of_finds_them_in_lists_and_dicts(client):
+    from localcluster import futures_of
+    a, b = client.submit(inc, 1), client.submit(inc, 2)
+    assert futures_of([a, {"x": b, "y": [a, 3]}]) == [a, b]
+    assert futures_of(a) == [a] and futures_of([1, "two"]) == []

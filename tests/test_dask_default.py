@@ -16,7 +16,7 @@ import pytest
 import localcluster
 from localcluster import Client
 from localcluster.client_dask import DASK_DEFAULT
-from localcluster.future import futures_of
+from localcluster import futures_of
 
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")

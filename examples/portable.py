@@ -121,6 +121,15 @@ def batches_and_run(client):
     print("scheduler_info", len(info["workers"]), set(info["workers"]) == set(pids))
     [x] = client.scatter([list(range(10))], workers=[first], hash=False)
     print("who_has", list(client.who_has([x])[x.key]) == [first])
+    print("has_what", x.key in client.has_what()[first], set(client.has_what()) == set(pids))
+    print("nthreads", sorted(client.nthreads().values()), client.ncores() == client.nthreads())
+    print("processing", set(client.processing()) == set(pids),
+          all(isinstance(key, str) for keys in client.processing().values() for key in keys))
+    print("run_on_scheduler", client.run_on_scheduler(inc, 1), client.run_on_scheduler(os.getpid) == os.getpid())
+    done = client.submit(inc, 100)
+    done.result()
+    steps = [s[1:4] for s in client.story(done.key) if s[0] == "scheduler"]
+    print("story", steps[-1] == (done.key, "processing", "memory"))
 
 
 def fire_forget_and_collections(client):
@@ -137,16 +146,32 @@ def fire_forget_and_collections(client):
     print("persist", type(kept).__name__, client.compute(kept.sum()).result(), len(client.who_has(kept)))
 
 
+def default_scheduler(client):
+    # the Client is dask's default scheduler while it is open: plain compute() and persist()
+    y = client.persist(da.ones((100, 100), chunks=10) + 1)
+    workers = set(client.run(os.getpid).values())
+    on_workers = set(da.ones(4, chunks=2).map_blocks(lambda b: b * 0 + os.getpid(), dtype=float).compute().tolist())
+    print("default scheduler", y.mean().compute(), on_workers <= workers, os.getpid() not in on_workers)
+    z, = dask.persist(da.arange(10, chunks=5))
+    print("dask.persist", z.sum().compute(), len(client.who_has(z)))
+
+
 def main():
-    with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
-        basics(client)
-        data_and_placement(client)
-        cancel_and_death(client)
-        batches_and_run(client)
-        fire_forget_and_collections(client)
-        client.restart()
-        print("after restart", client.submit(inc, 41).result())
+    with LocalCluster(n_workers=2, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster:
+        with Client(cluster) as client:
+            client.wait_for_workers(2)
+            basics(client)
+            data_and_placement(client)
+            cancel_and_death(client)
+            batches_and_run(client)
+            fire_forget_and_collections(client)
+            default_scheduler(client)
+            client.restart()
+            print("after restart", client.submit(inc, 41).result())
+        print("dask's scheduler once the client is closed:", dask.config.get("scheduler", None))
+        other = Client(cluster)
+        other.shutdown()                                 # that client, and the cluster it was given
+        print("shutdown", other.status)
 
 
 if __name__ == "__main__":

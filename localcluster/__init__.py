@@ -15,7 +15,7 @@ from .version import __version__
 _WHERE = {
     "LocalCluster": "cluster", "WorkerInfo": "cluster",
     "Client": "client", "Future": "future", "wait": "waiting", "as_completed": "waiting",
-    "fire_and_forget": "future",
+    "fire_and_forget": "future", "futures_of": "future",
     "get_client": "worker.client", "worker_client": "worker.client", "secede": "worker.client",
     "rejoin": "worker.client", "get_worker": "worker.client",
     "Lock": "coordination", "Semaphore": "coordination", "Event": "coordination", "Queue": "coordination",
@@ -31,7 +31,7 @@ __all__ = [
     "LocalCluster", "Client", "Future", "KilledWorker", "WorkerDeath", "TaskTimeoutError",
     "LostDataError", "TaskError", "WorkerStartupError", "ReplayedDeath", "ClusterRestarted", "ClusterClosed",
     "ClusterBroken", "TransferError", "RemoteTraceback", "StoreError", "WorkerInfo",
-    "wait", "as_completed", "fire_and_forget", "progress", "report", "live", "config", "__version__",
+    "wait", "as_completed", "fire_and_forget", "futures_of", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
     "Lock", "Semaphore", "Event", "Queue", "Variable", "previous_runs",
 ]
@@ -55,7 +55,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
     from .client import Client
-    from .future import Future, fire_and_forget
+    from .future import Future, fire_and_forget, futures_of
     from .waiting import as_completed, wait
     from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo

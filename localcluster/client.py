@@ -22,7 +22,7 @@ from . import future as _future
 from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_resources
-from .client_dask import DaskCalls
+from .client_dask import DaskCalls, become_default, release_default
 from .client_specs import DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
 from .engine.lifecycle import Phase
 from .future import Future
@@ -82,6 +82,10 @@ class Client:
         self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
         self._dask = DaskCalls(self, self._check, self._specs, self._options)    # run, compute, who_has...
         _future.register_client(self)
+        if set_as_default:      # dask's default scheduler while open, as distributed's Client
+            become_default()
+            # one garbage-collected without close() gives dask's settings back too
+            weakref.finalize(self, release_default)
 
     @property
     def status(self) -> str:
@@ -429,6 +433,44 @@ class Client:
         ``n_workers``: at most that many workers (-1: all)."""
         return self._dask.scheduler_info(n_workers)
 
+    def nthreads(self, workers: Any = None, **kwargs: Any) -> dict[str, int]:
+        """The task threads of each worker: {worker name: threads} (dask's, keyed by address);
+        ``workers``: only these names."""
+        return self._dask.nthreads(workers)
+
+    ncores = nthreads       # dask's older name
+
+    def has_what(self, workers: Any = None, **kwargs: Any) -> dict[str, tuple]:
+        """The keys whose data each worker holds: {worker name: tuple of keys} (dask's ``has_what``);
+        ``workers``: only these names."""
+        return self._dask.has_what(workers)
+
+    def processing(self, workers: Any = None) -> dict[str, tuple]:
+        """The keys each worker is given to run now: {worker name: tuple of keys} (dask's
+        ``processing``); ``workers``: only these names."""
+        return self._dask.processing(workers)
+
+    def run_on_scheduler(self, function: Callable, /, *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` on the scheduler, and its result: here the scheduler is this
+        process, so it runs in the calling thread (an async function is run to its end). dask's
+        ``dask_scheduler=`` argument is not filled in: there is no dask Scheduler object here."""
+        return self._dask.run_on_scheduler(function, args, kwargs)
+
+    def story(self, *keys: Any, on_error: str = "raise") -> list[tuple]:
+        """The transitions the scheduler still keeps of these keys (or Futures), oldest first:
+        ``[("scheduler", key, start, finish, event)]``: dask's first four fields (dask adds each
+        worker's own transitions, recommendations, stimulus ids and times; ours names the event
+        that caused each). ``on_error`` is dask's (for asking workers, which here never fails)."""
+        return self._dask.story(keys)
+
+    def shutdown(self) -> None:
+        """Close this client and its cluster, whether it made the cluster or was given it (dask's
+        meaning): every worker stops, and every other client of the cluster can no longer submit."""
+        try:
+            self.close()
+        finally:
+            self.cluster.close()
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         return self._dask.get_worker_logs(n, workers)
@@ -479,6 +521,8 @@ class Client:
             return
         self._closed = True
         _future.unregister_client(self)
+        if self.set_as_default:      # the previous Client is dask's default again, or dask's own setting
+            release_default()
         if self._owns_cluster:
             self.cluster.close()
 

@@ -10,7 +10,13 @@ and arguments pickled as for submit) and its check of submit's options.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
+import inspect
 import os
+import sys
+import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -98,6 +104,61 @@ class DaskCalls:
                         for w in shown},
         }
 
+    def _workers(self, call: str, workers: Any) -> dict:
+        """cluster.workers, or the named ones (unknown names: a ValueError naming the known)."""
+        self._check()
+        infos = self._client.cluster.workers
+        if workers is None:
+            return infos
+        names = self._client.gateway.check_worker_names(workers)
+        return {name: info for name, info in infos.items() if name in names}
+
+    def nthreads(self, workers: Any) -> dict[str, int]:
+        return {name: w.nthreads for name, w in self._workers("nthreads", workers).items()}
+
+    def has_what(self, workers: Any) -> dict[str, tuple]:
+        infos = self._workers("has_what", workers)
+        held: dict = {name: [] for name in infos}
+        for key, names in self._client.gateway.who_has(None).items():
+            for name in names:
+                if name in held:
+                    held[name].append(key)
+        return {name: tuple(keys) for name, keys in held.items()}
+
+    def processing(self, workers: Any) -> dict[str, tuple]:
+        return {name: tuple(w.processing) for name, w in self._workers("processing", workers).items()}
+
+    def run_on_scheduler(self, function: Callable, args: tuple, kwargs: dict) -> Any:
+        if not callable(function):
+            raise TypeError(f"run_on_scheduler() needs a callable first, got {serialize.describe(function)}")
+        self._check()
+        result = function(*args, **kwargs)
+        if inspect.isawaitable(result):
+            import asyncio
+
+            async def run() -> Any:
+                return await result
+            try:
+                return asyncio.run(run())
+            except RuntimeError as e:
+                if "running event loop" not in str(e):
+                    raise
+                raise RuntimeError(f"run_on_scheduler({name_of(function)}) is an async function and this "
+                                   f"thread runs an event loop already: await {name_of(function)}() there "
+                                   f"yourself (the scheduler is this process)") from None
+        return result
+
+    def story(self, keys: tuple) -> list[tuple]:
+        self._check()
+        names = []
+        for k in keys:
+            if hasattr(k, "key") and hasattr(k, "client"):      # a Future
+                k = k.key
+            if not isinstance(k, str):
+                raise TypeError(f"story() takes keys (strings) or Futures, got {serialize.describe(k)}")
+            names.append(k)
+        return self._client.gateway.story(names)
+
     def get_worker_logs(self, n: Optional[int], workers: Any) -> dict[str, list]:
         logs = self._client.cluster.get_logs(n)
         if workers is None:
@@ -152,3 +213,151 @@ def _worker_identity(w: Any, directory: str, resources: Optional[dict]) -> dict:
             "local_directory": directory, "last_seen": time.time(), "services": {}, "nanny": None,
             "metrics": {"executing": len(w.processing), "memory": w.memory, "managed_bytes": w.managed,
                         "spilled_bytes": {"memory": w.managed, "disk": w.spilled}}}
+
+
+# --- the Client as dask's default scheduler ---------------------------------------------------
+#
+# distributed's Client() sets dask.config's "scheduler" while it is open (set_as_default=True),
+# so that x.compute(), dask.compute(...) and dask.persist(...) run on its cluster. Ours does the
+# same with one stand-in (DaskDefault) that hands each call to the current Client (the latest
+# running one made with set_as_default=True: future.latest_client): a second Client takes over,
+# and closing it gives the work back to the first, whatever order they close in. dask's own
+# settings are saved when the first default Client opens and restored when the last one closes.
+# dask is never imported for this: when it is not loaded yet, the settings are made the moment
+# it is (a finder on sys.meta_path), so a program that never uses dask never pays its import.
+
+# dask.config keys set while a Client is the default: the scheduler, and a shuffle that works
+# across processes (dask's "disk" shuffle, its choice when no distributed Client is found, is a
+# partd store shared by the threads of one process, not by worker processes).
+_SHUFFLE = "dataframe.shuffle.method"
+
+
+class DaskDefault:
+    """What dask.config's ``scheduler`` holds while a localcluster Client is dask's default:
+    a dask scheduler (``get``) and, for ``dask.persist``, a ``persist``, both handed to the
+    current Client. One object for every Client, so that dask.config holds the same value
+    whichever is current; it copies and pickles as itself (``copy.deepcopy(dask.config.config)``)."""
+
+    def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        return _current_default("compute").get(dsk, keys, **kwargs)
+
+    def persist(self, collections: Any, optimize_graph: bool = True, **kwargs: Any) -> Any:
+        return _current_default("persist").persist(collections, optimize_graph=optimize_graph, **kwargs)
+
+    def __copy__(self) -> "DaskDefault":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "DaskDefault":
+        return self
+
+    def __reduce__(self) -> str:
+        return "DASK_DEFAULT"
+
+    def __repr__(self) -> str:
+        return "<localcluster: the current Client (dask's default scheduler while a Client is open)>"
+
+
+DASK_DEFAULT = DaskDefault()
+
+_default_lock = threading.RLock()       # re-entrant: a finalizer (garbage collection) may run inside
+_state = "off"                  # "off", "waiting" (for dask to be imported) or "on" (dask.config set)
+_setter: Any = None             # the dask.config.set that made it "on": its exit restores dask's settings
+
+
+def _current_default(what: str) -> Any:
+    from .future import latest_client
+    client = latest_client()
+    if client is None:
+        release_default()       # nobody is left to restore dask's settings: restore them now
+        raise RuntimeError(
+            f"dask's default scheduler was a localcluster Client, and none is open in this process any more "
+            f"(it was garbage-collected without close(), or this process is a fork of the one that made it), "
+            f"so this {what} has nowhere to run. dask's previous scheduler setting is restored: call it again "
+            f"to use it, or make a Client first to run it on a cluster.")
+    return client
+
+
+def become_default() -> None:
+    """A Client made with ``set_as_default=True`` opened (it is registered, so it is current)."""
+    global _state
+    with _default_lock:
+        if _state != "off":
+            return
+        if "dask.config" in sys.modules:
+            _apply()
+        elif importlib.util.find_spec("dask") is not None:
+            sys.meta_path.insert(0, _WHEN_DASK_LOADS)
+            _state = "waiting"
+
+
+def release_default() -> None:
+    """A default Client closed (or was garbage-collected): when no other is open, dask's
+    settings go back to what they were before the first, unless the user has changed its
+    scheduler meanwhile (then that choice stays)."""
+    global _state, _setter
+    from .future import latest_client
+    with _default_lock:
+        if _state == "off" or latest_client() is not None:
+            return
+        if _state == "waiting":
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(_WHEN_DASK_LOADS)
+        else:
+            import dask.config
+            if dask.config.get("scheduler", None) is DASK_DEFAULT:
+                _setter.__exit__(None, None, None)
+            _setter = None
+        _state = "off"
+
+
+def _apply() -> None:      # under _default_lock, dask loaded
+    global _state, _setter
+    import dask.config
+    settings: dict = {"scheduler": DASK_DEFAULT}
+    if dask.config.get(_SHUFFLE, None) is None:     # the user's own choice stays
+        settings[_SHUFFLE] = "tasks"
+    _setter = dask.config.set(settings)
+    _state = "on"
+
+
+def _dask_loaded() -> None:
+    """dask was imported while a default Client is open: make the settings now."""
+    from .future import latest_client
+    with _default_lock:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(_WHEN_DASK_LOADS)
+        if _state == "waiting" and "dask.config" in sys.modules and latest_client() is not None:
+            _apply()
+
+
+class _WhenDaskLoads(importlib.abc.MetaPathFinder):
+    """Finds ``dask`` with the finders after it, and has ``_dask_loaded`` run once its
+    package has run (dask.config is loaded by then)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "dask":
+            return None
+        finders = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
+        for finder in finders:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return None
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _dask_loaded()
+        try:
+            loader.exec_module = exec_module    # this spec's own loader (a finder makes one a spec)
+        except (AttributeError, TypeError):
+            return None
+        return spec
+
+
+_WHEN_DASK_LOADS = _WhenDaskLoads()

@@ -205,6 +205,12 @@ class Gateway:
         with self._dispatch.held():
             return self._scheduler.who_has(keys)
 
+    def story(self, keys: list) -> list[tuple]:
+        """``Client.story``: [("scheduler", key, start, finish, event)] of these keys, from the
+        scheduler's ring of recent transitions, each key's oldest first."""
+        with self._dispatch.held():
+            return [("scheduler", key, old, new, event) for key in keys for old, new, event in self._scheduler.transitions.of(key)]
+
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""
         with self._dispatch.held():

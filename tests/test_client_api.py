@@ -308,11 +308,11 @@ def test_persist_gives_the_collection_back_backed_by_futures_on_the_cluster(clie
     client.gather(futures)
     assert set(client.who_has(y)) == {f.key for f in futures}
     assert all(holders for holders in client.who_has(y).values())
+    assert y.sum().compute() == 9900           # the client is dask's default scheduler
     assert y.sum().compute(scheduler=client.get) == 9900
     assert client.compute(y.sum()).result(30) == 9900
-    with dask.config.set(scheduler=client.get):
-        assert b.compute() == [0, 2, 4, 6, 8, 10]
-    assert client.persist(dask.delayed(double)(4)).compute(scheduler=client.get) == 8
+    assert b.compute() == [0, 2, 4, 6, 8, 10]
+    assert client.persist(dask.delayed(double)(4)).compute() == 8
 
 
 def die():

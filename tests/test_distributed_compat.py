@@ -38,7 +38,8 @@ FROM_KWARGS = {"submit": {"fifo_timeout", "actor", "actors"},
                "compute": {"resources", "fifo_timeout", "actors"},
                "persist": {"resources", "fifo_timeout", "actors"}}
 METHODS = ["submit", "map", "scatter", "gather", "cancel", "replicate", "restart", "wait_for_workers",
-           "get_worker_logs", "run", "compute", "persist", "who_has", "scheduler_info"]
+           "get_worker_logs", "run", "compute", "persist", "who_has", "scheduler_info", "nthreads", "ncores",
+           "has_what", "processing", "run_on_scheduler", "story", "shutdown"]
 AS_COMPLETED = ["add", "update", "count", "is_empty", "has_ready", "next_batch", "batches", "clear"]
 
 
@@ -61,12 +62,16 @@ def run(backend: str, script: Path = SCRIPT) -> list:
 def test_one_script_prints_the_same_under_both():
     pytest.importorskip("distributed")
     ours, theirs = run("localcluster"), run("distributed")
-    assert ours[0] == "submit 2" and ours[-1] == "after restart 42" and len(ours) == 24
+    assert ours[0] == "submit 2" and ours[-3] == "after restart 42" and len(ours) == 33
+    # the Client is dask's default scheduler while open, and dask's setting comes back at close
+    assert ours[-2:] == ["dask's scheduler once the client is closed: None", "shutdown closed"]
     assert "KilledWorker True 0" in ours and "workers= 1 True" in ours and "cancel True cancelled True" in ours
     for line in ("as_completed batches [41, 42, 43, 44, 45, 46] True", "as_completed clear True 0 []",
                  "run 2 2 True", "run raises the worker's own ValueError no 2",
                  "run on_error=return ['ValueError', 'ValueError']", "scheduler_info 2 True", "who_has True",
-                 "fire_and_forget True", "compute 2 [np.float64(10.0)]", "persist Array 45 2"):
+                 "fire_and_forget True", "compute 2 [np.float64(10.0)]", "persist Array 45 2",
+                 "default scheduler 2.0 True True", "dask.persist 45 2", "has_what True True",
+                 "nthreads [1, 1] True", "processing True True", "run_on_scheduler 2 True", "story True"):
         assert line in ours, line
     assert ours == theirs
 

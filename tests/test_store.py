@@ -408,3 +408,30 @@ def test_figures_reach_a_status_board(tmp_path):
         assert board.store() == (0, 0, 0)
     finally:
         board.close()
+
+
+def test_a_key_being_spilled_or_reloaded_is_never_seen_as_missing(tmp_path):
+    """Spilling moves a key from memory to disk (and a load back) in two steps under the
+    store's lock; ``in`` read without it saw a held key as missing between them, and a task
+    parked for good for an input its worker had (found by tests/test_differential.py)."""
+    import threading
+    s = Store(str(tmp_path), target=1 << 20)
+    s.put_payload("k", serialize.dumps(bytes(1 << 20)))       # at the target: in memory
+    stop, misses = threading.Event(), []
+
+    def look():
+        while not stop.is_set():
+            if "k" not in s:
+                misses.append(1)
+    reader = threading.Thread(target=look)
+    reader.start()
+    try:
+        for i in range(60):
+            s.put_payload(f"x{i}", serialize.dumps(bytes(16)))     # past the target: "k" spills
+            with s._lock:
+                s._load("k")                                        # read by a task: back in memory
+            s.free((f"x{i}",))
+    finally:
+        stop.set()
+        reader.join(10)
+    assert misses == []

@@ -63,7 +63,11 @@ class Store:
         self._on_change = on_change
 
     def __contains__(self, key: str) -> bool:
-        return key in self._mem or key in self._disk
+        # Under the lock: spilling moves a key from memory to disk (and loading back) in two
+        # steps, and a reader between them saw a key it holds as missing: a task parked for an
+        # input it had, for good, and an Export answered "no longer holds".
+        with self._lock:
+            return key in self._mem or key in self._disk
 
     def keys(self) -> list:
         """The keys held, in memory or spilled (get_worker().data)."""

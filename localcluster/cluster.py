@@ -39,6 +39,7 @@ from .views.history import History
 from .engine.lifecycle import Lifecycle, Phase
 from .engine.loop import EventLoop
 from .system.machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
+from .supervision import capacity
 from .supervision.nanny import logger
 from .supervision.policy import Adapt
 from .supervision.stallwatch import StallWatch
@@ -88,6 +89,9 @@ class LocalCluster:
         elif isinstance(limit, float):      # dask's share of the memory, each worker's own
             limit = int(available_memory() * limit)
         self.memory_limit: Optional[int] = limit
+        # before anything is made: a number of workers that cannot fit is refused with the figures
+        self._refuse_beyond(f"LocalCluster(n_workers={self.n_workers})", self.n_workers, 0,
+                            "auto" if cfg["memory_limit"] == "auto" else limit)
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         # Built bottom up, each part handed what it calls by name; nothing is bound later.
         self._life = life = Lifecycle()
@@ -215,6 +219,7 @@ class LocalCluster:
         """Grow or shrink to ``n`` workers; returns when they are up (or gone). Stops adapt()."""
         check_int(n, "scale", "n")
         self._gateway.check_open()
+        self._refuse_beyond(f"scale({n})", n)
         self._gateway.rescaled()
         self._loop.call(lambda: self._supervisor.scale(n)).result()
         self._supervisor.wait_for(n, timeout)
@@ -237,8 +242,19 @@ class LocalCluster:
         wait_count = check_int(wait_count, "adapt", "wait_count", lo=1)
         every = self.config["adapt_interval"] if interval is None else check_duration(interval, "adapt", "interval")
         self._gateway.check_open()
+        self._refuse_beyond(f"adapt(maximum={maximum})", maximum)
         self._gateway.rescaled()
         self._loop.call(lambda: self._supervisor.adapt(Adapt(minimum, maximum, wait_count * every))).result()
+
+    def _refuse_beyond(self, call: str, total: int, running: Optional[int] = None, limit: Any = ...) -> None:
+        """ValueError if ``total`` workers (``running`` of them up now; None: those the cluster
+        has) cannot fit on this machine: memory, pids, file descriptors (supervision/capacity.py)."""
+        if running is None:
+            running = len(self._supervisor.nannies)
+        why = capacity.refusal(call, total - running, total, self.threads_per_worker,
+                               self.memory_limit if limit is ... else limit, self.config)
+        if why:
+            raise ValueError(why)
 
     def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Return when at least ``n_workers`` workers (by default, as many as the cluster

@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -132,6 +132,115 @@ def available_memory() -> int:
         except OSError:
             pass
     return total
+
+
+def task_limits() -> list[tuple[str, int, Callable[[], int], str]]:
+    """The limits on processes and threads (the kernel counts each thread as a task, with a
+    pid of its own) that a new worker counts against, as (name, limit, in use now, what
+    raises it); ``in use`` is a callable, read only where needed. Those this process cannot
+    read are left out: nothing is refused on a guess."""
+    out: list = []
+    machine = _machine_tasks
+    for name, path, how in (("the kernel's pid_max", "/proc/sys/kernel/pid_max", "sysctl kernel.pid_max, as root"),
+                            ("the kernel's threads-max", "/proc/sys/kernel/threads-max",
+                             "sysctl kernel.threads-max, as root")):
+        limit = _read_int(path)
+        if limit:
+            out.append((name, limit, machine, how))
+    soft, hard = _rlimit("RLIMIT_NPROC")
+    if soft >= 0 and os.geteuid() != 0:        # the kernel does not hold root to it
+        raise_to = "its hard limit" + (f" of {hard}" if hard >= 0 else "")
+        out.append(("this user's RLIMIT_NPROC (ulimit -u)", soft, user_tasks, f"ulimit -u, up to {raise_to}"))
+    for directory in _pids_cgroups():
+        limit = _read_int(os.path.join(directory, "pids.max"))
+        if limit:
+            out.append((f"the pids cgroup's pids.max ({directory})", limit,
+                        functools.partial(_read_int, os.path.join(directory, "pids.current"), 0),
+                        f"pids.max of {directory} (a container's own limit: its runtime's pids-limit)"))
+    return out
+
+
+def _read_int(path: str, default: Optional[int] = None) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return default
+    return int(text) if text.isdigit() else default
+
+
+def _machine_tasks() -> int:
+    """Tasks (processes and threads) on the machine: /proc/loadavg's fourth field, "running/total"."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def user_tasks() -> int:
+    """Tasks (processes and threads) of this process's real user, what RLIMIT_NPROC counts:
+    every /proc/<pid>/status read, so only called when that limit is close."""
+    uid, count = str(os.getuid()), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:        # gone meanwhile
+            continue
+        if fields.get("Uid", "").split()[:1] == [uid]:
+            count += int(fields.get("Threads", "1").strip() or 1)
+    return count
+
+
+def _pids_cgroups() -> list[str]:
+    """The pids cgroup directories this process lives in, innermost first, each ancestor's
+    limit applying too (v1: the pids controller's hierarchy; v2: the unified one)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _id, controllers, path = parts
+        if "pids" in controllers.split(","):
+            root = "/sys/fs/cgroup/pids"
+        elif controllers == "":
+            root = "/sys/fs/cgroup"
+        else:
+            continue
+        path = path.rstrip("/")
+        while path:
+            out.append(root + path)
+            path = path.rsplit("/", 1)[0]
+    return out
+
+
+def fd_limits() -> tuple[int, int, int]:
+    """(soft limit, hard limit, open now) of this process's file descriptors; a limit of -1
+    is none."""
+    soft, hard = _rlimit("RLIMIT_NOFILE")
+    try:
+        used = len(os.listdir("/proc/self/fd")) - 1      # less the one listdir had open
+    except OSError:  # pragma: no cover - no /proc
+        used = 0
+    return soft, hard, used
+
+
+def _rlimit(name: str) -> tuple[int, int]:
+    """(soft, hard) of a resource limit, -1 for none (or where there is no such limit)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(getattr(resource, name))
+    except (ImportError, AttributeError, OSError, ValueError):  # pragma: no cover - not Linux
+        return -1, -1
+    return tuple(-1 if v == resource.RLIM_INFINITY else v for v in (soft, hard))
 
 
 LOCK = ".owner.lock"        # inside each cluster directory; flock()ed by its owner for the cluster's life

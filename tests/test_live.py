@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import sys
 import time
 
@@ -210,6 +211,22 @@ def test_status_lines_count_tasks_not_runs(cluster, client, tmp_path):
     # the retried failure is neither failed nor a second task
     assert (cluster.history.done, cluster.history.failed) == (3, 1)
     assert "tasks 3 done, 0 running, 1 failed" in status_lines([cluster])[0]
+
+
+def kills_its_worker():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.cluster(allowed_failures=0)
+def test_a_task_given_up_after_its_worker_died_counts_failed_as_progress_does(cluster, client):
+    """Its only run was lost with the worker (no run raised): the task failed all the same."""
+    fut = client.submit(kills_its_worker, key="kills-1")
+    with pytest.raises(localcluster.KilledWorker):
+        fut.result(30)
+    assert localcluster.progress(fut, file=io.StringIO()) == (0, 1)
+    assert [r.status for r in cluster.history.tasks()] == ["lost"]
+    assert (cluster.history.done, cluster.history.failed) == (0, 1)
+    assert "tasks 0 done, 0 running, 1 failed" in status_lines([cluster])[0]
 
 
 def test_status_lines_name_the_last_death(cluster):

@@ -491,7 +491,12 @@ class Supervisor:
                 stack=stack, log_tail=tuple(lines[-50:]), time=time.time(),
                 blamed=blamed, detail=detail, managed=managed).explained()
             self.deaths.append(death)
-            post = self._dispatch.apply(self._scheduler.worker_died(death, timed_out))
+            actions = self._scheduler.worker_died(death, timed_out)
+            # its runs went into the task stream as lost; those whose task the death ends
+            # (KilledWorker, past its timeout) count it failed, as a run that raised does
+            self._history.gave_up(sum(1 for a in actions if type(a) is S.Resolve and a.status == "error"
+                                      and a.key in keys))
+            post = self._dispatch.apply(actions)
         self._dispatch.post(post)
         return death
 

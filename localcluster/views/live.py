@@ -23,7 +23,8 @@ __all__ = ["live", "status_lines"]
 def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None) -> list:
     """The block's lines for these clusters (one ``cluster.workers`` each, and the history's
     counts). Tasks are counted, not runs: a task that failed and then succeeded on a retry
-    counts done once and not failed, one run again after its result was lost counts once."""
+    counts done once and not failed, one run again after its result was lost counts once, one
+    given up when its worker died (KilledWorker, a timeout) counts failed."""
     lines = []
     for c in clusters:
         if c.status == "closed":

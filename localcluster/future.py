@@ -229,15 +229,16 @@ class Future(cf.Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
+        left = timeout
         if self._state == _PENDING and timeout != 0 and not _in_forked_child:
             self._gateway.wait_here(self, deadline)
             if deadline is not None:        # what is left of it, for the wait below
-                timeout = max(0.0, deadline - time.monotonic())
+                left = max(0.0, deadline - time.monotonic())
         if self._state == _FINISHED and self._exception is None:
             value = self._result         # set before the state: no lock, no Condition made
         else:
             try:
-                value = self._within(super().result, timeout)
+                value = self._within(super().result, left, timeout)
             except (Exception, cf.CancelledError) as e:
                 error = self.stored_error()
                 if error is None or (error is not e and not isinstance(e, cf.CancelledError)):
@@ -247,22 +248,23 @@ class Future(cf.Future):
             if error is not None:       # out of the except: no "During handling" context
                 raise error
         while _stored(value):       # again if another thread swapped it meanwhile (prefill)
-            value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            value = self._materialize(value, deadline, timeout)
         return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        exc = self._within(super().exception, timeout)
+        exc = self._within(super().exception, timeout, timeout)
         if exc is None and self._lost is not None:
             return self._lost
         return exc
 
-    def _within(self, wait: Callable, timeout: Optional[float]) -> Any:
-        """``wait(timeout)``; a timeout says why the task is not done (running where, waiting
-        for what, or queued with no worker) instead of an empty TimeoutError."""
+    def _within(self, wait: Callable, left: Optional[float], timeout: Optional[float]) -> Any:
+        """``wait(left)``; a timeout says why the task is not done (running where, waiting for
+        what, or queued with no worker) instead of an empty TimeoutError, quoting ``timeout``:
+        the caller's, of which ``left`` is what remains."""
         if _in_forked_child:
             _refuse_in_fork(self)
         try:
-            return wait(timeout)
+            return wait(left)
         except cf.TimeoutError:
             if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
                 raise
@@ -272,15 +274,21 @@ class Future(cf.Future):
                 why = f"task {self.key!r} is not done"
             raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
 
-    def _materialize(self, stored: Any, timeout: Optional[float]) -> Any:
+    def _materialize(self, stored: Any, deadline: Optional[float], timeout: Optional[float]) -> Any:
+        """The value of the finished task, unpickled once (fetched first if its data is on a
+        worker), by ``deadline``; ``timeout``: the caller's, for the message."""
         if self._result is not stored:      # another thread got there first
             return self._result
         payload = stored
         if payload is ON_WORKER:
+            fetching = self._gateway.fetch([self.key])[0]
             try:
-                payload = self._gateway.fetch([self.key])[0].result(timeout)
+                payload = fetching.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
             except cf.TimeoutError:
-                raise
+                if fetching.done():
+                    raise
+                raise cf.TimeoutError(f"result(timeout={timeout:g}) timed out: task {self.key!r} is done, but "
+                                      f"fetching its data from the worker took longer") from None
             except BaseException as e:
                 from .death import LostDataError
                 if isinstance(e, LostDataError):

@@ -46,13 +46,14 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
     return cf.wait(fs, timeout, return_when)
 
 
-def wait_all(fs: list, timeout: Optional[float], what: str = "") -> Any:
+def wait_all(fs: list, timeout: Optional[float], what: str = "", stated: Optional[float] = None) -> Any:
     """(done, not_done) once every future of ``fs`` is done; past ``timeout``, the TimeoutError
-    of ``timed_out`` (``what``: the caller's name, such as gather, for the message)."""
+    of ``timed_out`` (``what``: the caller's name, such as gather, and ``stated`` its timeout,
+    of which ``timeout`` is what is left, for the message)."""
     refuse_in_fork(fs)
     result = _wait_all(fs, timeout)
     if result.not_done and not all(f.done() for f in result.not_done):     # not just done meanwhile
-        raise timed_out(what, fs, timeout)
+        raise timed_out(what, fs, timeout if stated is None else stated)
     return _DoneAndNotDone(set(fs), set()) if result.not_done else result
 
 

@@ -74,12 +74,19 @@ class LocalCluster:
 
     def __init__(self, n_workers: Any = ..., threads_per_worker: Any = ..., memory_limit: Any = ...,
                  allowed_failures: Any = ..., local_directory: Any = ..., forward_logs: Any = ...,
-                 *, initializer: Optional[Callable] = None, initargs: tuple = (), **settings: Any):
+                 *, initializer: Optional[Callable] = None, initargs: tuple = (), dashboard_address: Any = None,
+                 processes: Any = True, silence_logs: Any = False, **settings: Any):
+        """dask's ``dashboard_address`` means nothing here (no server: ``dashboard()`` in Jupyter,
+        ``localcluster.live()`` in a terminal) and is accepted as such; ``processes=False`` is
+        refused (every worker is a process); ``silence_logs``: worker log records below that
+        level are not handed to your logging (still in ``get_worker_logs()``)."""
         cfg = _config.resolve(n_workers=n_workers, threads_per_worker=threads_per_worker,
                               memory_limit=memory_limit, allowed_failures=allowed_failures,
                               local_directory=local_directory, forward_logs=forward_logs, **settings)
         if initializer is not None and not callable(initializer):
             raise TypeError(f"initializer must be callable, got {initializer!r}")
+        _check_processes(processes)
+        cfg["silence_logs"] = _silence_level(silence_logs)     # dask's keyword; not a config.set key
         self.config = cfg
         self.n_workers = usable_cpus() if cfg["n_workers"] is None else cfg["n_workers"]
         self.threads_per_worker = cfg["threads_per_worker"]
@@ -359,6 +366,36 @@ class LocalCluster:
         told how its tasks end. Not for user code."""
         self._gateway.attach(client)
         return self._gateway
+
+
+def _check_processes(processes: Any) -> None:
+    """dask's ``processes``: True (or None) is what localcluster always does."""
+    if processes is None or processes is True:
+        return
+    if processes is False:
+        raise ValueError("LocalCluster(processes=False): localcluster runs every worker in a process of its own, "
+                         "never as threads of yours: that is how it stops a task that hangs or leaks and tells why a "
+                         "worker died. Leave processes out (or True); for tasks on threads of this process, use "
+                         "concurrent.futures.ThreadPoolExecutor or dask's scheduler=\"threads\".")
+    raise ValueError(f"LocalCluster(processes={processes!r}): expected True (dask's meaning; False is not "
+                     f"supported: every worker is a process)")
+
+
+def _silence_level(value: Any) -> int:
+    """dask's ``silence_logs``: a logging level (``logging.WARNING``, "warning", 30), below which
+    the workers' log records are not handed to the ``localcluster.worker`` logger; False or
+    None: every record is (0); True: WARNING, dask's default."""
+    import logging
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return logging.WARNING
+    if isinstance(value, str) and isinstance(logging.getLevelName(value.strip().upper()), int):
+        return logging.getLevelName(value.strip().upper())
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ValueError(f"LocalCluster(silence_logs={value!r}): expected a logging level (logging.WARNING, "
+                     f"'warning', 30), or False or None to hand every worker log record to your logging")
 
 
 def _make_directory(parent: Optional[str]) -> tuple[str, int]:

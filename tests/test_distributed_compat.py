@@ -110,6 +110,22 @@ def test_coordination_means_the_same_under_both():
     assert ours == theirs
 
 
+def test_dask_local_cluster_keywords_are_taken_or_refused_saying_why():
+    """dashboard_address means nothing here (no server) and is taken as such; processes=False
+    is refused (every worker is a process); silence_logs is the level of worker records handed on."""
+    import logging
+    with localcluster.LocalCluster(n_workers=0, dashboard_address=":8787", processes=True,
+                                   silence_logs=logging.WARN) as c:
+        assert c.config["silence_logs"] == logging.WARNING
+    with localcluster.LocalCluster(n_workers=0, dashboard_address=None, silence_logs=None) as c:
+        assert c.config["silence_logs"] == 0
+    with pytest.raises(ValueError, match=r"processes=False\): localcluster runs every worker in a process of its "
+                                         r"own.*ThreadPoolExecutor"):
+        localcluster.LocalCluster(n_workers=0, processes=False)
+    with pytest.raises(ValueError, match=r"silence_logs='loud'\): expected a logging level"):
+        localcluster.LocalCluster(n_workers=0, silence_logs="loud")
+
+
 # Coordination: each public method takes dask's keywords; ours may also take client= where
 # dask's constructor does not (its Lock and Semaphore find theirs alone).
 COORDINATION_METHODS = {"Lock": ["__init__", "acquire", "release", "locked", "get_value"],

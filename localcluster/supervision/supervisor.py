@@ -415,7 +415,8 @@ class Supervisor:
             self._dispatch.on_task_requests(n.name, asks)
         self._dispatch.on_worker_messages(n.name, tasks)
         if records:     # outside the lock: the user's handlers may take their time
-            logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)
+            logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False,
+                      self._config.get("silence_logs", 0))
         self.retire_pending()
 
     # --- deaths -------------------------------------------------------------------------------

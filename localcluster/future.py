@@ -148,7 +148,8 @@ class Future(cf.Future):
 
     # Class-level until needed, so that a Future has five attributes of its own (~103 bytes
     # with its object, 152 with the nine it had): concurrent.futures' ``_exception`` and a
-    # loss are set only on a future that ends so; ``_sync`` once one is waited on.
+    # loss are set only on a future that ends so (a cancelled one keeps its CancelledError in
+    # ``_exception``); ``_sync`` once one is waited on.
     _sync: Optional[_Sync] = None
     _exception: Optional[BaseException] = None
     _lost: Optional[BaseException] = None
@@ -252,7 +253,10 @@ class Future(cf.Future):
         return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        exc = self._within(super().exception, timeout, timeout)
+        try:
+            exc = self._within(super().exception, timeout, timeout)
+        except cf.CancelledError:
+            raise self.stored_error() from None      # says who cancelled it
         if exc is None and self._lost is not None:
             return self._lost
         return exc
@@ -403,9 +407,23 @@ class Future(cf.Future):
                 self._lost = value
             if not self._ended_unwatched(_FINISHED, None, value):
                 self._end_watched(self.set_exception, value)
-        elif not self._ended_unwatched(_NOTIFIED, None, None) and super().cancel():
-            self.set_running_or_notify_cancel()
+        else:
+            self._cancel_with(value if isinstance(value, cf.CancelledError) else cf.CancelledError(
+                f"Task {self.key!r} was cancelled, and its data is let go of: submit it again to compute it."))
         self._rang()
+
+    def _cancel_with(self, error: cf.CancelledError) -> None:
+        """Cancelled, ``error`` kept in ``_exception`` (concurrent.futures leaves it unused in
+        a cancelled future) for ``result()`` to raise: who cancelled it, not an empty error."""
+        if self._ended_unwatched(_NOTIFIED, None, error):
+            return
+        with self._condition:
+            if self._state == _PENDING:
+                self._exception = error
+        if super().cancel():
+            self.set_running_or_notify_cancel()
+        elif self._exception is error:      # finished meanwhile by another thread: not cancelled
+            self._exception = None
 
     @staticmethod
     def fail_all(futures: list, exc: BaseException) -> None:
@@ -455,8 +473,9 @@ class Future(cf.Future):
         A task's exception comes with its worker's frames only: concurrent.futures' frames
         and ours, and those that every earlier raise of it added, are left out, so that the
         caller raising it shows its own frames, one of ours, then the task's."""
-        if self.cancelled():
-            return cf.CancelledError()
+        if self.cancelled():      # a fresh one each time: raising one adds to its traceback
+            why = self._exception
+            return cf.CancelledError(*why.args) if why is not None else cf.CancelledError()
         exc = self._exception if self.done() else None
         return None if exc is None else exc.with_traceback(remote.task_frames(exc))
 

@@ -25,8 +25,9 @@ COORDINATION = SCRIPT.parent / "coordination.py"
 NOT_TAKEN = {
     "scatter": {"timeout": "scatter is a local copy", "asynchronous": "no async client"},
     "gather": {"direct": "data always comes straight from the workers"},
-    "cancel": {"asynchronous": "no async client", "reason": "CancelledError carries no message",
-               "msg": "CancelledError carries no message"},
+    "cancel": {"asynchronous": "no async client",
+               "reason": "the CancelledError names the task and who cancelled it, not a reason of the caller's",
+               "msg": "the CancelledError names the task and who cancelled it, not a message of the caller's"},
     "replicate": {"workers": "copies go to any n workers", "branching_factor": "no tree of transfers"},
     "get_worker_logs": {"nanny": "the nanny is a thread of the client, its log is the client's"},
 }

@@ -238,6 +238,29 @@ def test_every_timeout_quotes_the_timeout_given_not_what_was_left(client, tmp_pa
     assert fut.result(30) is None
 
 
+def test_a_cancelled_future_names_its_task_and_who_cancelled_it(client, tmp_path):
+    marker = str(tmp_path / "go")
+    head = client.submit(block_until, marker, pure=False)
+    tail = client.submit(len, [head])
+    called = threading.Event()
+    tail.add_done_callback(lambda f: called.set())     # a future with waiters ends the other way
+    wait_running(client.cluster, head)
+    assert head.cancel()
+    assert called.wait(30)
+    said = rf"^Task {re.escape(repr(head.key))} was cancelled by Client.cancel or Future.cancel in your process, "
+    with pytest.raises(cf.CancelledError, match=said + "and its data is let go of: submit it again"):
+        head.result(30)
+    with pytest.raises(cf.CancelledError, match=said):
+        head.exception(30)
+    with pytest.raises(cf.CancelledError, match=said):
+        client.gather([head])
+    with pytest.raises(cf.CancelledError, match=rf"^Task {re.escape(repr(tail.key))} was cancelled with "
+                                                rf"{re.escape(repr(head.key))}, an input it needs"):
+        tail.result(30)
+    assert head.status == tail.status == "cancelled"
+    release(marker)
+
+
 def test_no_worker_warns_on_submit_and_the_timeout_says_why(caplog):
     with LocalCluster(n_workers=0, forward_logs=False) as c, Client(c) as cl:
         with caplog.at_level(logging.WARNING, logger="localcluster"):

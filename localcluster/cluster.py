@@ -20,6 +20,7 @@ thread that forked, and that thread lives exactly as long as the cluster.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import shutil
 import tempfile
@@ -401,11 +402,43 @@ def _silence_level(value: Any) -> int:
 def _make_directory(parent: Optional[str]) -> tuple[str, int]:
     """A private directory for this cluster's spill files (and the descriptor of the lock
     that marks it as ours), after removing those of clusters whose owner is gone."""
-    if parent:
-        os.makedirs(parent, exist_ok=True)
     base = parent or tempfile.gettempdir()
-    purge_stale_directories(base)
-    return make_cluster_directory(base)
+    try:
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        purge_stale_directories(base)
+        return make_cluster_directory(base)
+    except OSError as e:
+        raise _unusable_directory(e, parent, base) from None
+
+
+# Why a folder refuses a cluster's own folder, by errno, beyond the system's words for it.
+_DIRECTORY_CAUSES = {
+    errno.ENOENT: "it does not let folders be made in it (a virtual filesystem, such as /proc or /sys)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EACCES: "this user may not write there",
+    errno.EPERM: "this user may not write there",
+    errno.EROFS: "it is on a read-only filesystem",
+    errno.ENOSPC: "its disk is full",
+    errno.EDQUOT: "this user's disk quota is used up",
+}
+
+
+def _unusable_directory(e: OSError, parent: Optional[str], base: str) -> OSError:
+    """The error of a folder the cluster cannot make its own in: which, why, what to do. The
+    same OSError subclass, so that ``except PermissionError`` still catches it."""
+    where = f"local_directory={parent!r}" if parent else f"the system's temporary folder {base!r} (TMPDIR)"
+    cause = _DIRECTORY_CAUSES.get(e.errno)
+    if e.errno == errno.ENOENT and not os.path.isdir(base):
+        cause = "it does not exist and cannot be made"
+    said = f"{e.filename!r}: {e.strerror}" if e.filename and e.strerror else str(e)
+    text = (f"{where}: the cluster cannot make its own folder there (for its workers' spilled data): "
+            f"{said}{f'; {cause}' if cause else ''}. Give local_directory= a folder this user may write "
+            f"to, on a disk with room (LOCALCLUSTER_LOCAL_DIRECTORY works too).")
+    try:
+        return type(e)(e.errno, text)
+    except Exception:  # noqa: BLE001 - an OSError subclass of a library's, built otherwise
+        return OSError(e.errno, text)
 
 
 def _pickled(initializer: Optional[Callable], initargs: tuple, directory: str) -> Optional[str]:

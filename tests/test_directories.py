@@ -142,3 +142,17 @@ def test_the_owner_lock_holds_even_for_a_stopped_owner(tmp_path):
         proc.wait(30)
         proc.stdout.close()
     assert not os.path.exists(theirs)     # closed cleanly: it removed its own directory
+
+
+def test_a_folder_that_cannot_hold_the_clusters_says_which_why_and_what_to_do(tmp_path):
+    """/proc exists but no folder can be made in it (root included): not a bare FileNotFoundError."""
+    with pytest.raises(FileNotFoundError) as info:
+        LocalCluster(n_workers=0, local_directory="/proc")
+    text = str(info.value)
+    assert text.startswith("[Errno 2] local_directory='/proc': the cluster cannot make its own folder there "
+                           "(for its workers' spilled data): '/proc/localcluster-")
+    assert "No such file or directory; it does not let folders be made in it (a virtual filesystem" in text
+    assert "Give local_directory= a folder this user may write to" in text
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"a part of the path is a file, not a folder\. Give local_directory="):
+        LocalCluster(n_workers=0, local_directory=str(tmp_path / "a-file" / "spill"))

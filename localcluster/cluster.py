@@ -406,10 +406,26 @@ def _make_directory(parent: Optional[str]) -> tuple[str, int]:
     try:
         if parent:
             os.makedirs(parent, exist_ok=True)
-        purge_stale_directories(base)
-        return make_cluster_directory(base)
+        removed = purge_stale_directories(base)
+        made = make_cluster_directory(base)
     except OSError as e:
         raise _unusable_directory(e, parent, base) from None
+    for path, pid, held in removed:
+        logger.warning("localcluster: removed %s, the folder of a cluster whose process (pid %d) ended without "
+                       "closing it (killed, or crashed): %s", path, pid, _what_was_lost(held))
+    return made
+
+
+def _what_was_lost(held: dict) -> str:
+    """In words, what a removed cluster folder held (``machine.contents``)."""
+    spilled = {name: figures for name, figures in held.items() if name != "initializer.pkl"}
+    files, size = sum(f for f, _ in spilled.values()), sum(b for _, b in spilled.values())
+    if not files:
+        return "it held no spilled data."
+    each = ", ".join(f"{name}: {f} file{'s' if f != 1 else ''}, {format_bytes(b)}"
+                     for name, (f, b) in sorted(spilled.items()) if f)
+    return (f"it held {format_bytes(size)} of results its workers had spilled to disk ({each}), lost with that "
+            f"process. Close a cluster (a with block, or close()) so that it removes its folder itself.")
 
 
 # Why a folder refuses a cluster's own folder, by errno, beyond the system's words for it.

@@ -261,9 +261,11 @@ def make_cluster_directory(parent: str) -> tuple[str, int]:
     return path, fd
 
 
-def purge_stale_directories(base: str) -> None:
+def purge_stale_directories(base: str) -> list[tuple[str, int, dict]]:
     """Remove the cluster directories in ``base`` whose owner is gone: a parent killed with
-    SIGKILL cannot clean up after itself, so the next cluster does it.
+    SIGKILL cannot clean up after itself, so the next cluster does it. Returns what it
+    removed, for the caller to say so: (path, the pid in its name, what was in it:
+    ``contents``).
 
     Gone means: its lock can be taken (the kernel drops an flock with the last descriptor,
     however the process ended). A pid proves nothing here: under PID namespaces (containers
@@ -272,18 +274,23 @@ def purge_stale_directories(base: str) -> None:
     try:
         names = os.listdir(base)
     except OSError:
-        return
+        return []
+    removed = []
     for name in names:
         m = _NAME.fullmatch(name)
         if m is None or int(m.group(1)) == os.getpid():
             continue
         try:
-            _purge_one(base, name)
+            held = _purge_one(base, name)
         except OSError:       # it went away meanwhile, or is not ours to read: leave it
-            pass
+            continue
+        if held is not None:
+            removed.append((os.path.join(base, name), int(m.group(1)), held))
+    return removed
 
 
-def _purge_one(base: str, name: str) -> None:
+def _purge_one(base: str, name: str) -> Optional[dict]:
+    """What was in the directory (``contents``), if it was removed."""
     import fcntl
     import shutil       # here: a worker imports this module, and shutil brings the compressors
     import stat
@@ -291,25 +298,56 @@ def _purge_one(base: str, name: str) -> None:
     path = os.path.join(base, name)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        return                                      # a symlink, a file, or another user's
+        return None                                 # a symlink, a file, or another user's
     dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         try:
             fd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:                   # older version, or being made right now
             if time.time() - st.st_mtime > LEGACY_GRACE and not pid_alive(int(_NAME.fullmatch(name).group(1))):
+                held = contents(path)
                 shutil.rmtree(path, ignore_errors=True)
-            return
+                return held
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(dir_fd).st_ino == os.lstat(path).st_ino:      # still the directory we opened
+                held = contents(path)
                 shutil.rmtree(path, ignore_errors=True)    # fd-based on Linux: follows no symlink inside
+                return held
         except BlockingIOError:
             pass                                    # its owner is alive
         finally:
             os.close(fd)
     finally:
         os.close(dir_fd)
+    return None
+
+
+def contents(path: str) -> dict:
+    """What a cluster directory holds, by what is at its top: {name: (files, bytes)} (a
+    worker's spill folder, the initializer's pickle), its lock left out. No link is followed."""
+    out: dict = {}
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.name == LOCK:
+            continue
+        files = size = 0
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                for root, _dirs, names in os.walk(entry.path):      # os.walk follows no link by default
+                    for n in names:
+                        st = os.lstat(os.path.join(root, n))
+                        files, size = files + 1, size + st.st_size
+            else:
+                files, size = 1, entry.stat(follow_symlinks=False).st_size
+        except OSError:         # going while we look: counted as far as seen
+            pass
+        out[entry.name] = (files, size)
+    return out
 
 
 def pid_alive(pid: int) -> bool:

@@ -285,11 +285,12 @@ class Future(cf.Future):
             return self._result
         payload = stored
         if payload is ON_WORKER:
-            fetching = self._gateway.fetch([self.key])[0]
+            fetching = None
             try:
+                fetching = self._gateway.fetch([self.key])[0]
                 payload = fetching.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
             except cf.TimeoutError:
-                if fetching.done():
+                if fetching is None or fetching.done():
                     raise
                 raise cf.TimeoutError(f"result(timeout={timeout:g}) timed out: task {self.key!r} is done, but "
                                       f"fetching its data from the worker took longer") from None

@@ -177,8 +177,8 @@ def test_removing_a_dead_owners_directory_is_said_with_what_it_held(tmp_path, ca
     said = {r.getMessage().split(",")[0]: r.getMessage() for r in caplog.records if "removed" in r.getMessage()}
     assert not dead.exists() and not empty.exists() and len(said) == 2
     assert said[f"localcluster: removed {dead}"] == (
-        f"localcluster: removed {dead}, the folder of a cluster whose process (pid {dead_pid}) ended without closing it "
-        f"(killed, or crashed): it held 4.88 KiB of results its workers had spilled to disk (worker-0: 2 files, "
+        f"localcluster: removed {dead}, the folder of a cluster whose process (pid {dead_pid}) ended without "
+        f"closing it (killed, or crashed): it held 4.88 KiB of results its workers had spilled to disk (worker-0: 2 files, "
         f"4.88 KiB), lost with that process. Close a cluster (a with block, or close()) so that it removes its "
         f"folder itself.")
     assert said[f"localcluster: removed {empty}"].endswith("ended without closing it (killed, or crashed): it held no "

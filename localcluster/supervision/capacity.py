@@ -128,4 +128,6 @@ def _fds(new: int, running: int) -> Optional[tuple]:
 
 
 def _most(fit: int) -> str:
-    return "no worker fits" if fit <= 0 else f"at most {fit} worker{'s' if fit != 1 else ''} fit{'s' if fit == 1 else ''}"
+    if fit <= 0:
+        return "no worker fits"
+    return f"at most {fit} worker{'s' if fit != 1 else ''} fit{'s' if fit == 1 else ''}"

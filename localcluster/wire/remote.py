@@ -4,9 +4,10 @@ On the worker, :func:`note_origin` adds a note (PEP 678) naming the worker, its 
 the task; a ``ModuleNotFoundError`` says the import failed there. In the parent,
 :func:`explain_here` adds what only the parent knows (is that module importable here?),
 moving a missing module's explanation into its message, and, on Python 3.10, which prints
-no notes, hangs the notes at the end of the cause chain. :func:`detached_traceback` rebuilds the worker's frames, and :func:`task_frames`
-finds them again in a traceback that grew each time the exception was raised, so that
-``result()`` and ``gather`` raise it with the task's frames under one of ours.
+no notes, hangs the notes at the end of the cause chain. :func:`detached_traceback`
+rebuilds the worker's frames, and :func:`task_frames` finds them again in a traceback that
+grew each time the exception was raised, so that ``result()`` and ``gather`` raise it with
+the task's frames under one of ours.
 """
 from __future__ import annotations
 

@@ -104,9 +104,26 @@ def test_scale_and_adapt_beyond_what_fits_are_refused_and_change_nothing(monkeyp
 def test_the_figures_are_a_real_workers(cluster):
     """A worker's threads are tasks_per_worker; the parent's descriptors grow by no more
     than FDS_PER_WORKER for it."""
-    pids = [w.pid for w in cluster.workers.values()]
+    names, pids = list(cluster.workers), [w.pid for w in cluster.workers.values()]
     # each starts its threads once it has said Ready: no event of it reaches this process
     wait_for(lambda: all(len(os.listdir(f"/proc/{pid}/task")) == capacity.tasks_per_worker(1) for pid in pids))
-    before = len(os.listdir("/proc/self/fd"))
+    before = held()
     cluster.scale(3)
-    assert 0 < len(os.listdir("/proc/self/fd")) - before <= capacity.FDS_PER_WORKER
+    (new,) = set(cluster.workers) - set(names)
+    kept = {fd: target for fd, target in held().items() if before.get(fd) != target}
+    assert f"/proc/{cluster.workers[new].pid}/statm" in kept.values()
+    assert 0 < len(kept) <= capacity.FDS_PER_WORKER, kept
+
+
+def held() -> dict:
+    """This process's descriptors that a worker keeps open (fd -> target), without the files
+    the scheduler thread opens and closes as it samples (/proc and /sys, but for a statm)."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:         # closed meanwhile: a passing one
+            continue
+        if not target.startswith(("/proc/", "/sys/")) or target.endswith("/statm"):
+            out[fd] = target
+    return out

@@ -330,11 +330,18 @@ class Client:
         if not isinstance(asynchronous, bool):
             raise TypeError(f"gather(asynchronous={asynchronous!r}): expected True or False")
         _waiting.check_timeout("gather", timeout)
-        if asynchronous:
-            return self._gather_async(futures, errors, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if asynchronous:
+            return self._gather_async(futures, errors, timeout, deadline)
+        return self._gathered(futures, errors, timeout, deadline)
+
+    def _gathered(self, futures: Any, errors: str, timeout: Optional[float], deadline: Optional[float]) -> Any:
+        """``gather`` by ``deadline`` (time.monotonic); ``timeout``: the caller's, which the
+        messages quote."""
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
-        _waiting.wait_all(flat, timeout, "gather")   # not cf.wait: in a forked child it raises instead of hanging
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        # not cf.wait: in a forked child it raises instead of hanging
+        _waiting.wait_all(flat, left, "gather", stated=timeout)
         if errors == "raise":
             # The first error in _rebuild's order, raised from here: the caller's traceback then
             # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
@@ -356,10 +363,10 @@ class Client:
                 f.prefill(payload)
         return _rebuild(futures, errors)
 
-    async def _gather_async(self, futures: Any, errors: str, timeout: Optional[float]) -> Any:
+    async def _gather_async(self, futures: Any, errors: str, timeout: Optional[float],
+                            deadline: Optional[float]) -> Any:
         import asyncio
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
         flat = [f for f in _walk(futures) if isinstance(f, Future)]
         for f in flat:
             if not f.done():
@@ -367,9 +374,9 @@ class Client:
                     if deadline is None:
                         await f
                     else:
-                        await asyncio.wait_for(f, max(0.0, deadline - loop.time()))
+                        await asyncio.wait_for(f, max(0.0, deadline - time.monotonic()))
                 except BaseException:  # noqa: BLE001 - gather below raises it, or skips it
-                    if not f.done() and deadline is not None and loop.time() >= deadline:
+                    if not f.done() and deadline is not None and time.monotonic() >= deadline:
                         # why it is late takes the cluster's lock: not on the event loop's thread
                         raise await loop.run_in_executor(None, _waiting.timed_out, "gather", flat, timeout) \
                             from None
@@ -380,8 +387,7 @@ class Client:
                 error = f.stored_error()
                 if error is not None:
                     raise error
-        left = None if deadline is None else max(0.0, deadline - loop.time())
-        return await loop.run_in_executor(None, lambda: self.gather(futures, errors, timeout=left))
+        return await loop.run_in_executor(None, lambda: self._gathered(futures, errors, timeout, deadline))
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""

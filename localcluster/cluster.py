@@ -20,6 +20,7 @@ thread that forked, and that thread lives exactly as long as the cluster.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import shutil
 import tempfile
@@ -41,6 +42,7 @@ from .views.history import History
 from .engine.lifecycle import Lifecycle, Phase
 from .engine.loop import EventLoop
 from .system.machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus
+from .supervision import capacity
 from .supervision.nanny import logger
 from .supervision.policy import Adapt
 from .supervision.stallwatch import StallWatch
@@ -78,12 +80,19 @@ class LocalCluster:
 
     def __init__(self, n_workers: Any = ..., threads_per_worker: Any = ..., memory_limit: Any = ...,
                  allowed_failures: Any = ..., local_directory: Any = ..., forward_logs: Any = ...,
-                 *, initializer: Optional[Callable] = None, initargs: tuple = (), **settings: Any):
+                 *, initializer: Optional[Callable] = None, initargs: tuple = (), dashboard_address: Any = None,
+                 processes: Any = True, silence_logs: Any = False, **settings: Any):
+        """dask's ``dashboard_address`` means nothing here (no server: ``dashboard()`` in Jupyter,
+        ``localcluster.live()`` in a terminal) and is accepted as such; ``processes=False`` is
+        refused (every worker is a process); ``silence_logs``: worker log records below that
+        level are not handed to your logging (still in ``get_worker_logs()``)."""
         cfg = _config.resolve(n_workers=n_workers, threads_per_worker=threads_per_worker,
                               memory_limit=memory_limit, allowed_failures=allowed_failures,
                               local_directory=local_directory, forward_logs=forward_logs, **settings)
         if initializer is not None and not callable(initializer):
             raise TypeError(f"initializer must be callable, got {initializer!r}")
+        _check_processes(processes)
+        cfg["silence_logs"] = _silence_level(silence_logs)     # dask's keyword; not a config.set key
         self.config = cfg
         self.n_workers = usable_cpus() if cfg["n_workers"] is None else cfg["n_workers"]
         self.threads_per_worker = cfg["threads_per_worker"]
@@ -93,6 +102,9 @@ class LocalCluster:
         elif isinstance(limit, float):      # dask's share of the memory, each worker's own
             limit = int(available_memory() * limit)
         self.memory_limit: Optional[int] = limit
+        # before anything is made: a number of workers that cannot fit is refused with the figures
+        self._refuse_beyond(f"LocalCluster(n_workers={self.n_workers})", self.n_workers, 0,
+                            "auto" if cfg["memory_limit"] == "auto" else limit)
         self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
         # Built bottom up, each part handed what it calls by name; nothing is bound later.
         self._life = life = Lifecycle()
@@ -235,6 +247,7 @@ class LocalCluster:
         """Grow or shrink to ``n`` workers; returns when they are up (or gone). Stops adapt()."""
         check_int(n, "scale", "n")
         self._gateway.check_open()
+        self._refuse_beyond(f"scale({n})", n)
         self._gateway.rescaled()
         self._loop.call(lambda: self._supervisor.scale(n)).result()
         self._supervisor.wait_for(n, timeout)
@@ -257,8 +270,19 @@ class LocalCluster:
         wait_count = check_int(wait_count, "adapt", "wait_count", lo=1)
         every = self.config["adapt_interval"] if interval is None else check_duration(interval, "adapt", "interval")
         self._gateway.check_open()
+        self._refuse_beyond(f"adapt(maximum={maximum})", maximum)
         self._gateway.rescaled()
         self._loop.call(lambda: self._supervisor.adapt(Adapt(minimum, maximum, wait_count * every))).result()
+
+    def _refuse_beyond(self, call: str, total: int, running: Optional[int] = None, limit: Any = ...) -> None:
+        """ValueError if ``total`` workers (``running`` of them up now; None: those the cluster
+        has) cannot fit on this machine: memory, pids, file descriptors (supervision/capacity.py)."""
+        if running is None:
+            running = len(self._supervisor.nannies)
+        why = capacity.refusal(call, total - running, total, self.threads_per_worker,
+                               self.memory_limit if limit is ... else limit, self.config)
+        if why:
+            raise ValueError(why)
 
     def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Return when at least ``n_workers`` workers (by default, as many as the cluster
@@ -367,14 +391,92 @@ class LocalCluster:
         return self._gateway
 
 
+def _check_processes(processes: Any) -> None:
+    """dask's ``processes``: True (or None) is what localcluster always does."""
+    if processes is None or processes is True:
+        return
+    if processes is False:
+        raise ValueError("LocalCluster(processes=False): localcluster runs every worker in a process of its own, "
+                         "never as threads of yours: that is how it stops a task that hangs or leaks and tells why a "
+                         "worker died. Leave processes out (or True); for tasks on threads of this process, use "
+                         "concurrent.futures.ThreadPoolExecutor or dask's scheduler=\"threads\".")
+    raise ValueError(f"LocalCluster(processes={processes!r}): expected True (dask's meaning; False is not "
+                     f"supported: every worker is a process)")
+
+
+def _silence_level(value: Any) -> int:
+    """dask's ``silence_logs``: a logging level (``logging.WARNING``, "warning", 30), below which
+    the workers' log records are not handed to the ``localcluster.worker`` logger; False or
+    None: every record is (0); True: WARNING, dask's default."""
+    import logging
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return logging.WARNING
+    if isinstance(value, str) and isinstance(logging.getLevelName(value.strip().upper()), int):
+        return logging.getLevelName(value.strip().upper())
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ValueError(f"LocalCluster(silence_logs={value!r}): expected a logging level (logging.WARNING, "
+                     f"'warning', 30), or False or None to hand every worker log record to your logging")
+
+
 def _make_directory(parent: Optional[str]) -> tuple[str, int]:
     """A private directory for this cluster's spill files (and the descriptor of the lock
     that marks it as ours), after removing those of clusters whose owner is gone."""
-    if parent:
-        os.makedirs(parent, exist_ok=True)
     base = parent or tempfile.gettempdir()
-    purge_stale_directories(base)
-    return make_cluster_directory(base)
+    try:
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        removed = purge_stale_directories(base)
+        made = make_cluster_directory(base)
+    except OSError as e:
+        raise _unusable_directory(e, parent, base) from None
+    for path, pid, held in removed:
+        logger.warning("localcluster: removed %s, the folder of a cluster whose process (pid %d) ended without "
+                       "closing it (killed, or crashed): %s", path, pid, _what_was_lost(held))
+    return made
+
+
+def _what_was_lost(held: dict) -> str:
+    """In words, what a removed cluster folder held (``machine.contents``)."""
+    spilled = {name: figures for name, figures in held.items() if name != "initializer.pkl"}
+    files, size = sum(f for f, _ in spilled.values()), sum(b for _, b in spilled.values())
+    if not files:
+        return "it held no spilled data."
+    each = ", ".join(f"{name}: {f} file{'s' if f != 1 else ''}, {format_bytes(b)}"
+                     for name, (f, b) in sorted(spilled.items()) if f)
+    return (f"it held {format_bytes(size)} of results its workers had spilled to disk ({each}), lost with that "
+            f"process. Close a cluster (a with block, or close()) so that it removes its folder itself.")
+
+
+# Why a folder refuses a cluster's own folder, by errno, beyond the system's words for it.
+_DIRECTORY_CAUSES = {
+    errno.ENOENT: "it does not let folders be made in it (a virtual filesystem, such as /proc or /sys)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EACCES: "this user may not write there",
+    errno.EPERM: "this user may not write there",
+    errno.EROFS: "it is on a read-only filesystem",
+    errno.ENOSPC: "its disk is full",
+    errno.EDQUOT: "this user's disk quota is used up",
+}
+
+
+def _unusable_directory(e: OSError, parent: Optional[str], base: str) -> OSError:
+    """The error of a folder the cluster cannot make its own in: which, why, what to do. The
+    same OSError subclass, so that ``except PermissionError`` still catches it."""
+    where = f"local_directory={parent!r}" if parent else f"the system's temporary folder {base!r} (TMPDIR)"
+    cause = _DIRECTORY_CAUSES.get(e.errno)
+    if e.errno == errno.ENOENT and not os.path.isdir(base):
+        cause = "it does not exist and cannot be made"
+    said = f"{e.filename!r}: {e.strerror}" if e.filename and e.strerror else str(e)
+    text = (f"{where}: the cluster cannot make its own folder there (for its workers' spilled data): "
+            f"{said}{f'; {cause}' if cause else ''}. Give local_directory= a folder this user may write "
+            f"to, on a disk with room (LOCALCLUSTER_LOCAL_DIRECTORY works too).")
+    try:
+        return type(e)(e.errno, text)
+    except Exception:  # noqa: BLE001 - an OSError subclass of a library's, built otherwise
+        return OSError(e.errno, text)
 
 
 def _pickled(initializer: Optional[Callable], initargs: tuple, directory: str) -> Optional[str]:

@@ -148,7 +148,8 @@ class Future(cf.Future):
 
     # Class-level until needed, so that a Future has five attributes of its own (~103 bytes
     # with its object, 152 with the nine it had): concurrent.futures' ``_exception`` and a
-    # loss are set only on a future that ends so; ``_sync`` once one is waited on.
+    # loss are set only on a future that ends so (a cancelled one keeps its CancelledError in
+    # ``_exception``); ``_sync`` once one is waited on.
     _sync: Optional[_Sync] = None
     _exception: Optional[BaseException] = None
     _lost: Optional[BaseException] = None
@@ -229,15 +230,16 @@ class Future(cf.Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
+        left = timeout
         if self._state == _PENDING and timeout != 0 and not _in_forked_child:
             self._gateway.wait_here(self, deadline)
             if deadline is not None:        # what is left of it, for the wait below
-                timeout = max(0.0, deadline - time.monotonic())
+                left = max(0.0, deadline - time.monotonic())
         if self._state == _FINISHED and self._exception is None:
             value = self._result         # set before the state: no lock, no Condition made
         else:
             try:
-                value = self._within(super().result, timeout)
+                value = self._within(super().result, left, timeout)
             except (Exception, cf.CancelledError) as e:
                 error = self.stored_error()
                 if error is None or (error is not e and not isinstance(e, cf.CancelledError)):
@@ -247,22 +249,26 @@ class Future(cf.Future):
             if error is not None:       # out of the except: no "During handling" context
                 raise error
         while _stored(value):       # again if another thread swapped it meanwhile (prefill)
-            value = self._materialize(value, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            value = self._materialize(value, deadline, timeout)
         return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        exc = self._within(super().exception, timeout)
+        try:
+            exc = self._within(super().exception, timeout, timeout)
+        except cf.CancelledError:
+            raise self.stored_error() from None      # says who cancelled it
         if exc is None and self._lost is not None:
             return self._lost
         return exc
 
-    def _within(self, wait: Callable, timeout: Optional[float]) -> Any:
-        """``wait(timeout)``; a timeout says why the task is not done (running where, waiting
-        for what, or queued with no worker) instead of an empty TimeoutError."""
+    def _within(self, wait: Callable, left: Optional[float], timeout: Optional[float]) -> Any:
+        """``wait(left)``; a timeout says why the task is not done (running where, waiting for
+        what, or queued with no worker) instead of an empty TimeoutError, quoting ``timeout``:
+        the caller's, of which ``left`` is what remains."""
         if _in_forked_child:
             _refuse_in_fork(self)
         try:
-            return wait(timeout)
+            return wait(left)
         except cf.TimeoutError:
             if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
                 raise
@@ -272,15 +278,22 @@ class Future(cf.Future):
                 why = f"task {self.key!r} is not done"
             raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
 
-    def _materialize(self, stored: Any, timeout: Optional[float]) -> Any:
+    def _materialize(self, stored: Any, deadline: Optional[float], timeout: Optional[float]) -> Any:
+        """The value of the finished task, unpickled once (fetched first if its data is on a
+        worker), by ``deadline``; ``timeout``: the caller's, for the message."""
         if self._result is not stored:      # another thread got there first
             return self._result
         payload = stored
         if payload is ON_WORKER:
+            fetching = None
             try:
-                payload = self._gateway.fetch([self.key])[0].result(timeout)
+                fetching = self._gateway.fetch([self.key])[0]
+                payload = fetching.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
             except cf.TimeoutError:
-                raise
+                if fetching is None or fetching.done():
+                    raise
+                raise cf.TimeoutError(f"result(timeout={timeout:g}) timed out: task {self.key!r} is done, but "
+                                      f"fetching its data from the worker took longer") from None
             except BaseException as e:
                 from .death import LostDataError
                 if isinstance(e, LostDataError):
@@ -395,9 +408,23 @@ class Future(cf.Future):
                 self._lost = value
             if not self._ended_unwatched(_FINISHED, None, value):
                 self._end_watched(self.set_exception, value)
-        elif not self._ended_unwatched(_NOTIFIED, None, None) and super().cancel():
-            self.set_running_or_notify_cancel()
+        else:
+            self._cancel_with(value if isinstance(value, cf.CancelledError) else cf.CancelledError(
+                f"Task {self.key!r} was cancelled, and its data is let go of: submit it again to compute it."))
         self._rang()
+
+    def _cancel_with(self, error: cf.CancelledError) -> None:
+        """Cancelled, ``error`` kept in ``_exception`` (concurrent.futures leaves it unused in
+        a cancelled future) for ``result()`` to raise: who cancelled it, not an empty error."""
+        if self._ended_unwatched(_NOTIFIED, None, error):
+            return
+        with self._condition:
+            if self._state == _PENDING:
+                self._exception = error
+        if super().cancel():
+            self.set_running_or_notify_cancel()
+        elif self._exception is error:      # finished meanwhile by another thread: not cancelled
+            self._exception = None
 
     @staticmethod
     def fail_all(futures: list, exc: BaseException) -> None:
@@ -447,8 +474,9 @@ class Future(cf.Future):
         A task's exception comes with its worker's frames only: concurrent.futures' frames
         and ours, and those that every earlier raise of it added, are left out, so that the
         caller raising it shows its own frames, one of ours, then the task's."""
-        if self.cancelled():
-            return cf.CancelledError()
+        if self.cancelled():      # a fresh one each time: raising one adds to its traceback
+            why = self._exception
+            return cf.CancelledError(*why.args) if why is not None else cf.CancelledError()
         exc = self._exception if self.done() else None
         return None if exc is None else exc.with_traceback(remote.task_frames(exc))
 

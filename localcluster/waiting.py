@@ -16,26 +16,41 @@ import time
 from typing import Any, Iterable, Iterator, Optional
 
 from .config import check_seconds
-from .future import Future, refuse_in_fork
+from .future import Future, futures_of, refuse_in_fork
 
 __all__ = ["wait", "as_completed", "wait_all", "check_timeout", "timed_out"]
 
 
 def _only_futures(what: str, fs: Any) -> list:
     try:
-        fs = list(fs)
+        items = list(fs)
     except TypeError:
-        raise TypeError(f"{what}(fs={fs!r}): expected a Future or an iterable of Futures") from None
-    for i, f in enumerate(fs):
-        if not isinstance(f, cf.Future):
-            raise TypeError(f"{what}(fs=...): item {i} is {type(f).__name__} {f!r:.60}, not a Future")
+        raise TypeError(f"{what}(fs={fs!r}): expected a Future, an iterable of Futures or a persisted "
+                        f"dask collection") from None
+    fs = []
+    for i, f in enumerate(items):
+        if isinstance(f, cf.Future):
+            fs.append(f)
+        elif _collection(f):
+            fs += futures_of(f)
+        else:
+            raise TypeError(f"{what}(fs=...): item {i} is {type(f).__name__} {f!r:.60}, not a Future "
+                            f"(nor a persisted dask collection)")
     return fs
 
 
+def _collection(obj: Any) -> bool:
+    """A dask collection (an array, a bag, a delayed ...): persisted, its graph holds Futures."""
+    return callable(getattr(obj, "__dask_graph__", None)) and not isinstance(obj, type)
+
+
 def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):
-    """``concurrent.futures.wait`` for our futures: (done, not_done)."""
+    """``concurrent.futures.wait`` for our futures: (done, not_done). As in dask, a persisted
+    collection (``client.persist(x)``), or a list of them, stands for the Futures in its graph."""
     if isinstance(fs, Future):
         fs = [fs]
+    elif _collection(fs):
+        fs = futures_of(fs)
     if return_when not in (cf.ALL_COMPLETED, cf.FIRST_COMPLETED, cf.FIRST_EXCEPTION):
         raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
                          f"or FIRST_EXCEPTION")
@@ -46,13 +61,14 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
     return cf.wait(fs, timeout, return_when)
 
 
-def wait_all(fs: list, timeout: Optional[float], what: str = "") -> Any:
+def wait_all(fs: list, timeout: Optional[float], what: str = "", stated: Optional[float] = None) -> Any:
     """(done, not_done) once every future of ``fs`` is done; past ``timeout``, the TimeoutError
-    of ``timed_out`` (``what``: the caller's name, such as gather, for the message)."""
+    of ``timed_out`` (``what``: the caller's name, such as gather, and ``stated`` its timeout,
+    of which ``timeout`` is what is left, for the message)."""
     refuse_in_fork(fs)
     result = _wait_all(fs, timeout)
     if result.not_done and not all(f.done() for f in result.not_done):     # not just done meanwhile
-        raise timed_out(what, fs, timeout)
+        raise timed_out(what, fs, timeout if stated is None else stated)
     return _DoneAndNotDone(set(fs), set()) if result.not_done else result
 
 

@@ -117,7 +117,9 @@ def test_cancel_who_has_and_info_from_a_task():
     [info] = answers(ask(s, a.worker, a.seq, P.Info(), request=2))
     assert info.data == (("w1", 2, {}), ("w2", 2, {})), "threads as started, not counting a seceded run's"
     out = ask(s, a.worker, a.seq, P.CancelKeys(("b",)))
-    assert [r.status for r in out if getattr(r, "key", None) == "b" and type(r).__name__ == "Resolve"] == ["cancelled"]
+    [resolve] = [r for r in out if getattr(r, "key", None) == "b" and type(r).__name__ == "Resolve"]
+    assert resolve.status == "cancelled"
+    assert str(resolve.value).startswith(f"Task 'b' was cancelled by task 'a' on {a.worker} (cancel in the task)")
     assert "b" not in s.tasks
 
 

@@ -315,6 +315,23 @@ def test_persist_gives_the_collection_back_backed_by_futures_on_the_cluster(clie
     assert client.persist(dask.delayed(double)(4)).compute() == 8
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.slow
+def test_wait_takes_a_persisted_collection_as_dask_does(client):
+    """It waits for the Futures in the collection's graph; a list of collections too."""
+    da = pytest.importorskip("dask.array")
+    x = client.persist(da.arange(12, chunks=4) * 2)
+    inside = set(x.__dask_graph__().values())
+    done, not_done = wait(x, timeout=30)
+    assert len(done) == 3 and done <= inside and not not_done
+    y = client.persist(da.ones(4, chunks=2))
+    done, not_done = wait([x, y], timeout=30)
+    assert len(done) == 5 and not not_done
+    assert x.sum().compute(scheduler=client.get) == 132
+    with pytest.raises(TypeError, match=r"item 1 is int 7, not a Future \(nor a persisted dask collection\)"):
+        wait([x, 7])
+
+
 def die():
     os._exit(3)
 

@@ -42,8 +42,9 @@ def _env(tmp: "Path | None" = None, allowed_failures: int = 0) -> dict:
 
 
 def records_left(tmp_path: Path) -> list:
-    """What the nannies' and workers' records left in the cluster's TMPDIR (a clean stop: nothing)."""
-    return sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "tmp").glob("localcluster-dask-*/*"))
+    """What the nannies' and workers' records left in the cluster's TMPDIR (a clean stop:
+    nothing, not even the folder that held them)."""
+    return sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "tmp").glob("localcluster-dask-*"))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -263,7 +264,11 @@ def test_a_worker_started_after_its_nannys_recorder_is_gone_writes_nothing(tmp_p
     nothing would remove (a loaded run found one left)."""
     import faulthandler
     import types
-    from localcluster.integrations.dask_nanny import DeathRecorder, FaultHandler, record_dir
+
+    import cloudpickle
+    from localcluster.integrations.dask_nanny import DeathRecorder, FaultHandler, record_dir, remove_record_dir
+    monkeypatch.setitem(cloudpickle.Pickler.dispatch_table, types.CodeType,
+                        cloudpickle.Pickler.dispatch_table[types.CodeType])     # the handler's setup changes it
     if faulthandler.is_enabled():           # pytest's, which the handler's teardown turns off
         monkeypatch.setattr(FaultHandler, "teardown", _and_back(FaultHandler.teardown))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -272,7 +277,7 @@ def test_a_worker_started_after_its_nannys_recorder_is_gone_writes_nothing(tmp_p
     handler = FaultHandler()
     handler.setup(worker)
     handler.teardown(worker)
-    assert handler.file is None and list(tmp_path.glob("localcluster-dask-*/*")) == []
+    assert handler.file is None and list(tmp_path.glob("localcluster-dask-*")) == []
     # with the nanny's directory there (its recorder set up), the worker writes into it, and
     # leaves the directory to the nanny when it stops in order
     directory = record_dir(worker.nanny)
@@ -284,7 +289,40 @@ def test_a_worker_started_after_its_nannys_recorder_is_gone_writes_nothing(tmp_p
     finally:
         handler.teardown(worker)
     assert os.listdir(directory) == []
-    os.rmdir(directory)
+    remove_record_dir(directory)
+    assert list(tmp_path.glob("localcluster-dask-*")) == []
+
+
+def test_the_last_nannys_recorder_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """Each nanny's teardown removes its record folder, and the last one the folder of all."""
+    from localcluster.integrations.dask_nanny import record_dir, remove_record_dir
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    first, second = record_dir("tcp://127.0.0.1:1"), record_dir("tcp://127.0.0.1:2")
+    base = os.path.dirname(first)
+    assert os.path.dirname(second) == base and oct(os.stat(base).st_mode & 0o777) == "0o700"
+    remove_record_dir(first)
+    assert os.listdir(base) == [os.path.basename(second)]          # the other nanny's stays
+    remove_record_dir(second)
+    assert list(tmp_path.iterdir()) == []
+    assert oct(os.stat(os.path.dirname(record_dir("tcp://127.0.0.1:3"))).st_mode & 0o777) == "0o700"   # made again
+
+
+def test_a_script_function_keeps_its_file_name_through_dasks_pickler(monkeypatch):
+    """install() has cloudpickle keep a code object's file name (dask pickles tasks with it), so
+    that a crash's frames on a dask worker name the script, not "<dynamic-code>"."""
+    import types
+
+    import cloudpickle
+    from localcluster.wire.serialize import keep_file_names_in_cloudpickle
+    monkeypatch.setitem(cloudpickle.Pickler.dispatch_table, types.CodeType,
+                        cloudpickle.Pickler.dispatch_table[types.CodeType])     # undone after the test
+    space = {"__name__": "__main__"}
+    exec(compile("def crash():\n    return 1\n", "/home/me/job.py", "exec"), space)     # a script's function
+    assert cloudpickle.loads(cloudpickle.dumps(space["crash"])).__code__.co_filename == "<dynamic-code>"
+    keep_file_names_in_cloudpickle()
+    again = cloudpickle.loads(cloudpickle.dumps(space["crash"]))
+    assert again.__code__.co_filename == "/home/me/job.py" and again() == 1
 
 
 def _and_back(teardown):

@@ -3,6 +3,7 @@ really gone (its lock can be taken), never because its pid looks dead from here,
 when another user owns it, and never through a symlink."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -142,3 +143,43 @@ def test_the_owner_lock_holds_even_for_a_stopped_owner(tmp_path):
         proc.wait(30)
         proc.stdout.close()
     assert not os.path.exists(theirs)     # closed cleanly: it removed its own directory
+
+
+def test_a_folder_that_cannot_hold_the_clusters_says_which_why_and_what_to_do(tmp_path):
+    """/proc exists but no folder can be made in it (root included): not a bare FileNotFoundError."""
+    with pytest.raises(FileNotFoundError) as info:
+        LocalCluster(n_workers=0, local_directory="/proc")
+    text = str(info.value)
+    assert text.startswith("[Errno 2] local_directory='/proc': the cluster cannot make its own folder there "
+                           "(for its workers' spilled data): '/proc/localcluster-")
+    assert "No such file or directory; it does not let folders be made in it (a virtual filesystem" in text
+    assert "Give local_directory= a folder this user may write to" in text
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"a part of the path is a file, not a folder\. Give local_directory="):
+        LocalCluster(n_workers=0, local_directory=str(tmp_path / "a-file" / "spill"))
+
+
+def test_removing_a_dead_owners_directory_is_said_with_what_it_held(tmp_path, caplog):
+    dead_pid = _dead_pid()
+    dead = tmp_path / f"localcluster-{dead_pid}-abcd1234"
+    (dead / "worker-0").mkdir(parents=True)
+    (dead / machine.LOCK).touch()
+    (dead / "worker-0" / "a").write_bytes(b"x" * 3000)
+    (dead / "worker-0" / "b").write_bytes(b"x" * 2000)
+    (dead / "worker-1").mkdir()
+    (dead / "initializer.pkl").write_bytes(b"x" * 10)
+    empty = tmp_path / f"localcluster-{dead_pid}-efgh5678"
+    empty.mkdir()
+    (empty / machine.LOCK).touch()
+    caplog.set_level(logging.WARNING, logger="localcluster")
+    with LocalCluster(n_workers=0, local_directory=str(tmp_path)):
+        pass
+    said = {r.getMessage().split(",")[0]: r.getMessage() for r in caplog.records if "removed" in r.getMessage()}
+    assert not dead.exists() and not empty.exists() and len(said) == 2
+    assert said[f"localcluster: removed {dead}"] == (
+        f"localcluster: removed {dead}, the folder of a cluster whose process (pid {dead_pid}) ended without "
+        f"closing it (killed, or crashed): it held 4.88 KiB of results its workers had spilled to disk (worker-0: 2 files, "
+        f"4.88 KiB), lost with that process. Close a cluster (a with block, or close()) so that it removes its "
+        f"folder itself.")
+    assert said[f"localcluster: removed {empty}"].endswith("ended without closing it (killed, or crashed): it held no "
+                                                          "spilled data.")

@@ -25,8 +25,9 @@ COORDINATION = SCRIPT.parent / "coordination.py"
 NOT_TAKEN = {
     "scatter": {"timeout": "scatter is a local copy", "asynchronous": "no async client"},
     "gather": {"direct": "data always comes straight from the workers"},
-    "cancel": {"asynchronous": "no async client", "reason": "CancelledError carries no message",
-               "msg": "CancelledError carries no message"},
+    "cancel": {"asynchronous": "no async client",
+               "reason": "the CancelledError names the task and who cancelled it, not a reason of the caller's",
+               "msg": "the CancelledError names the task and who cancelled it, not a message of the caller's"},
     "replicate": {"workers": "copies go to any n workers", "branching_factor": "no tree of transfers"},
     "get_worker_logs": {"nanny": "the nanny is a thread of the client, its log is the client's"},
 }
@@ -113,6 +114,22 @@ def test_coordination_means_the_same_under_both():
                     "Queue: from the tasks: [0, 1, 4, 9] left: 0", "Variable: set by a task: 42",
                     "Lock: taken here: True by someone else in 0.1 s: False"]
     assert ours == theirs
+
+
+def test_dask_local_cluster_keywords_are_taken_or_refused_saying_why():
+    """dashboard_address means nothing here (no server) and is taken as such; processes=False
+    is refused (every worker is a process); silence_logs is the level of worker records handed on."""
+    import logging
+    with localcluster.LocalCluster(n_workers=0, dashboard_address=":8787", processes=True,
+                                   silence_logs=logging.WARN) as c:
+        assert c.config["silence_logs"] == logging.WARNING
+    with localcluster.LocalCluster(n_workers=0, dashboard_address=None, silence_logs=None) as c:
+        assert c.config["silence_logs"] == 0
+    with pytest.raises(ValueError, match=r"processes=False\): localcluster runs every worker in a process of its "
+                                         r"own.*ThreadPoolExecutor"):
+        localcluster.LocalCluster(n_workers=0, processes=False)
+    with pytest.raises(ValueError, match=r"silence_logs='loud'\): expected a logging level"):
+        localcluster.LocalCluster(n_workers=0, silence_logs="loud")
 
 
 # Coordination: each public method takes dask's keywords; ours may also take client= where

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -209,12 +211,49 @@ def test_status_lines_count_tasks_not_runs(cluster, client, tmp_path):
     assert sorted(r.status for r in cluster.history.tasks()) == ["error", "error", "finished", "finished", "finished"]
     # the retried failure is neither failed nor a second task
     assert (cluster.history.done, cluster.history.failed) == (3, 1)
-    assert "tasks 3 done, 0 running, 1 failed" in status_lines([cluster])[0]
+    assert "tasks 3 done, 0 running, 1 failed" in "\n".join(status_lines([cluster]))
+
+
+def kills_its_worker():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.cluster(allowed_failures=0)
+def test_a_task_given_up_after_its_worker_died_counts_failed_as_progress_does(cluster, client):
+    """Its only run was lost with the worker (no run raised): the task failed all the same."""
+    fut = client.submit(kills_its_worker, key="kills-1")
+    with pytest.raises(localcluster.KilledWorker):
+        fut.result(30)
+    assert localcluster.progress(fut, file=io.StringIO()) == (0, 1)
+    assert [r.status for r in cluster.history.tasks()] == ["lost"]
+    assert (cluster.history.done, cluster.history.failed) == (0, 1)
+    assert "tasks 0 done, 0 running, 1 failed" in "\n".join(status_lines([cluster]))
 
 
 def test_status_lines_name_the_last_death(cluster):
     lines = status_lines([cluster])
-    assert lines[0].startswith("localcluster: 2 workers") and len(lines) == 1
+    assert lines[0].startswith("localcluster: 2 workers") and not any("last death" in line for line in lines)
+
+
+def test_status_lines_count_in_words_and_stay_within_80_columns():
+    """One worker is "1 worker"; parts that do not fit on a line go on the next, and what
+    is longer still (the last death's line) is cut with "…"."""
+    def cluster(n, state="running", done=3, deaths=()):
+        workers = {f"worker-{i}": SimpleNamespace(status=state, memory=1 << 30, memory_limit=2 << 30, running=())
+                   for i in range(n)}
+        return SimpleNamespace(status="running", workers=workers, history=SimpleNamespace(done=done, failed=0),
+                               deaths=list(deaths))
+    assert status_lines([cluster(1)]) == ["localcluster: 1 worker (1 running) · memory 1.00 GiB of 2.00 GiB",
+                                          "  tasks 3 done, 0 running, 0 failed"]
+    assert status_lines([cluster(0)])[0].startswith("localcluster: no worker · memory 0 B · tasks 3 done")
+    death = SimpleNamespace(headline=lambda: "localcluster: worker-7 (pid 4121) died: memory-limit, SIGTERM, "
+                                             "running 'work-1f0c…', memory 1.90 GiB of 2.00 GiB limit. Details in "
+                                             "cluster.deaths[-1].message")
+    lines = status_lines([cluster(1000, done=123456789, deaths=[death])], extra=lambda: "  these futures: " + "x" * 99)
+    assert lines[:2] == ["localcluster: 1000 workers (1000 running) · memory 1000.00 GiB of 2000.00 GiB",
+                         "  tasks 123456789 done, 0 running, 0 failed"]
+    assert lines[2].startswith("  last death: worker-7 (pid 4121) died: memory-limit, SIGTERM, running")
+    assert all(len(line) <= 80 for line in lines) and lines[2].endswith("…") and lines[3].endswith("…")
 
 
 @pytest.mark.slow

@@ -83,3 +83,13 @@ def test_forward_logs_false_keeps_records_in_the_worker_log_only(collected):
         client.submit(chatty, 1).result(30)
         wait_for(lambda: any("lookup failed" in line for line in client.get_worker_logs()["worker-0"]))
     assert collected.records == []
+
+
+def test_silence_logs_hands_on_only_the_records_from_its_level(collected):
+    """dask's keyword: records below the level stay in the worker's log, not in your logging."""
+    with LocalCluster(n_workers=1, silence_logs="error") as cluster, Client(cluster) as client:
+        client.submit(chatty, 2).result(30)
+        wait_for(lambda: collected.records)        # the last of the task's records: those before it are handled
+        logs = client.get_worker_logs()["worker-0"]
+    assert [(r.levelname, r.getMessage()) for r in collected.records] == [("ERROR", "lookup failed")]
+    assert "INFO myapp.loader: loading 2" in logs and "WARNING myapp.loader: slow disk for 2" in logs

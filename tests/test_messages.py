@@ -2,6 +2,7 @@
 silent, never a restart loop. Each test asserts the text or behaviour the user sees."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import inspect
 import logging
@@ -215,6 +216,49 @@ def test_result_timeout_says_the_task_is_running_and_where(client, tmp_path):
         dependent.result(timeout=0.05)
     release(marker)
     assert dependent.result(30) == 1
+
+
+def test_every_timeout_quotes_the_timeout_given_not_what_was_left(client, tmp_path):
+    """result() waits reading the reply itself first, then as usual with what is left of the
+    timeout: the message quotes the caller's (it said "result(timeout=0)")."""
+    marker = str(tmp_path / "go")
+    fut = client.submit(block_until, marker, pure=False)
+    wait_running(client.cluster, fut)
+    with pytest.raises(cf.TimeoutError, match=rf"^result\(timeout=0.2\) timed out: task {re.escape(repr(fut.key))} "
+                                              rf"is still running"):
+        fut.result(timeout=0.2)
+    with pytest.raises(cf.TimeoutError, match=r"^exception\(timeout=0.05\) timed out: task "):
+        fut.exception(timeout=0.05)
+    not_done = r"1 of 1 futures were not done after 0.05 s: task "
+    with pytest.raises(TimeoutError, match=r"^gather\(timeout=0.05\): " + not_done):
+        client.gather([fut], timeout=0.05)
+    with pytest.raises(TimeoutError, match=r"^gather\(timeout=0.05\): " + not_done):
+        asyncio.run(client.gather([fut], asynchronous=True, timeout=0.05))
+    release(marker)
+    assert fut.result(30) is None
+
+
+def test_a_cancelled_future_names_its_task_and_who_cancelled_it(client, tmp_path):
+    marker = str(tmp_path / "go")
+    head = client.submit(block_until, marker, pure=False)
+    tail = client.submit(len, [head])
+    called = threading.Event()
+    tail.add_done_callback(lambda f: called.set())     # a future with waiters ends the other way
+    wait_running(client.cluster, head)
+    assert head.cancel()
+    assert called.wait(30)
+    said = rf"^Task {re.escape(repr(head.key))} was cancelled by Client.cancel or Future.cancel in your process, "
+    with pytest.raises(cf.CancelledError, match=said + "and its data is let go of: submit it again"):
+        head.result(30)
+    with pytest.raises(cf.CancelledError, match=said):
+        head.exception(30)
+    with pytest.raises(cf.CancelledError, match=said):
+        client.gather([head])
+    with pytest.raises(cf.CancelledError, match=rf"^Task {re.escape(repr(tail.key))} was cancelled with "
+                                                rf"{re.escape(repr(head.key))}, an input it needs"):
+        tail.result(30)
+    assert head.status == tail.status == "cancelled"
+    release(marker)
 
 
 def test_no_worker_warns_on_submit_and_the_timeout_says_why(caplog):

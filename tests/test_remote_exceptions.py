@@ -112,6 +112,24 @@ def test_an_exception_the_parent_cannot_rebuild_says_so(client):
     assert "could not be unpickled in the parent" in text and "super().__init__" in text
 
 
+def imports_what_no_one_has():
+    import not_installed_anywhere  # noqa: F401
+
+
+def test_str_of_a_missing_module_says_where_and_what_to_do(client):
+    """The explanation is in the message, which str() and a log line show, not in the notes,
+    which they do not; a traceback shows it once."""
+    with pytest.raises(ModuleNotFoundError) as info:
+        client.submit(imports_what_no_one_has).result(30)
+    err = info.value
+    first, failed, here = str(err).split("\n")
+    assert first == "No module named 'not_installed_anywhere'" and err.name == "not_installed_anywhere"
+    assert failed.startswith("The import of 'not_installed_anywhere' failed on worker 'worker-")
+    assert here.startswith("In your process 'not_installed_anywhere' is not importable either: install it")
+    assert not getattr(err, "__notes__", None)
+    assert "".join(traceback.format_exception(err)).count("The import of") == 1
+
+
 @pytest.mark.parametrize("kind, name", [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")])
 def test_a_stopping_exception_from_a_task_is_wrapped(client, kind, name):
     fut = client.submit(raise_stop, kind)

@@ -531,6 +531,11 @@ def test_cancel_cancels_dependents_and_the_running_run():
     acts = s.cancel(["a"])
     res = resolves(acts)
     assert set(res) == {"a", "b", "c"} and all(r.status == "cancelled" for r in res.values())
+    # each says why: the one cancelled, and what each dependent went with
+    assert str(res["a"].value) == ("Task 'a' was cancelled by Client.cancel or Future.cancel in your process, and "
+                                   "its data is let go of: submit it again to compute it.")
+    assert str(res["c"].value).startswith("Task 'c' was cancelled with 'a', an input it needs (directly or not), "
+                                          "cancelled by Client.cancel or Future.cancel in your process, and")
     assert sends(acts, P.Cancel) == [("w1", P.Cancel((seq_a,)))]
     assert set(s.tasks) == {"x"}
 

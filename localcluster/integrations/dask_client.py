@@ -20,6 +20,7 @@ import distributed
 from distributed.core import clean_exception
 
 from ..death import KilledWorker, WorkerDeath
+from ..wire.serialize import keep_file_names_in_cloudpickle
 from .dask_nanny import (NANNY_METHODS, TOPIC_DEATH, TOPIC_REMOVED, DeathRecorder, FaultHandler, RemovalRecorder,
                          from_event, require, task_keys)
 
@@ -148,6 +149,7 @@ def install(client, wait: float = 5.0) -> None:
     client.register_plugin(RemovalRecorder())
     client.register_plugin(DeathRecorder())
     client.register_plugin(FaultHandler())
+    keep_file_names_in_cloudpickle()        # a crash's frames name the script's file, not "<dynamic-code>"
     if client in _INSTALLED:
         return
     diagnosis = _INSTALLED[client] = Diagnosis(client, wait)

@@ -42,9 +42,11 @@ from tornado.ioloop import PeriodicCallback
 from ..death import WorkerDeath, classify, crash_stack, exit_signal
 from ..system.machine import descendants
 from ..system.oom import OomWatch
+from ..wire.serialize import keep_file_names_in_cloudpickle
 
 __all__ = ["DeathRecorder", "FaultHandler", "RemovalRecorder", "TOPIC_DEATH", "TOPIC_REMOVED", "as_event",
-           "from_event", "task_keys", "record_dir", "require", "NANNY_NAMES", "NANNY_METHODS", "MINIMUM_DISTRIBUTED"]
+           "from_event", "task_keys", "record_dir", "remove_record_dir", "require", "NANNY_NAMES", "NANNY_METHODS",
+           "MINIMUM_DISTRIBUTED"]
 
 logger = logging.getLogger("localcluster")
 
@@ -85,19 +87,46 @@ def require(obj: Any, names: tuple, what: str) -> None:
 def record_dir(nanny_address: str, create: bool = True) -> str:
     """The nanny's record directory, outside the worker directory (dask deletes that before
     the exit hook runs), private to this user: the worker finds it from its nanny's address.
-    Only the nanny's recorder creates it (``create``), and removes it in its teardown."""
+    Only the nanny's recorder creates it, and the folder of all of them (``create``), and
+    removes both in its teardown (``remove_record_dir``): the last nanny leaves nothing."""
     base = os.path.join(tempfile.gettempdir(), f"localcluster-dask-{os.getuid()}")
-    try:
-        os.mkdir(base, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(base)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise RuntimeError(f"{base} is not a private directory of this user: remove it, or set TMPDIR elsewhere")
     path = os.path.join(base, "".join(c if c.isalnum() or c in ".-" else "-" for c in nanny_address))
-    if create:
-        os.makedirs(path, 0o700, exist_ok=True)
-    return path
+    for _attempt in range(3):
+        if create:
+            try:
+                os.mkdir(base, 0o700)
+            except FileExistsError:
+                pass
+        try:
+            st = os.lstat(base)
+        except FileNotFoundError:
+            if not create:
+                return path             # no recorder here: the worker writes nothing
+            continue                    # another nanny's teardown removed it meanwhile: make it again
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise RuntimeError(f"{base} is not a private directory of this user: remove it, or set TMPDIR "
+                               f"elsewhere")
+        if not create:
+            return path
+        try:
+            os.mkdir(path, 0o700)       # not makedirs: it would make a missing base with the umask's mode
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            continue
+        return path
+    raise RuntimeError(f"localcluster.dask: {base} kept vanishing while the nanny of {nanny_address} made its "
+                       f"record folder in it")
+
+
+def remove_record_dir(path: str) -> None:
+    """The nanny's record folder, and the folder of all of them once no other nanny of this
+    user has one there (rmdir fails on a folder that is not empty: then it stays)."""
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
 
 
 def fault_file(directory: str, pid: int) -> str:
@@ -191,7 +220,7 @@ class DeathRecorder(NannyPlugin):
         self.unwrap(nanny)
         if self.watch is not None:
             self.watch.oom.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_record_dir(self.directory)
 
     def sample(self) -> None:
         pid = self.nanny.pid
@@ -298,6 +327,7 @@ class FaultHandler(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker) -> None:
+        keep_file_names_in_cloudpickle()        # a task's own submits keep their file names too
         self.file = None
         if not worker.nanny:
             return
@@ -338,6 +368,9 @@ class RemovalRecorder(SchedulerPlugin):
     idempotent = True
 
     async def start(self, scheduler) -> None:
+        # the scheduler unpickles each task and pickles it again for its worker: its
+        # cloudpickle must keep the file names the client's kept (dask_client.install)
+        keep_file_names_in_cloudpickle()
         self.scheduler = scheduler
         self.running_on: dict = {}
         self.died: dict = defaultdict(list)

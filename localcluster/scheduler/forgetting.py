@@ -15,6 +15,7 @@ the key is on that worker: the Free could arrive after that run stored, and drop
 """
 from __future__ import annotations
 
+from concurrent.futures import CancelledError
 from typing import Callable, Iterable, Optional
 
 from ..wire import protocol as P
@@ -109,23 +110,29 @@ class Forgetting:
             return self.forget(dts)
         return []
 
-    def cancel(self, keys: list) -> list:
+    def cancel(self, keys: list, by: str) -> list:
+        """Cancel the pending tasks of ``keys`` and their pending dependents; ``by``: who
+        cancelled them, for the CancelledError of their futures ("by Client.cancel ...")."""
         out: list = []
         for key in keys:
             ts = self._task(key)
             if ts is not None and ts.state in PENDING:
-                out += self._cancel(ts)
+                out += self._cancel(ts, key, by)
         return out
 
-    def _cancel(self, ts: Task) -> list:
-        out: list = [Resolve(ts.key, "cancelled")]
+    def _cancel(self, ts: Task, cancelled: str, by: str) -> list:
+        """``ts`` goes with ``cancelled`` (itself, or an input it needs, directly or not)."""
+        why = (f"was cancelled {by}" if ts.key == cancelled else
+               f"was cancelled with {cancelled!r}, an input it needs (directly or not), cancelled {by}")
+        error = CancelledError(f"Task {ts.key!r} {why}, and its data is let go of: submit it again to compute it.")
+        out: list = [Resolve(ts.key, "cancelled", error)]
         for req in ts.fetchers:
-            out.append(Deliver(req, ts.key, error=_gone(ts.key)))
+            out.append(Deliver(req, ts.key, error=error))
         ts.fetchers = ()
         for dkey in sorted(ts.dependents):
             dts = self._task(dkey)
             if dts is not None and dts.state in PENDING:
-                out += self._cancel(dts)
+                out += self._cancel(dts, cancelled, by)
         ts.wanted = 0                   # every reference: the clients', the tasks' (Asking), the values' (Coordination)
         ts.cancels += 1
         self._references_dropped(ts.key)

@@ -21,7 +21,8 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Resolve:
     """The futures of ``key`` end: status finished (value = Payload, or None when the data
-    stays on a worker), error (value = pickled exception bytes or an exception), cancelled."""
+    stays on a worker), error (value = pickled exception bytes or an exception), cancelled
+    (value = the CancelledError that says who cancelled it)."""
     key: str
     status: str
     value: Any = None

@@ -448,7 +448,9 @@ class Scheduler:
             return []
         # --- cancel, run, who_has, scheduler_info from a task (asking.py gathers run's calls)
         if t is P.CancelKeys:
-            out = self.forgetting.cancel(list(body.keys))
+            by = self.key_of(ask.seq)
+            out = self.forgetting.cancel(list(body.keys), f"by task {by!r} on {worker} (cancel in the task)" if by
+                                         else f"by a task on {worker}")
             return out + self._orphans_settled() if books.orphans else out
         if t is P.RunOn:
             return books.run_asked(worker, ask.request, body, self.key_of(ask.seq), self.workers.__contains__,
@@ -687,8 +689,9 @@ class Scheduler:
         return kept + [Send(w, P.Free(tuple(ks))) for w, ks in frees.items()] + self._assign()
 
     @_placing
-    def cancel(self, keys: list) -> list:
-        out = self.forgetting.cancel(keys)
+    def cancel(self, keys: list, by: str = "by Client.cancel or Future.cancel in your process") -> list:
+        """``by``: who cancelled them, for their futures' CancelledError."""
+        out = self.forgetting.cancel(keys, by)
         return out + self._orphans_settled() if self.asking.orphans else out
 
     def clear(self, error: BaseException) -> list:

@@ -415,7 +415,8 @@ class Supervisor:
             self._dispatch.on_task_requests(n.name, asks)
         self._dispatch.on_worker_messages(n.name, tasks)
         if records:     # outside the lock: the user's handlers may take their time
-            logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False)
+            logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False,
+                      self._config.get("silence_logs", 0))
         self.retire_pending()
 
     # --- deaths -------------------------------------------------------------------------------
@@ -492,7 +493,12 @@ class Supervisor:
                 stack=stack, log_tail=tuple(lines[-50:]), time=time.time(),
                 blamed=blamed, detail=detail, managed=managed).explained()
             self.deaths.append(death)
-            post = self._dispatch.apply(self._scheduler.worker_died(death, timed_out))
+            actions = self._scheduler.worker_died(death, timed_out)
+            # its runs went into the task stream as lost; those whose task the death ends
+            # (KilledWorker, past its timeout) count it failed, as a run that raised does
+            self._history.gave_up(sum(1 for a in actions if type(a) is S.Resolve and a.status == "error"
+                                      and a.key in keys))
+            post = self._dispatch.apply(actions)
         self._dispatch.post(post)
         return death
 

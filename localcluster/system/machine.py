@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -134,6 +134,115 @@ def available_memory() -> int:
     return total
 
 
+def task_limits() -> list[tuple[str, int, Callable[[], int], str]]:
+    """The limits on processes and threads (the kernel counts each thread as a task, with a
+    pid of its own) that a new worker counts against, as (name, limit, in use now, what
+    raises it); ``in use`` is a callable, read only where needed. Those this process cannot
+    read are left out: nothing is refused on a guess."""
+    out: list = []
+    machine = _machine_tasks
+    for name, path, how in (("the kernel's pid_max", "/proc/sys/kernel/pid_max", "sysctl kernel.pid_max, as root"),
+                            ("the kernel's threads-max", "/proc/sys/kernel/threads-max",
+                             "sysctl kernel.threads-max, as root")):
+        limit = _read_int(path)
+        if limit:
+            out.append((name, limit, machine, how))
+    soft, hard = _rlimit("RLIMIT_NPROC")
+    if soft >= 0 and os.geteuid() != 0:        # the kernel does not hold root to it
+        raise_to = "its hard limit" + (f" of {hard}" if hard >= 0 else "")
+        out.append(("this user's RLIMIT_NPROC (ulimit -u)", soft, user_tasks, f"ulimit -u, up to {raise_to}"))
+    for directory in _pids_cgroups():
+        limit = _read_int(os.path.join(directory, "pids.max"))
+        if limit:
+            out.append((f"the pids cgroup's pids.max ({directory})", limit,
+                        functools.partial(_read_int, os.path.join(directory, "pids.current"), 0),
+                        f"pids.max of {directory} (a container's own limit: its runtime's pids-limit)"))
+    return out
+
+
+def _read_int(path: str, default: Optional[int] = None) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return default
+    return int(text) if text.isdigit() else default
+
+
+def _machine_tasks() -> int:
+    """Tasks (processes and threads) on the machine: /proc/loadavg's fourth field, "running/total"."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def user_tasks() -> int:
+    """Tasks (processes and threads) of this process's real user, what RLIMIT_NPROC counts:
+    every /proc/<pid>/status read, so only called when that limit is close."""
+    uid, count = str(os.getuid()), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:        # gone meanwhile
+            continue
+        if fields.get("Uid", "").split()[:1] == [uid]:
+            count += int(fields.get("Threads", "1").strip() or 1)
+    return count
+
+
+def _pids_cgroups() -> list[str]:
+    """The pids cgroup directories this process lives in, innermost first, each ancestor's
+    limit applying too (v1: the pids controller's hierarchy; v2: the unified one)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _id, controllers, path = parts
+        if "pids" in controllers.split(","):
+            root = "/sys/fs/cgroup/pids"
+        elif controllers == "":
+            root = "/sys/fs/cgroup"
+        else:
+            continue
+        path = path.rstrip("/")
+        while path:
+            out.append(root + path)
+            path = path.rsplit("/", 1)[0]
+    return out
+
+
+def fd_limits() -> tuple[int, int, int]:
+    """(soft limit, hard limit, open now) of this process's file descriptors; a limit of -1
+    is none."""
+    soft, hard = _rlimit("RLIMIT_NOFILE")
+    try:
+        used = len(os.listdir("/proc/self/fd")) - 1      # less the one listdir had open
+    except OSError:  # pragma: no cover - no /proc
+        used = 0
+    return soft, hard, used
+
+
+def _rlimit(name: str) -> tuple[int, int]:
+    """(soft, hard) of a resource limit, -1 for none (or where there is no such limit)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(getattr(resource, name))
+    except (ImportError, AttributeError, OSError, ValueError):  # pragma: no cover - not Linux
+        return -1, -1
+    return tuple(-1 if v == resource.RLIM_INFINITY else v for v in (soft, hard))
+
+
 LOCK = ".owner.lock"        # inside each cluster directory; flock()ed by its owner for the cluster's life
 _NAME = re.compile(r"localcluster-(\d+)-\w+")
 LEGACY_GRACE = 60.0         # a directory without a lock file (made by an older version) this old may go
@@ -152,9 +261,11 @@ def make_cluster_directory(parent: str) -> tuple[str, int]:
     return path, fd
 
 
-def purge_stale_directories(base: str) -> None:
+def purge_stale_directories(base: str) -> list[tuple[str, int, dict]]:
     """Remove the cluster directories in ``base`` whose owner is gone: a parent killed with
-    SIGKILL cannot clean up after itself, so the next cluster does it.
+    SIGKILL cannot clean up after itself, so the next cluster does it. Returns what it
+    removed, for the caller to say so: (path, the pid in its name, what was in it:
+    ``contents``).
 
     Gone means: its lock can be taken (the kernel drops an flock with the last descriptor,
     however the process ended). A pid proves nothing here: under PID namespaces (containers
@@ -163,18 +274,23 @@ def purge_stale_directories(base: str) -> None:
     try:
         names = os.listdir(base)
     except OSError:
-        return
+        return []
+    removed = []
     for name in names:
         m = _NAME.fullmatch(name)
         if m is None or int(m.group(1)) == os.getpid():
             continue
         try:
-            _purge_one(base, name)
+            held = _purge_one(base, name)
         except OSError:       # it went away meanwhile, or is not ours to read: leave it
-            pass
+            continue
+        if held is not None:
+            removed.append((os.path.join(base, name), int(m.group(1)), held))
+    return removed
 
 
-def _purge_one(base: str, name: str) -> None:
+def _purge_one(base: str, name: str) -> Optional[dict]:
+    """What was in the directory (``contents``), if it was removed."""
     import fcntl
     import shutil       # here: a worker imports this module, and shutil brings the compressors
     import stat
@@ -182,25 +298,56 @@ def _purge_one(base: str, name: str) -> None:
     path = os.path.join(base, name)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        return                                      # a symlink, a file, or another user's
+        return None                                 # a symlink, a file, or another user's
     dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         try:
             fd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:                   # older version, or being made right now
             if time.time() - st.st_mtime > LEGACY_GRACE and not pid_alive(int(_NAME.fullmatch(name).group(1))):
+                held = contents(path)
                 shutil.rmtree(path, ignore_errors=True)
-            return
+                return held
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(dir_fd).st_ino == os.lstat(path).st_ino:      # still the directory we opened
+                held = contents(path)
                 shutil.rmtree(path, ignore_errors=True)    # fd-based on Linux: follows no symlink inside
+                return held
         except BlockingIOError:
             pass                                    # its owner is alive
         finally:
             os.close(fd)
     finally:
         os.close(dir_fd)
+    return None
+
+
+def contents(path: str) -> dict:
+    """What a cluster directory holds, by what is at its top: {name: (files, bytes)} (a
+    worker's spill folder, the initializer's pickle), its lock left out. No link is followed."""
+    out: dict = {}
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.name == LOCK:
+            continue
+        files = size = 0
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                for root, _dirs, names in os.walk(entry.path):      # os.walk follows no link by default
+                    for n in names:
+                        st = os.lstat(os.path.join(root, n))
+                        files, size = files + 1, size + st.st_size
+            else:
+                files, size = 1, entry.stat(follow_symlinks=False).st_size
+        except OSError:         # going while we look: counted as far as seen
+            pass
+        out[entry.name] = (files, size)
+    return out
 
 
 def pid_alive(pid: int) -> bool:

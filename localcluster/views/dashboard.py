@@ -231,7 +231,7 @@ class Snapshot:
         else:                                    # the header's totals: one pass, no group
             states = Counter(map(_STATE, known))
             n_waiting = max(0, sum(states[s] for s in _PENDING) - len(running))
-            n_failed = max(failed_for_good, states["erred"])   # erred: KilledWorker too (no run erred)
+            n_failed = max(failed_for_good, states["erred"])   # erred: those whose input failed too
         fractions = {k: cluster.config[k] for k in FRACTIONS}
         head = _header(repr(cluster).strip("<>"), workers, done, len(running), n_waiting, n_failed, deaths, now)
         parts = [_workers_part(workers, fractions, deaths, cluster.memory_limit),
@@ -256,7 +256,7 @@ class Snapshot:
         states = list(map(_STATE, tasks))
         waiting = Counter(map(group_of.__getitem__, compress(keys, map(_PENDING.__contains__, states))))
         erred = Counter(map(group_of.__getitem__, compress(keys, map("erred".__eq__, states))))
-        return waiting, erred        # erred: KilledWorker too (its runs were lost, none erred)
+        return waiting, erred        # erred: KilledWorker too (its runs were lost, none erred), and an input failed
 
     def group(self, head: str) -> str:
         """The group of a key, from its head (``key.rpartition("-")[0]``): few distinct heads."""

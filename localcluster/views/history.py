@@ -188,6 +188,11 @@ class History:
                 else:
                     self.failed += 1
 
+    def gave_up(self, tasks: int) -> None:
+        """``tasks`` whose runs a death cut short (recorded "lost") ended with it, failed for
+        good: KilledWorker, or past their timeout."""
+        self.failed += tasks
+
     @property
     def capacity(self) -> int:
         """How many task records are kept (the newest)."""

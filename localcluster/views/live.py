@@ -20,10 +20,15 @@ from ..config import check_seconds, format_bytes
 __all__ = ["live", "status_lines"]
 
 
+WIDTH = 80        # columns: a line of the block never wraps on a terminal of the usual width
+
+
 def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None) -> list:
     """The block's lines for these clusters (one ``cluster.workers`` each, and the history's
-    counts). Tasks are counted, not runs: a task that failed and then succeeded on a retry
-    counts done once and not failed, one run again after its result was lost counts once."""
+    counts), each within ``WIDTH`` columns. Tasks are counted, not runs: a task that failed and
+    then succeeded on a retry counts done once and not failed, one run again after its result
+    was lost counts once, one given up when its worker died (KilledWorker, a timeout) counts
+    failed."""
     lines = []
     for c in clusters:
         if c.status == "closed":
@@ -33,16 +38,35 @@ def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None) -> l
         memory = sum(w.memory or 0 for w in workers)
         limit = sum(w.memory_limit or 0 for w in workers)
         running = sum(len(w.running) for w in workers)
-        state = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no worker"
-        lines.append(f"localcluster: {len(workers)} workers ({state}) · memory {format_bytes(memory)}"
-                     + (f" of {format_bytes(limit)}" if limit else "")
-                     + f" · tasks {c.history.done} done, {running} running, {c.history.failed} failed")
+        state = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        head = f"localcluster: {_count(len(workers), 'worker')}" + (f" ({state})" if state else "")
+        lines += _wrapped([head, f"memory {format_bytes(memory)}" + (f" of {format_bytes(limit)}" if limit else ""),
+                           f"tasks {c.history.done} done, {running} running, {c.history.failed} failed"])
         deaths = c.deaths
         if deaths:
-            lines.append("  last death: " + deaths[-1].headline().removeprefix("localcluster: "))
+            lines.append(_fit("  last death: " + deaths[-1].headline().removeprefix("localcluster: ")))
     if extra is not None:
-        lines.append(extra())
+        lines.append(_fit(extra()))
     return lines or ["localcluster: no cluster open"]
+
+
+def _count(n: int, thing: str) -> str:
+    return f"no {thing}" if n == 0 else f"{n} {thing}{'s' if n != 1 else ''}"
+
+
+def _wrapped(parts: list) -> list:
+    """``parts`` joined by " · ", a line while it fits in ``WIDTH``, then the next indented."""
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 3 + len(part) <= WIDTH:
+            lines[-1] += " · " + part
+        else:
+            lines.append("  " + part)
+    return [_fit(line) for line in lines]
+
+
+def _fit(line: str) -> str:
+    return line if len(line) <= WIDTH else line[:WIDTH - 1] + "…"
 
 
 class live:

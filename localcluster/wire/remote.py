@@ -2,11 +2,12 @@
 
 On the worker, :func:`note_origin` adds a note (PEP 678) naming the worker, its pid and
 the task; a ``ModuleNotFoundError`` says the import failed there. In the parent,
-:func:`explain_here` adds what only the parent knows (is that module importable here?)
-and, on Python 3.10, which prints no notes, hangs the notes at the end of the cause
-chain. :func:`detached_traceback` rebuilds the worker's frames, and :func:`task_frames`
-finds them again in a traceback that grew each time the exception was raised, so that
-``result()`` and ``gather`` raise it with the task's frames under one of ours.
+:func:`explain_here` adds what only the parent knows (is that module importable here?),
+moving a missing module's explanation into its message, and, on Python 3.10, which prints
+no notes, hangs the notes at the end of the cause chain. :func:`detached_traceback`
+rebuilds the worker's frames, and :func:`task_frames` finds them again in a traceback that
+grew each time the exception was raised, so that ``result()`` and ``gather`` raise it with
+the task's frames under one of ours.
 """
 from __future__ import annotations
 
@@ -48,11 +49,14 @@ def note_origin(exc: BaseException, worker: str, pid: int, key: str) -> None:
 
 def explain_here(exc: BaseException) -> None:
     """In the parent, once for each exception received: a module missing on a worker is looked
-    up here, and on 3.10 the notes become a cause that prints."""
+    up here, and on 3.10 the notes become a cause that prints. The explanation of a missing
+    module goes into its message, not its notes: ``str()`` (a log line, ``f"{e}"``) shows no
+    notes, and it is the whole of what the error means here."""
     notes = _notes(exc)
-    if isinstance(exc, ModuleNotFoundError) and exc.name and any(
-            isinstance(n, str) and n.startswith("The import of ") for n in notes):
-        notes.append(_here(exc.name))
+    ours = [n for n in notes if isinstance(n, str) and n.startswith("The import of ")]
+    if isinstance(exc, ModuleNotFoundError) and exc.name and ours and isinstance(exc.msg, str):
+        exc.msg = "\n".join([exc.msg, *ours, _here(exc.name)])      # what str() of an ImportError shows
+        notes = [n for n in notes if n not in ours]
         _set_notes(exc, notes)
     if sys.version_info < (3, 11) and notes:
         _chain_end(exc).__cause__ = RemoteTraceback("\n".join(str(n) for n in notes) + "\n")

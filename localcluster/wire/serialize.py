@@ -76,6 +76,17 @@ def _reduce_code(code: types.CodeType) -> tuple:
     return rebuild, tuple(code.co_filename if type(a) is str and a == "<dynamic-code>" else a for a in args)
 
 
+def keep_file_names_in_cloudpickle() -> None:
+    """Have cloudpickle's own Pickler keep a code object's file name too, as ours does: for
+    ``localcluster.dask.install``, whose client pickles the tasks with cloudpickle (dask's
+    serializer), so that a script's function in a crash's frames on a dask worker reads as its
+    file and line, not "<dynamic-code>". Process-wide (cloudpickle has no other hook), and
+    only the name: a function pickles as before, with its file's name in place of that one."""
+    table = cloudpickle.Pickler.dispatch_table
+    if table.get(types.CodeType) is not _reduce_code:
+        table[types.CodeType] = _reduce_code
+
+
 class _CPickler(pickle.Pickler):
     """The C pickler (results going back to the parent), taught memoryviews."""
     dispatch_table = {**copyreg.dispatch_table, memoryview: _reduce_memoryview}

@@ -76,9 +76,9 @@ def worker_level() -> int:
     return min(logging.getLogger(LOGGER).getEffectiveLevel(), logging.INFO)
 
 
-def emit(worker: str, records: Any, add_line: Callable[[str], None], to_logging: bool) -> None:
-    """In the parent: each record into the worker's log and, with ``to_logging``, to the
-    ``localcluster.worker`` logger's handlers."""
+def emit(worker: str, records: Any, add_line: Callable[[str], None], to_logging: bool, below: int = 0) -> None:
+    """In the parent: each record into the worker's log and, with ``to_logging``, those of level
+    ``below`` and up (``LocalCluster(silence_logs=)``) to the ``localcluster.worker`` logger's handlers."""
     logger = logging.getLogger(LOGGER)
     for d in records:
         record = logging.makeLogRecord(d)
@@ -88,7 +88,7 @@ def emit(worker: str, records: Any, add_line: Callable[[str], None], to_logging:
             line += "\n" + record.exc_text
         for part in line.splitlines():
             add_line(part)
-        if not to_logging or not logger.isEnabledFor(record.levelno):
+        if not to_logging or record.levelno < below or not logger.isEnabledFor(record.levelno):
             continue
         if logger.hasHandlers():
             logger.handle(record)

@@ -70,6 +70,16 @@ def watch(callback: Callable[["LocalCluster"], None]) -> Callable[[], None]:
     return lambda: _watchers.remove(callback) if callback in _watchers else None
 
 
+def _per_worker(limit: Any, n_workers: int) -> Optional[int]:
+    """A worker's memory limit in bytes from the setting: "auto" shares the memory available
+    among the workers, a float is dask's share of it (each worker's own)."""
+    if limit == "auto":
+        return available_memory() // max(1, n_workers)
+    if isinstance(limit, float):
+        return int(available_memory() * limit)
+    return limit
+
+
 class LocalCluster:
     """A pool of worker processes on this machine, each watched by a nanny.
 
@@ -96,11 +106,7 @@ class LocalCluster:
         self.config = cfg
         self.n_workers = usable_cpus() if cfg["n_workers"] is None else cfg["n_workers"]
         self.threads_per_worker = cfg["threads_per_worker"]
-        limit = cfg["memory_limit"]
-        if limit == "auto":
-            limit = available_memory() // max(1, self.n_workers)
-        elif isinstance(limit, float):      # dask's share of the memory, each worker's own
-            limit = int(available_memory() * limit)
+        limit = _per_worker(cfg["memory_limit"], self.n_workers)
         self.memory_limit: Optional[int] = limit
         # before anything is made: a number of workers that cannot fit is refused with the figures
         self._refuse_beyond(f"LocalCluster(n_workers={self.n_workers})", self.n_workers, 0,

@@ -119,6 +119,7 @@ def made_counted(seed, folder):
     return np.full(N, float(seed))
 
 
+@pytest.mark.slow
 def test_a_copy_damaged_every_time_fails_with_transfer_error_never_a_wrong_value(cluster, monkeypatch):
     damage_copies_in(monkeypatch, 10**6)
     a, b = cluster.workers

@@ -297,6 +297,7 @@ def is_mixed(a, i: int) -> bool:
     return a.shape == ((1000, 1000) if i % 2 == 0 else (1000, 100)) and bool((a == i).all())
 
 
+@SLOW
 def test_values_of_mixed_sizes_relayed_between_workers_arrive_whole(pair):
     """The new user's script of issue 48: 60 values made on one worker, each read by a task on
     the other; with sizes alternating, the small and large values relayed together once came

@@ -988,6 +988,7 @@ def test_random_programs_of_moves_give_the_values_computed_here(pair, fixed_seed
     assert stats.values > 0
 
 
+@pytest.mark.slow       # the quick tier keeps the plain programs; CI runs these under 3.10 and 3.13 too
 @pytest.mark.timeout(120)
 def test_random_programs_with_spills_and_killed_workers(fixed_seed, request):
     stats = Stats()
@@ -999,6 +1000,7 @@ def test_random_programs_with_spills_and_killed_workers(fixed_seed, request):
     assert stats.ops["kill"] >= 1 and stats.ops["spill"] >= 1, stats
 
 
+@pytest.mark.slow       # the quick tier keeps the plain programs; CI runs these under 3.10 and 3.13 too
 @pytest.mark.timeout(120)
 def test_random_programs_by_memfd_only(fixed_seed, request):
     stats = Stats()

@@ -218,6 +218,7 @@ def norm(a):
     return float((a * a).sum())
 
 
+@pytest.mark.slow
 def test_a_map_of_large_arguments_twice_never_waits_for_a_landed_sent_with_the_next_run(reads):
     """Each Run carries a buffer the parent copies in. The parent once sent its Landed for one
     Run in the same frame as the next such Run: the worker held that whole frame, the Landed

@@ -48,6 +48,7 @@ def test_run_on_scheduler_runs_in_this_process(client):
         client.run_on_scheduler(lambda: 1 / 0)
 
 
+@pytest.mark.slow
 def test_story_of_a_key(client):
     fut = client.submit(inc, 1)
     fut.result(30)

@@ -74,6 +74,7 @@ def damage_copies_out(monkeypatch, times):
     return left
 
 
+@pytest.mark.slow
 def test_a_relayed_copy_damaged_on_its_way_in_is_sent_again(cluster, monkeypatch, warnings_said):
     left = damage_copies_in(monkeypatch, 1)
     a, b = cluster.workers
@@ -97,6 +98,7 @@ def test_a_tasks_arguments_damaged_on_their_way_in_are_sent_again(cluster, monke
         assert len(said) == 2 and all("the arguments of task" in s for s in said)
 
 
+@pytest.mark.slow
 def test_a_copy_damaged_on_its_way_out_of_its_only_holder_is_computed_again(cluster, monkeypatch, warnings_said,
                                                                             tmp_path):
     left = damage_copies_out(monkeypatch, 1)
@@ -137,6 +139,7 @@ def test_a_copy_damaged_every_time_fails_with_transfer_error_never_a_wrong_value
         cluster.validate()
 
 
+@pytest.mark.slow
 def test_buffers_the_parent_could_not_copy_in_are_sent_again(cluster, monkeypatch, warnings_said):
     """process_vm_writev refused once (as for memory the worker unmapped): the worker reports
     the Run it could not start, and the parent sends it again; no worker dies."""

@@ -30,6 +30,7 @@ def pids(x):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_compute_and_persist_run_on_the_workers(client):
     y = client.persist(da.ones((100, 100), chunks=10) + 1)
     assert y.mean().compute() == 2.0          # the first idiom of every dask tutorial

@@ -219,6 +219,7 @@ def kills_its_worker():
 
 
 @pytest.mark.cluster(allowed_failures=0)
+@pytest.mark.slow
 def test_a_task_given_up_after_its_worker_died_counts_failed_as_progress_does(cluster, client):
     """Its only run was lost with the worker (no run raised): the task failed all the same."""
     fut = client.submit(kills_its_worker, key="kills-1")

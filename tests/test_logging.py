@@ -85,6 +85,7 @@ def test_forward_logs_false_keeps_records_in_the_worker_log_only(collected):
     assert collected.records == []
 
 
+@pytest.mark.slow
 def test_silence_logs_hands_on_only_the_records_from_its_level(collected):
     """dask's keyword: records below the level stay in the worker's log, not in your logging."""
     with LocalCluster(n_workers=1, silence_logs="error") as cluster, Client(cluster) as client:

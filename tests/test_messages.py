@@ -218,6 +218,7 @@ def test_result_timeout_says_the_task_is_running_and_where(client, tmp_path):
     assert dependent.result(30) == 1
 
 
+@pytest.mark.slow
 def test_every_timeout_quotes_the_timeout_given_not_what_was_left(client, tmp_path):
     """result() waits reading the reply itself first, then as usual with what is left of the
     timeout: the message quotes the caller's (it said "result(timeout=0)")."""

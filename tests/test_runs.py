@@ -62,6 +62,7 @@ CRASHER = """
 """
 
 
+@pytest.mark.slow
 def test_a_segfault_in_your_own_process_is_a_crash(tmp_path, run_registry):
     if isinstance(kernel_log.read(limit=1), kernel_log.Unreadable):
         pytest.skip(f"the kernel log is not readable here: {kernel_log.read(limit=1).reason}")

@@ -111,7 +111,7 @@ class LocalCluster:
         # before anything is made: a number of workers that cannot fit is refused with the figures
         self._refuse_beyond(f"LocalCluster(n_workers={self.n_workers})", self.n_workers, 0,
                             "auto" if cfg["memory_limit"] == "auto" else limit)
-        self.local_directory, self._directory_lock = _make_directory(cfg["local_directory"])
+        self.local_directory, self._directory_lock, removed = _make_directory(cfg["local_directory"])
         # Built bottom up, each part handed what it calls by name; nothing is bound later.
         self._life = life = Lifecycle()
         self.scheduler = S.Scheduler(cfg["allowed_failures"], cfg["resources"])
@@ -129,10 +129,7 @@ class LocalCluster:
         self._callbacks = CallbackThread()
         self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
                                 self._callbacks, self._loop)
-        self._runs: Optional[RunRecorder] = None
-        if cfg["run_registry"]:
-            tell_previous()                      # the first cluster of this process: how the last run ended
-            self._runs = RunRecorder(self._progress)
+        self._runs = self._record_run(cfg["run_registry"], removed)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
         if cfg["scheduler_watchdog"]:
@@ -181,6 +178,17 @@ class LocalCluster:
             self._dispatch.trim(everything=True)
             self._life.to(Phase.STOPPED)   # from CLOSING or BROKEN: the only ways out of the loop
             self._loop.fail_pending()     # after the move: a command handed over later fails at once
+
+    def _record_run(self, registry: bool, removed: list) -> Optional[RunRecorder]:
+        """This run's record (None: the registry is off), after telling how the last runs
+        ended: in the registry's one line (the first cluster of this process), and for the
+        folders of dead clusters just removed that it did not tell of, a line each."""
+        told = tell_previous({pid: _what_was_lost(held) for _path, pid, held in removed}) if registry else set()
+        for path, pid, held in removed:
+            if pid not in told:
+                logger.warning("localcluster: removed %s, the folder of a cluster whose process (pid %d) ended "
+                               "without closing it (killed, or crashed): %s", path, pid, _what_was_lost(held))
+        return RunRecorder(self._progress) if registry else None
 
     def _progress(self) -> tuple[int, int, int]:
         """(tasks finished, tasks pending, bytes of results in memory) for the run's record, on
@@ -427,9 +435,10 @@ def _silence_level(value: Any) -> int:
                      f"'warning', 30), or False or None to hand every worker log record to your logging")
 
 
-def _make_directory(parent: Optional[str]) -> tuple[str, int]:
+def _make_directory(parent: Optional[str]) -> tuple[str, int, list]:
     """A private directory for this cluster's spill files (and the descriptor of the lock
-    that marks it as ours), after removing those of clusters whose owner is gone."""
+    that marks it as ours), after removing those of clusters whose owner is gone: (path,
+    descriptor, [(removed path, its pid, what it held)])."""
     base = parent or tempfile.gettempdir()
     try:
         if parent:
@@ -438,10 +447,7 @@ def _make_directory(parent: Optional[str]) -> tuple[str, int]:
         made = make_cluster_directory(base)
     except OSError as e:
         raise _unusable_directory(e, parent, base) from None
-    for path, pid, held in removed:
-        logger.warning("localcluster: removed %s, the folder of a cluster whose process (pid %d) ended without "
-                       "closing it (killed, or crashed): %s", path, pid, _what_was_lost(held))
-    return made
+    return (*made, removed)
 
 
 def _what_was_lost(held: dict) -> str:

@@ -380,27 +380,31 @@ def previous_runs(reported: bool = False) -> list:
     return out
 
 
-def tell_previous() -> None:
+def tell_previous(folders: Optional[dict] = None) -> set:
     """On the first cluster of this process: one WARNING line for the runs that ended
-    without closing since the last look."""
+    without closing since the last look. ``folders``: pid -> what the removal of that
+    process's cluster folder lost, in words, told in the same line. The pids told."""
     if _said.is_set():
-        return
+        return set()
     _said.set()
     try:
         runs = previous_runs()
     except Exception as e:        # the registry must never stop a cluster from starting
         _warn_once("read", "localcluster: the run registry in %s could not be read (%r); it is ignored",
                    registry.directory(), e)
-        return
+        return set()
     if not runs:
-        return
+        return set()
     last = runs[0]
     how = f"{last.cause}, {last.signal}" if last.signal else last.cause
     more = ""
     if len(runs) > 1:
         more = f"; and {len(runs) - 1} earlier: " + ", ".join(f"pid {r.pid} ({r.cause})" for r in runs[1:4]) + \
             (" ..." if len(runs) > 4 else "")
+    folder = (folders or {}).get(last.pid)
+    folder = f" Its cluster's folder was removed: {folder}" if folder else ""
     logger.warning("localcluster: your previous run (pid %d, %s) ended without closing its cluster at %s: %s; "
                    "%d tasks had finished, %d were pending%s. localcluster.previous_runs(reported=True)[0].message "
-                   "says more", last.pid, describe({"argv": last.argv, "notebook": last.notebook}),
-                   _clock(last.ended), how, last.finished, last.pending, more)
+                   "says more.%s", last.pid, describe({"argv": last.argv, "notebook": last.notebook}),
+                   _clock(last.ended), how, last.finished, last.pending, more, folder)
+    return {r.pid for r in runs}

@@ -316,6 +316,8 @@ class Dispatcher:
             return
         unpin: list = []
         if outlet is not None and any(type(m) in _LANDS for m in msgs):
+            # a Data the worker sent is checked here; one copy_located makes is checked there
+            msgs = [checked(worker, m) if type(m) is P.Data else m for m in msgs]
             if outlet.pid is not None and any(type(m) in _COPIES for m in msgs):
                 # Copied here, outside the lock, by the thread that read the frame: it holds the
                 # nanny's ``reading``, and the worker is reaped only after that (supervisor.py), so
@@ -326,7 +328,6 @@ class Dispatcher:
                 msgs = [copy_located(outlet.pid, worker, m, fresh) if type(m) is P.Located else m for m in msgs
                         if type(m) is not P.Landing]
                 msgs = [m for m in msgs if m is not None]
-            msgs = [checked(worker, m) if type(m) is P.Data else m for m in msgs]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         damaged: list = []
         with self._lock:

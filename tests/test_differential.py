@@ -990,25 +990,17 @@ def test_random_programs_of_moves_give_the_values_computed_here(pair, fixed_seed
 
 @pytest.mark.slow       # the quick tier keeps the plain programs; CI runs these under 3.10 and 3.13 too
 @pytest.mark.timeout(120)
-def test_random_programs_with_spills_and_killed_workers(fixed_seed, request):
+@pytest.mark.parametrize("config,offset", [("spill-kills", 100), ("memfd", 200)])
+def test_random_programs_with_spills_and_kills_or_by_memfd_only(config, offset, fixed_seed, request):
     stats = Stats()
-    cfg = CONFIGS["spill-kills"]
+    cfg = CONFIGS[config]
     with cluster_of(cfg, stats) as (cluster, client):
-        run_programs(cluster, client, cfg, fixed_seed, 100, FAST, stats, replay_line(fixed_seed, request), programs=2)
+        run_programs(cluster, client, cfg, fixed_seed, offset, FAST, stats, replay_line(fixed_seed, request),
+                     programs=2)
         settled(cluster, fixed_seed, cfg)
     print(stats)
-    assert stats.ops["kill"] >= 1 and stats.ops["spill"] >= 1, stats
-
-
-@pytest.mark.slow       # the quick tier keeps the plain programs; CI runs these under 3.10 and 3.13 too
-@pytest.mark.timeout(120)
-def test_random_programs_by_memfd_only(fixed_seed, request):
-    stats = Stats()
-    cfg = CONFIGS["memfd"]
-    with cluster_of(cfg, stats) as (cluster, client):
-        run_programs(cluster, client, cfg, fixed_seed, 200, FAST, stats, replay_line(fixed_seed, request), programs=2)
-        settled(cluster, fixed_seed, cfg)
-    print(stats)
+    if config == "spill-kills":
+        assert stats.ops["kill"] >= 1 and stats.ops["spill"] >= 1, stats
 
 
 # --- the slow test: a fresh seed, every configuration in turn ----------------------------------

@@ -96,6 +96,11 @@ def usable_cpus() -> int:
 def memory_cgroups(pid: "int | str" = "self") -> list[tuple[str, str]]:
     """The memory cgroups ``pid`` lives in, as (version, directory): "v1" for the memory
     controller's own hierarchy, "v2" for the unified one. Empty off Linux or if unreadable."""
+    return _cgroups("memory", pid)
+
+
+def _cgroups(controller: str, pid: "int | str" = "self") -> list[tuple[str, str]]:
+    """The cgroups of ``controller`` that ``pid`` lives in, as (version, directory)."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             lines = f.read().splitlines()
@@ -107,8 +112,8 @@ def memory_cgroups(pid: "int | str" = "self") -> list[tuple[str, str]]:
         if len(parts) != 3:
             continue
         _id, controllers, path = parts
-        if "memory" in controllers.split(","):
-            out.append(("v1", f"/sys/fs/cgroup/memory{path}"))
+        if controller in controllers.split(","):
+            out.append(("v1", f"/sys/fs/cgroup/{controller}{path}"))
         elif controllers == "":
             out.append(("v2", f"/sys/fs/cgroup{path}"))
     return out
@@ -198,24 +203,10 @@ def user_tasks() -> int:
 def _pids_cgroups() -> list[str]:
     """The pids cgroup directories this process lives in, innermost first, each ancestor's
     limit applying too (v1: the pids controller's hierarchy; v2: the unified one)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
     out = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _id, controllers, path = parts
-        if "pids" in controllers.split(","):
-            root = "/sys/fs/cgroup/pids"
-        elif controllers == "":
-            root = "/sys/fs/cgroup"
-        else:
-            continue
-        path = path.rstrip("/")
+    for version, directory in _cgroups("pids"):
+        root = "/sys/fs/cgroup/pids" if version == "v1" else "/sys/fs/cgroup"
+        path = directory[len(root):].rstrip("/")
         while path:
             out.append(root + path)
             path = path.rsplit("/", 1)[0]

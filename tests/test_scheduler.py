@@ -1352,3 +1352,20 @@ def test_a_relay_whose_copies_keep_arriving_damaged_fails_its_dependent_with_tra
     assert s.tasks["b"].state == "erred" and isinstance(error, TransferError)
     assert "'c'" in str(error) and "worker 'w1'" in str(error) and "again 3 times" in str(error)
     assert s.tasks["c"].state == "memory" and s.tasks["c"].who_has == {"w2"}
+
+
+def test_a_result_computed_again_from_scattered_data_lost_with_its_worker_says_it_was_lost():
+    """``r(x)`` finished; x (scattered) died with w1 and its future was dropped; then r's holder
+    dies too: r cannot be made again, and says LostDataError (x lost with w1), not "released,
+    submit it again" (found by the differential test, seed 2949032720)."""
+    s = sched("w1", "w2")
+    _payload, _acts = scatter(s, "x", ["w1"])
+    s.submit([spec("r", "x", workers=["w2"])])
+    ts = s.tasks["r"]
+    s.finished(ts.worker, ts.seq, BIG, "int", None, 0.001)
+    s.worker_died(death("w1"))
+    assert isinstance(s.tasks["x"].error, LostDataError)
+    s.release("x")
+    acts = s.worker_died(death("w2"))
+    assert s.tasks["r"].state == "erred" and isinstance(s.tasks["r"].error, LostDataError)
+    assert any(isinstance(a, Resolve) and isinstance(a.value, LostDataError) for a in acts)

@@ -50,8 +50,8 @@ class Readiness:
             if dts.state in FAILED:
                 return self.fail(ts, dts.error, "an input failed")
             if dts.state == "released":   # needed again: bring it back
-                if dts.terms is None:       # scattered data cannot be recomputed
-                    return self.fail(ts, _gone(d), "an input is forgotten")
+                if dts.terms is None:       # scattered data cannot be recomputed: lost with its worker, say so
+                    return self.fail(ts, dts.error if dts.error is not None else _gone(d), "an input is forgotten")
                 self._to(dts, "waiting", "needed again by a dependent")
                 out += self.make_ready_or_wait(dts)
         if ts.waiting_on:

@@ -113,8 +113,8 @@ def _run_registry_of_the_session(tmp_path_factory):
 def run_registry(monkeypatch):
     """Each test its own registry: a script one test kills is never reported by the first
     cluster of another test's script. The folder it is in (``localcluster/`` below it), made
-    by the registry when it first writes: a folder made for each of the suite's tests cost
-    ~13 ms a test (tmp_path_factory), 20 s of the quick tier."""
+    by the registry when it first writes: tmp_path_factory, making a folder for each of the
+    suite's tests, slowed every test."""
     cache = _CACHES["base"] / f"t{next(_CACHES['count'])}"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     return cache / "localcluster"

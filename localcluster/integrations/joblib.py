@@ -141,10 +141,10 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
         if self._in_use is None:         # used without configure(): as a Parallel call would
             self.configure()
         # The batch is the task's argument, never its function: a function is pickled in the
-        # stream (a 40 MB array copied, hashed and framed with it), and each worker that runs it
+        # stream (a large array copied, hashed and framed with it), and each worker that runs it
         # keeps it for good, as it keeps every function; each batch would be a function of its
         # own. As an argument, its arrays travel out of band as client.submit(f, array) sends
-        # them, and go with the task (issue 53). joblib's dask backend passes its calls so too.
+        # them, and go with the task. joblib's dask backend passes its calls so too.
         future = self._in_use.submit(_run_batch, Batch(func, self._call_init),
                                      key=f"{_batch_name(func)}-{os.urandom(8).hex()}", **self.submit_kwargs)
         self._pending.add(future)

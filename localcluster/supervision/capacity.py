@@ -26,9 +26,9 @@ from ..system import machine
 
 __all__ = ["IDLE_WORKER", "FDS_PER_WORKER", "tasks_per_worker", "refusal"]
 
-# Below what any worker measured idle (18 MiB on Python 3.11 here, 23 MiB in the README's
-# examples: the interpreter alone takes ~10): refusing below it refuses only a number of
-# workers that the measured check would refuse anyway, once they had started.
+# Below what any idle worker measures (the interpreter alone takes most of it): refusing below
+# it refuses only a number of workers that the measured check would refuse anyway, once they
+# had started.
 IDLE_WORKER = 12 << 20
 # The parent's descriptors of one worker (nanny.py): its socket, its doorbell (an eventfd), its
 # status board (the memfd and the mmap's own duplicate), its pidfd, its stdout and stderr

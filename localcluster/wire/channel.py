@@ -332,8 +332,8 @@ def _send_chunks(sock: socket.socket, chunks: list, fds: list[int]) -> int:
 def _skip(chunks: list, n: int) -> list:
     """``chunks`` without their first ``n`` bytes (those sent). What is left of a chunk is a
     view of it, never a copy: a large frame leaves a socket buffer's worth at a time, and
-    copying the rest of a large chunk after each send made sending it quadratic in its size,
-    on the scheduler thread (issue 53)."""
+    copying the rest of a large chunk after each send would make sending it quadratic in its
+    size, on the scheduler thread."""
     out = []
     for c in chunks:
         if n:

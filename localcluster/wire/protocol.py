@@ -105,14 +105,15 @@ class Payload:
     seals: tuple = ()  # (the meta's seal, or 0 when it is in the stream, then one per buffer)
 
 
-# A seal samples this many 8-byte words spread over a buffer, plus its first and last 64 bytes.
+# How many 8-byte words a seal samples, spread over a buffer (with its first and last 64 bytes):
+# enough to tell one value's buffer from another's, few enough to cost the same at any size.
 _WORDS = 512
 
 
 def seal(buf: Any) -> int:
     """What a buffer of a payload must be where it lands: its length, and a CRC-32 of its first
     and last 64 bytes and of 512 eight-byte words spread over it (at an odd stride, so that
-    samples fall at every offset of a larger element). ~5 µs whatever the size: it tells a
+    samples fall at every offset of a larger element), at the same cost whatever the size: it tells a
     buffer from another value's, a shorter or longer one, or memory never written; not a single
     flipped bit between the samples of a large one."""
     view = buf.raw() if type(buf) is pickle.PickleBuffer else memoryview(buf).cast("B")

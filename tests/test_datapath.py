@@ -15,13 +15,16 @@ import gc
 import os
 import signal
 import threading
+import time
 
+import psutil
 import pytest
 
 import _data
 from _util import wait_for
 from _data import KINDS, SIZES, fingerprint, identity, make
 from localcluster import Client, LocalCluster, wait
+from localcluster.engine import dispatch
 
 # The quick tier (pytest -m "not slow") runs a diagonal of each table, the full run all of it:
 # one kind for each size (of each other path: sizes and paths of the same parity meet), the
@@ -333,6 +336,21 @@ def twenty_mb(i: int):
     return np.full(20_000_000 // 8, float(i))
 
 
+def _ended(pid: int) -> bool:
+    """The process has exited (a zombie not reaped yet counts: its memory is gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _rss(pid: int) -> int:
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.NoSuchProcess:
+        return 0
+
+
 def spilled_results(client, cluster, n):
     fs = client.map(twenty_mb, range(n), pure=False)
     wait(fs, timeout=120)
@@ -356,12 +374,27 @@ def test_gathering_twice_the_workers_memory_of_spilled_results_kills_no_worker()
 
 @SLOW
 @pytest.mark.timeout(180)
-def test_a_worker_that_dies_while_sending_its_values_says_so():
+def test_a_worker_that_dies_while_sending_its_values_says_so(monkeypatch):
     """With no window (as before the fix), the gather kills a worker; its death names the
-    values it was asked to send, not only the tasks' memory."""
-    with LocalCluster(n_workers=2, memory_limit="400MiB", forward_logs=False) as cluster, \
+    values it was asked to send, not only the tasks' memory. The parent is made slow: it
+    copies a value out of a worker once that worker holds more than its limit, or a second
+    has passed. A fast parent frees each value before the worker has read the next back
+    from its disk, and the death would depend on that race."""
+    copy, limit, slow = dispatch.copy_located, 400 << 20, {}
+
+    def slowly(pid, *args, **kwargs):
+        if slow.get(pid, 0) > 0:        # the first workers, 15 copies each: under the watchdog
+            slow[pid] -= 1
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and not _ended(pid) and _rss(pid) <= limit:
+                time.sleep(0.02)
+        return copy(pid, *args, **kwargs)
+
+    with LocalCluster(n_workers=2, memory_limit=limit, forward_logs=False) as cluster, \
             Client(cluster) as client:
         fs = spilled_results(client, cluster, 40)
+        slow.update((w.pid, 15) for w in cluster.workers.values())
+        monkeypatch.setattr(dispatch, "copy_located", slowly)
         cluster.scheduler.transfers.window = 1 << 40
         out: list = []
         t = threading.Thread(target=lambda: out.append(client.gather(fs, timeout=150)))

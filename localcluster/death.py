@@ -460,13 +460,22 @@ class TaskTimeoutError(TimeoutError):
 
 
 class LostDataError(Exception):
-    """Data that existed only on a dead worker, and cannot be recomputed (it was scattered)."""
+    """Scattered data that is needed and exists nowhere, so cannot be recomputed: its only
+    copy died with a worker, or (``needed_by``) it was released, and then a result computed
+    from it was lost and must be computed again."""
 
-    def __init__(self, key: str, worker: Optional[str] = None, cause: Optional[str] = None):
-        self.key, self.worker, self.cause = key, worker, cause
-        super().__init__(key, worker, cause)
+    def __init__(self, key: str, worker: Optional[str] = None, cause: Optional[str] = None,
+                 needed_by: Optional[str] = None):
+        self.key, self.worker, self.cause, self.needed_by = key, worker, cause, needed_by
+        super().__init__(key, worker, cause, needed_by)
 
     def __str__(self) -> str:
+        if self.needed_by is not None:
+            return (f"{self.needed_by!r} must be computed again (the only copy of its result was lost, "
+                    f"with a worker that died), but its input {self.key!r} was scattered data, released "
+                    f"since: no copy of it remains, and scattered data cannot be recomputed. Keep a future "
+                    f"of scattered data for as long as results computed from it must survive a worker's "
+                    f"death, or keep copies of those results on several workers (client.replicate).")
         how = f" (cause: {self.cause})" if self.cause else ""
         return (f"Data {self.key!r} was scattered to worker {self.worker!r}, which died{how}; it was "
                 f"the only copy and cannot be recomputed. Scatter it again, and use "
@@ -474,7 +483,7 @@ class LostDataError(Exception):
                 f"on several workers.")
 
     def __reduce__(self):
-        return (LostDataError, (self.key, self.worker, self.cause))
+        return (LostDataError, (self.key, self.worker, self.cause, self.needed_by))
 
 
 class TaskError(Exception):

@@ -34,7 +34,8 @@ The checks: every result the client gets must equal the value computed here (typ
 shape and content, whatever the strides and byte order). A task that reads inputs checks each one where it
 landed. A kill may cost only what it must: results come back (computed again from their
 lineage if need be), and only data scattered to workers that were all killed may raise
-LostDataError (theirs, or their dependents'). Only futures that were cancelled, or depend on
+LostDataError (theirs, or their dependents'), or a result computed from scattered data let
+go of before a kill (the kill may take its only copy, and it cannot be made again). Only futures that were cancelled, or depend on
 one that was, may raise CancelledError. Every death is one of the test's kills (cause
 "signal"). After each cluster, no worker holds or spills anything. A "transfer went wrong"
 warning (a copy that broke its seal: localcluster fixing its own failure) fails the test too.
@@ -362,7 +363,7 @@ class Program:
         self.entries: list[Entry] = []         # every future not yet checked and let go
         self.pool: list[Entry] = []            # the values later operations may read
         self.cancelled: set = set()            # names of the entries cancelled
-        self.lost_ok: set = set()              # scattered keys every holder of which was killed
+        self.lost_ok: set = set()              # scattered keys killed with every holder, or let go of before a kill
         self.killed: set = set()
         self.kills = 0
         self.spills = 0
@@ -774,6 +775,8 @@ class Program:
         holders = self.client.who_has(None) if roots else {}
         dead = self.killed | {victim}
         self.lost_ok |= {key for key in roots if set(holders.get(key, ())) <= dead}
+        # Scattered data let go of cannot make again a result computed from it that dies here.
+        self.lost_ok |= roots - {e.fut.key for e in self.entries if e.roots == {e.fut.key}}
         deaths = len(self.cluster.deaths)
         os.kill(self.cluster.workers[victim].pid, signal.SIGKILL)
         self.killed.add(victim)

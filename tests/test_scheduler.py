@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import pickle
 
 import pytest
 
@@ -1369,3 +1370,21 @@ def test_a_result_computed_again_from_scattered_data_lost_with_its_worker_says_i
     acts = s.worker_died(death("w2"))
     assert s.tasks["r"].state == "erred" and isinstance(s.tasks["r"].error, LostDataError)
     assert any(isinstance(a, Resolve) and isinstance(a.value, LostDataError) for a in acts)
+
+
+def test_a_result_computed_again_from_scattered_data_released_since_names_both():
+    """``r(x)`` finished on w2; x (scattered, alive on w1) was released; then w2 dies: r
+    cannot be made again. It fails with LostDataError naming x and r, not "'x' was released,
+    submit it again" (found by the differential test, seed 1715147430)."""
+    s = sched("w1", "w2")
+    _payload, _acts = scatter(s, "x", ["w1"])
+    s.submit([spec("r", "x", workers=["w2"])])
+    ts = s.tasks["r"]
+    s.finished(ts.worker, ts.seq, BIG, "int", None, 0.001)
+    s.release("x")
+    acts = s.worker_died(death("w2"))
+    error = s.tasks["r"].error
+    assert s.tasks["r"].state == "erred" and isinstance(error, LostDataError)
+    assert (error.key, error.needed_by) == ("x", "r") and "released since" in str(error)
+    assert any(isinstance(a, Resolve) and a.value is error for a in acts)
+    assert pickle.loads(pickle.dumps(error)).needed_by == "r"

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from ..death import LostDataError
 from .forgetting import PENDING
 from .records import EMPTY, Deliver, Resolve, Task
-from .transfers import gone as _gone
 
 FAILED = frozenset({"erred", "lost"})
 
@@ -50,8 +50,9 @@ class Readiness:
             if dts.state in FAILED:
                 return self.fail(ts, dts.error, "an input failed")
             if dts.state == "released":   # needed again: bring it back
-                if dts.terms is None:       # scattered data cannot be recomputed: lost with its worker, say so
-                    return self.fail(ts, dts.error if dts.error is not None else _gone(d), "an input is forgotten")
+                if dts.terms is None:       # scattered data cannot be recomputed: lost, or let go of
+                    error = dts.error if dts.error is not None else LostDataError(d, needed_by=ts.key)
+                    return self.fail(ts, error, "an input is forgotten")
                 self._to(dts, "waiting", "needed again by a dependent")
                 out += self.make_ready_or_wait(dts)
         if ts.waiting_on:

@@ -338,3 +338,29 @@ def cancels_an_ended_one():
 @pytest.mark.slow
 def test_cancel_from_a_task_leaves_an_ended_future_as_it_was(client):
     assert client.submit(cancels_an_ended_one, pure=False).result(30) == (False, "finished", 2)
+
+
+def down(n):
+    """A chain that waits for its next link without seceding (as a new user writes it)."""
+    return 0 if n == 0 else 1 + get_client().submit(down, n - 1).result()
+
+
+def down_gathered(n):
+    c = get_client()
+    return 0 if n == 0 else 1 + c.gather([c.submit(down_gathered, n - 1)])[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_a_task_waiting_for_its_children_gives_its_slot_back_without_seceding():
+    """50 links, each waiting in result() (or gather) for the next, on 1 worker x 1 thread:
+    dask hangs (every slot waits on a child that cannot run); here each wait gives the slot
+    back and takes it again, as Ray does, and then the worker is back to one slot."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(down, 50).result(90) == 50
+        assert client.submit(down_gathered, 20).result(60) == 20
+        assert client.submit(add_from_task, 1).result(30) == 4       # done results: no secession needed
+        pid = next(iter(cluster.workers.values())).pid
+        # every thread started for a waiting task is gone: main, executor, flusher, heartbeat
+        wait_for(lambda: psutil.Process(pid).num_threads() == 4, 10)
+        assert list(client.nthreads().values()) == [1]          # the slots lent were all taken back

@@ -372,7 +372,7 @@ class TaskClient:
 
     def outcomes(self, futures: list, timeout: Optional[float]) -> list:
         """(status, payload, error) of each future, once each has ended (one round trip)."""
-        answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout)
+        answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout, lend=True)
         for f, outcome in zip(futures, answer.data):
             f.settle(outcome)
         return list(answer.data)

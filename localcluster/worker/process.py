@@ -54,6 +54,9 @@ FLUSH_DELAY = 0.002
 # user's code went on and submitted again (~200 µs a round trip on a slow VM, where a window
 # of spin_wait missed one run in three, and each miss cost a wake-up).
 SPIN_AFTER_REPLY = 4
+# A task waiting for other tasks' results gives its slot back if the answer is not there by
+# then: results already done come back within a round trip, with no secession to pay for.
+LEND_AFTER = 0.002
 RECYCLE_BUDGET = 1 << 30     # bytes of warm landing memory kept, without a memory_limit (a quarter of it with one)
 
 class Worker:
@@ -307,11 +310,14 @@ class Worker:
 
     # --- requests from tasks (client.py: get_client, secede, rejoin) -------------------
 
-    def ask(self, body: Any, seq: int, timeout: Optional[float] = None, withdraw: bool = False) -> P.Answer:
+    def ask(self, body: Any, seq: int, timeout: Optional[float] = None, withdraw: bool = False,
+            lend: bool = False) -> P.Answer:
         """Send ``body`` to the parent's scheduler as a request of run ``seq``; its Answer.
         The channel's reader (another thread) hands the answer over. Past ``timeout``:
         TimeoutError, or with ``withdraw``, the request is withdrawn and its answer (what a
-        timeout means for it, or the one already on its way) awaited."""
+        timeout means for it, or the one already on its way) awaited. With ``lend`` (the
+        answer waits for other tasks), a run whose answer is not there at once gives its
+        slot back meanwhile (``_lent``)."""
         request = next(self._ask_ids)
         waiter: list = [threading.Event(), None]
         with self._asks_lock:
@@ -321,7 +327,7 @@ class Worker:
                 self.turn.now()
         self._send_drops()
         self.chan.send(P.Ask(request, seq, body))
-        if not waiter[0].wait(timeout):
+        if not (self._lent(waiter[0], timeout) if lend else waiter[0].wait(timeout)):
             if withdraw:
                 self.chan.send(P.Ask(0, seq, P.Withdraw(request)))
                 waiter[0].wait()
@@ -330,6 +336,22 @@ class Worker:
                 self._asks.pop(request, None)
             raise TimeoutError(f"the cluster did not answer within {timeout:g} s")
         return waiter[1]
+
+    def _lent(self, answered: threading.Event, timeout: Optional[float]) -> bool:
+        """Wait for ``answered``; past a moment, with this run's slot given back (as ``secede``)
+        and taken again after (as ``rejoin``), so that a task waiting for the tasks it submitted
+        never holds the slot they need: naive recursion finishes on one thread."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if answered.wait(LEND_AFTER if timeout is None else min(LEND_AFTER, timeout)):
+            return True
+        lending = getattr(here, "run", None) is not None and not (here.seceded and not here.rejoined)
+        if lending:
+            self.secede()
+        try:
+            return answered.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            if lending:
+                self.rejoin()
 
     def tell(self, body: Any, seq: int) -> None:
         """Send ``body`` to the parent's scheduler; no answer."""
@@ -350,25 +372,28 @@ class Worker:
 
     def secede(self) -> None:
         """The calling task gives its thread slot back: an executor thread is started in its
-        place, and the parent counts the slot free. No-op outside a task or if seceded."""
+        place (the first time: after a rejoin, the one started then still serves), and the
+        parent counts the slot free. No-op outside a task or while seceded."""
         run = getattr(here, "run", None)
-        if run is None or here.seceded:
+        if run is None or (here.seceded and not here.rejoined):
             return
-        here.seceded = True
-        thread, started = self.board.running().get(run.seq, (0, 0.0))
-        self.board.stop(here.row)
+        again, here.seceded, here.rejoined = here.seceded, True, False
+        thread, started = (0, 0.0) if again else self.board.running().get(run.seq, (0, 0.0))
+        if not again:
+            self.board.stop(here.row)
         with self._lock:
             self._busy -= 1
-            self._secessions += 1
+            self._secessions += 0 if again else 1
             if self._runs and not self._rejoining:
                 self._work.notify()
-        threading.Thread(target=self._execute, args=(here.row,), name=f"localcluster-exec-{next(self._rows)}",
-                         daemon=True).start()
+        if not again:
+            threading.Thread(target=self._execute, args=(here.row,), name=f"localcluster-exec-{next(self._rows)}",
+                             daemon=True).start()
         self.tell(P.Secede(started, thread), run.seq)
 
     def rejoin(self) -> None:
         """The calling task, seceded, takes a thread slot again: it waits for one (before
-        any queued run) and the parent counts it busy. No-op unless it seceded."""
+        any queued run) and the parent counts it busy. No-op unless it is seceded."""
         run = getattr(here, "run", None)
         if run is None or not here.seceded or here.rejoined:
             return

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from .config import check_seconds
 from .future import Future, futures_of, refuse_in_fork
+from .worker import client as _in_tasks
 
 __all__ = ["wait", "as_completed", "wait_all", "check_timeout", "timed_out"]
 
@@ -29,7 +30,7 @@ def _only_futures(what: str, fs: Any) -> list:
                         f"dask collection") from None
     fs = []
     for i, f in enumerate(items):
-        if isinstance(f, cf.Future):
+        if isinstance(f, (cf.Future, _in_tasks.TaskFuture)):
             fs.append(f)
         elif _collection(f):
             fs += futures_of(f)
@@ -55,6 +56,8 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
         raise ValueError(f"wait(return_when={return_when!r}): expected ALL_COMPLETED, FIRST_COMPLETED "
                          f"or FIRST_EXCEPTION")
     fs = _only_futures("wait", fs)
+    if fs and all(isinstance(f, _in_tasks.TaskFuture) for f in fs):       # in a task, its client's futures
+        return _DoneAndNotDone(*_in_tasks.wait(fs, timeout, return_when))
     if return_when == cf.ALL_COMPLETED:
         return wait_all(fs, timeout)
     refuse_in_fork(fs)

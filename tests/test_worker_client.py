@@ -364,3 +364,35 @@ def test_a_task_waiting_for_its_children_gives_its_slot_back_without_seceding():
         # every thread started for a waiting task is gone: main, executor, flusher, heartbeat
         wait_for(lambda: psutil.Process(pid).num_threads() == 4, 10)
         assert list(client.nthreads().values()) == [1]          # the slots lent were all taken back
+
+
+def waits_in_task(how):
+    """wait() on futures the task submitted, without seceding; then their results."""
+    from localcluster import wait as wait_for_futures
+    c = get_client()
+    fs = c.map(inc, range(5), pure=False)
+    done, not_done = wait_for_futures(fs, timeout=30, return_when=how)
+    assert done and set(done) | set(not_done) == set(fs)
+    if how == "ALL_COMPLETED":
+        assert not not_done
+    return sorted(f.result() for f in fs)
+
+
+@pytest.mark.parametrize("how", ["ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION"])
+def test_wait_in_a_task_on_its_own_futures(client, how):
+    """dask's idiom ``wait(futures)`` in a task: on a task's futures, not a TypeError."""
+    assert client.submit(waits_in_task, how, pure=False).result(30) == [1, 2, 3, 4, 5]
+
+
+def first_exception_in_task():
+    """FIRST_EXCEPTION returns at once once a future failed, with it among the done."""
+    from localcluster import wait as wait_for_futures
+    c = get_client()
+    bad = c.submit(int, "not a number", pure=False)
+    wait_for_futures([bad], timeout=30)
+    done, _ = wait_for_futures([bad, c.submit(inc, 1, pure=False)], timeout=30, return_when="FIRST_EXCEPTION")
+    return bad in done, type(bad.exception()).__name__
+
+
+def test_wait_first_exception_in_a_task(client):
+    assert client.submit(first_exception_in_task, pure=False).result(30) == (True, "ValueError")

@@ -438,6 +438,29 @@ class TaskClient:
         return entry[1:]
 
 
+_ENDED = frozenset({"memory", "erred", "lost", "released", "unknown"})     # the scheduler's states of an ended key
+
+
+def wait(fs: list, timeout: Optional[float], return_when: str) -> tuple:
+    """``wait`` for futures a task holds: (done, not_done), or TimeoutError past ``timeout``.
+    The results come with the answer, so a ``result()`` after it costs no round trip; the task
+    gives its slot back while it waits (``Worker.ask``'s lend). FIRST_COMPLETED and
+    FIRST_EXCEPTION return at once when one is done (or failed) already, else once all are."""
+    distinct = list(dict.fromkeys(fs))
+    pending = [f for f in distinct if f.outcome is None]
+    if pending and return_when != "ALL_COMPLETED":
+        states = pending[0].client.states([f.key for f in pending])
+        ended = [f for f, state in zip(pending, states) if state in _ENDED]
+        failed = any(f.outcome[0] != "finished" for f in distinct if f.outcome is not None) or \
+            any(state in _ENDED and state != "memory" for state in states)
+        if failed or (return_when == "FIRST_COMPLETED" and (ended or len(pending) < len(distinct))):
+            pending = ended             # their outcomes are there: no wait
+    if pending:
+        pending[0].client.outcomes(pending, timeout)
+    done = {f for f in distinct if f.outcome is not None}
+    return done, set(distinct) - done
+
+
 def _walk(obj: Any) -> Iterator[TaskFuture]:
     if isinstance(obj, TaskFuture):
         yield obj

@@ -143,12 +143,17 @@ class as_completed:
             self.add(f)
 
     def add(self, future: Future) -> None:
-        if not isinstance(future, cf.Future):
+        in_task = isinstance(future, _in_tasks.TaskFuture)
+        if not in_task and not isinstance(future, cf.Future):
             raise TypeError(f"as_completed: {type(future).__name__} {future!r:.60} is not a Future")
         with self._cond:
             self._waiting[future] = self._waiting.get(future, 0) + 1
             self._n_waiting += 1
-        cf.Future.add_done_callback(future, self._done)   # no result() in it: no hop needed
+        if in_task:         # a task's future calls nothing back: _next_done asks for it
+            if future.outcome is not None:
+                self._done(future)
+        else:
+            cf.Future.add_done_callback(future, self._done)   # no result() in it: no hop needed
 
     def _done(self, future: cf.Future) -> None:
         """A future ended (on the scheduler thread, or here if it had): ready, unless cleared."""
@@ -198,6 +203,8 @@ class as_completed:
 
     def _next_done(self) -> Any:
         """The next done future, waiting for one; StopIteration when none is left."""
+        if not self._ready and self._waiting and isinstance(next(iter(self._waiting)), _in_tasks.TaskFuture):
+            self._ask_in_task()
         with self._cond:
             while not self._ready:
                 if not self._n_waiting:
@@ -210,6 +217,17 @@ class as_completed:
             else:
                 return self._ready.popleft()
         raise timed_out("as_completed", held, self.timeout)     # outside the lock: it asks the cluster why
+
+    def _ask_in_task(self) -> None:
+        """In a task: wait (its slot lent) until some of its futures are done, and take those."""
+        left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        try:
+            done, _ = _in_tasks.wait(list(self._waiting), left, cf.FIRST_COMPLETED)
+        except TimeoutError:
+            return                  # _next_done says it, as for the cluster's futures
+        for f in done:
+            for _ in range(self._waiting.get(f, 0)):
+                self._done(f)
 
     def _yielded(self, f: Any) -> Any:
         if not self.with_results:

@@ -396,3 +396,15 @@ def first_exception_in_task():
 
 def test_wait_first_exception_in_a_task(client):
     assert client.submit(first_exception_in_task, pure=False).result(30) == (True, "ValueError")
+
+
+def as_completed_in_task():
+    """dask's idiom in a task: as_completed over the futures it submitted, with results."""
+    from localcluster import as_completed
+    c = get_client()
+    fs = c.map(inc, range(6), pure=False)
+    return sorted(r for _, r in as_completed(fs, with_results=True, timeout=30))
+
+
+def test_as_completed_in_a_task_on_its_own_futures(client):
+    assert client.submit(as_completed_in_task, pure=False).result(30) == [1, 2, 3, 4, 5, 6]

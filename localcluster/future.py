@@ -156,7 +156,7 @@ class Future(cf.Future):
 
     def __init__(self, key: str, client: Owner, track: bool = True):
         # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
-        # 1.4 KB that most futures never use (nobody waits before they finish). It is
+        # memory that most futures never use (nobody waits before they finish). It is
         # made on first use (``_condition``), with the lists of waiters and callbacks, which
         # are only ever added to under it: a future resolved while it has none has neither to wake.
         self._state = _PENDING

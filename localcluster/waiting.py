@@ -103,7 +103,7 @@ _DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done
 
 def _wait_all(fs: list, timeout: Optional[float]) -> Any:
     """``cf.wait(fs, timeout)`` for ALL_COMPLETED, waiting on one pending future at a time.
-    cf.wait takes every future's Condition, and so makes one (1.2 KB) for each of a big
+    cf.wait takes every future's Condition, and so makes one (an RLock and more) for each of a big
     map's futures; waiting in turn makes one only for a future not done when its turn
     comes, and results arrive in batches, so most are."""
     deadline = None if timeout is None else time.monotonic() + timeout

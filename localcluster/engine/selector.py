@@ -2,7 +2,7 @@
 
 A user thread that waits for a future borrows its worker's channel for every round trip
 (``EventLoop.lend``): the scheduler thread must not be woken by its reply meanwhile. With
-``selectors`` that is an unregister and a register a round trip, ~7 µs of Python and two
+``selectors`` that is an unregister and a register a round trip, Python's work and two
 epoll_ctl (an insert allocates and polls the file again). Here it is one ``epoll.modify``
 each way: pausing leaves only ``EPOLLONESHOT`` (a hang-up still reports once, then nothing:
 level-triggered, it would wake the scheduler thread over and over while the borrower reads),

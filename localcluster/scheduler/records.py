@@ -63,7 +63,7 @@ class Retire:
 class Terms:
     """What the Specs of one call share: the function and the options. Never changed once
     made; not ``frozen`` only because a frozen dataclass sets each field through
-    object.__setattr__ (1.5 µs instead of 0.25)."""
+    object.__setattr__, several times dearer on the hot path."""
     fn_id: int
     fn: bytes
     priority: int = 0
@@ -179,7 +179,7 @@ class Transitions:
     ``STORY_LENGTH`` transitions of all keys, read for one key when something breaks.
 
     One bounded record for every key, not one per key: a deque per task would cost more than
-    the ~1 KB a pending task may cost the parent in all. The hot path (submit, run, finish,
+    a pending task may cost the parent in all (benchmarks/README.md). The hot path (submit, run, finish,
     release: four transitions a task) pays two dict lookups and three list stores each, and
     allocates nothing: ``apply`` is a closure over the table and a ring of three lists."""
     __slots__ = ("apply", "_read", "length")
@@ -210,7 +210,7 @@ class Transitions:
 
 def _ring(length: int, story: Callable[[str], str]) -> tuple:
     """(apply, read) over a ring of ``length`` transitions: three preallocated lists, so that
-    recording one makes no object (a tuple each would be ~0.3 µs a task on the hot path)."""
+    recording one makes no object (a tuple each would cost every task on the hot path)."""
     keys: list = [None] * length
     steps: list = [None] * length        # the table's own (old, new) tuples: shared, not made
     events: list = [None] * length

@@ -29,8 +29,8 @@ def rss(pid: "int | str" = "self") -> "int | None":
 
 def open_statm(pid: int) -> Optional[int]:
     """A descriptor on ``/proc/<pid>/statm``, or None. :func:`rss_of` reads it with one
-    pread: the scheduler thread samples each worker every 20 ms, and an open and close per
-    sample cost ~10 µs hot (~100 cold) against ~1.5. It stays that process's: once it is
+    pread: the scheduler thread samples each worker many times a second, and an open and
+    close per sample would cost several times the read. It stays that process's: once it is
     gone the read fails, even if its pid is reused."""
     try:
         return os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
@@ -48,10 +48,10 @@ def rss_of(statm_fd: int) -> "int | None":
 
 def descendants(pid: int) -> list[int]:
     """Every living descendant of ``pid``, from each thread's ``/proc/<pid>/task/<tid>/children``
-    (Linux >= 4.2 with CONFIG_PROC_CHILDREN): ~0.1 ms for a worker, where psutil's
-    ``children(recursive=True)`` reads the stat file of every process on the machine (2.5-4 ms
-    here, more on a busy host), once a second per worker and once on the critical path of
-    its start. psutil where the kernel has no such files."""
+    (Linux >= 4.2 with CONFIG_PROC_CHILDREN): a few reads for a worker, where psutil's
+    ``children(recursive=True)`` reads the stat file of every process on the machine, once a
+    second per worker and once on the critical path of its start. psutil where the kernel
+    has no such files."""
     if not _children_files():
         return _descendants_psutil(pid)
     found: list[int] = []
@@ -121,7 +121,7 @@ def _cgroups(controller: str, pid: "int | str" = "self") -> list[tuple[str, str]
 
 def available_memory() -> int:
     """Total memory, or the limit of the memory cgroup this process runs in if lower."""
-    try:        # MemTotal, as psutil reads it; importing psutil was ~25 ms of a first cluster
+    try:        # MemTotal, as psutil reads it, without importing psutil on a first cluster's path
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf names
         import psutil

@@ -4,24 +4,24 @@ A thread that waits for a reply soon to come (the worker's reader after it answe
 the user's thread in ``result()``) first polls its descriptors for up to ``window`` seconds,
 and only then sleeps in ``select``. Waking a sleeping thread is the dearest step of a short
 round trip: a futex or socket wake-up, a context switch and, on a VM whose idle vCPUs halt,
-an exit through the hypervisor (15-40 µs each time on the machine of benchmarks/README.md,
-two of them a round trip). A thread still polling when the reply comes pays none of it.
+an exit through the hypervisor (twice a round trip; benchmarks/README.md has what it costs).
+A thread still polling when the reply comes pays none of it.
 
 Polling takes a CPU, so it is only done while the machine is calm: the kernel's pressure
 stall information (``/proc/pressure/cpu``, "some": the time in which at least one runnable
 task waited for a CPU) grew by less than ``CALM`` of the wall time, on average over the last
-looks. A round trip without polling reads 5-16 % here (a woken thread waits a little for its
-CPU), with it about the same, because a polling thread yields its CPU between two polls to
-any thread that waits for one; two test suites side by side read 50-85 %. A thread that
+looks. A polling thread yields its CPU between two polls to any thread that waits for
+one, so its own polling barely moves the figure, while a machine that is really busy moves
+it far past ``CALM``. A thread that
 spins on a busy machine would keep from the CPU the very process it waits for; there the
 waits sleep at once, as without spinning. Where there is no PSI (not Linux, or a
 kernel without it), and on a single CPU, never.
 
 Any thread; each process keeps its own view of the pressure, looked at, at most, every
-``LOOK`` seconds (one open, read and close of the file, ~10 µs). A view starts (and starts
+``LOOK`` seconds (one open, read and close of the file). A view starts (and starts
 again after a second without a look) from the kernel's own average over the last 10 s
-(``avg10``): from "fully stalled" instead, it took five calm looks, ~250 ms, before a new
-cluster's round trips polled, a quarter of benchmarks/bench.py's 2,000 of them.
+(``avg10``): starting from "fully stalled" instead would keep a new cluster's first round
+trips from polling for several calm looks.
 """
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ of a part is sent only when it changed.
 
 What it costs the cluster: the refresh runs in the user's process and holds the GIL while
 it computes, which delays the scheduler thread's and the submitting thread's wake-ups. So
-it reads no more than it draws (a busy map of 20,000 tasks: ~5 ms a refresh on the
-workers tab, which reads no task record; 15-30 ms with the progress tab's per-group count), and it waits 100 times its own CPU time when that is
-longer than ``interval``: never more than 1 % of a core.
+it reads no more than it draws (the workers tab reads no task record; only the progress
+tab counts per group), and it waits 100 times its own CPU time when that is longer than
+``interval``: never more than 1 % of a core.
 
 The thread ends when the widget is closed, or once it has drawn the closed cluster, or
 when the cluster is garbage. One widget per cluster is shared by every cell showing it.
@@ -40,14 +40,14 @@ __all__ = ["dashboard", "mimebundle", "Snapshot", "StaticView", "WIDGET_MIME"]
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STREAM_SECONDS = 60.0
-STREAM_BARS = 1000         # the newest task bars drawn live: ~150 kB of SVG a second at most
+STREAM_BARS = 1000         # the newest task bars drawn live: the SVG sent a second stays small
 KEYS_KEPT = 1_000_000      # failed keys remembered so that a task failing again counts once
 RECENT_KEYS = 100_000      # the progress tab's newest finished keys remembered (two halves, rolling), for
-                           # the same: a rerun comes soon after (a retry); ~8 MB, not a million keys' ~64 MB
+                           # the same: a rerun comes soon after (a retry), and a million keys would cost more
 FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 TABS = ("workers", "progress", "task stream", "insights")
 COST_SHARE = 0.01          # a refresh waits at least its CPU time / COST_SHARE before the next
-CHUNK = 2000               # task records read at a time, each chunk ~0.2-1 ms of GIL...
+CHUNK = 2000               # task records read at a time, each chunk a short hold of the GIL...
 GIL_PAUSE = 0.0002         # ...and a pause between chunks, long enough for a waiting thread to take it
 _KEY, _STATE = attrgetter("key"), attrgetter("state")
 _PENDING = frozenset(("waiting", "ready", "processing"))

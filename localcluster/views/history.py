@@ -78,7 +78,7 @@ class Runs:
     """The newest ``capacity`` run records, oldest first, in columns: a ring once full.
 
     A record's (worker, status, thread) is one tuple shared by the records alike: two
-    references a record, not four (16 bytes less; 1.6 MB at 100,000 records). The tuples are
+    references a record, not four (less memory for a history of many records). The tuples are
     found in a small table, emptied when full, so that it stays small however many workers
     come and go; the records keep theirs.
 

@@ -1,8 +1,8 @@
 """What the worker's side of the wire and the parent's diagnosis (death.py) both need:
 how a thread's ident is kept on the status board, the exception that carries a task's
 traceback as text, and the one that says a transfer of localcluster's went wrong. Here rather than in death.py, so that a worker does not import the
-diagnosis, and with it concurrent.futures, dataclasses' users and config (~7 ms of its
-start, measured by ``python -X importtime``)."""
+diagnosis, and with it concurrent.futures, dataclasses' users and config (a noticeable
+part of its start: ``python -X importtime`` shows it)."""
 from __future__ import annotations
 
 

@@ -87,8 +87,8 @@ def _to_memfd(buf: memoryview) -> int:
 # once (MADV_POPULATE_READ), so that the data counts in the worker's RSS and memory
 # supervision sees what it holds; the parent maps them as they are read.
 # MAP_POPULATE would do that too, but on a private writable mapping it breaks
-# copy-on-write up front: a second full copy of every buffer (47 ms per 100 MB here, where
-# populating for reading takes 9). It stays the fallback for kernels before 5.14.
+# copy-on-write up front: a second full copy of every buffer, several times dearer than
+# populating for reading. It stays the fallback for kernels before 5.14.
 _MADV_POPULATE_READ = 22
 _populate_read = hasattr(mmap.mmap, "madvise")
 _PROT = mmap.PROT_READ | mmap.PROT_WRITE
@@ -228,7 +228,7 @@ class _Reader:
         self.pos = 0
         self.fds: deque[int] = deque()
         # Reads land here, reused: recvmsg would allocate a fresh 256 KiB bytes per read,
-        # which glibc serves with an mmap and page faults (~15 µs a read, on every message).
+        # which glibc serves with an mmap and page faults, on every message.
         # An anonymous map: only the pages reads have reached count in the RSS.
         self.scratch = memoryview(mmap.mmap(-1, _RECV))
 
@@ -306,7 +306,7 @@ def _recv_into(sock: socket.socket, reader: _Reader) -> Any:
     """One read into ``reader``. Returns the message when the read brought exactly one whole
     frame without buffers and nothing was buffered before it (a round trip's Run or
     Finished): decoded straight from the read, not copied into the reader's buffer and taken
-    out through ``messages`` (~4 µs of Python a message). Else None: ``reader.messages()``."""
+    out through ``messages`` (Python's work for every message). Else None: ``reader.messages()``."""
     want = reader.needed()
     scratch = reader.scratch if want <= _RECV else memoryview(bytearray(min(want, _RECV_MAX)))
     # Received descriptors close on exec from the start: a task thread that starts a

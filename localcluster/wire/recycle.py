@@ -2,9 +2,9 @@
 
 Why: a copy into fresh memory pays for the kernel's page faults and the zeroing of every page
 before the bytes move: the floor that bench.py measures (``a.copy()``). A buffer that has
-been written once keeps its pages, and a copy into it is a plain memcpy: 100 MB moved into a
-worker at ~1.5x the floor instead of ~0.7x (benchmarks/README.md). This is the pool of
-pre-faulted segments issue 28 named, with private huge-page memory instead of memfds.
+been written once keeps its pages, and a copy into it is a plain memcpy, faster than the
+floor itself (benchmarks/README.md has the figures). A pool of pre-faulted segments, of
+private huge-page memory rather than memfds.
 
 How a buffer comes back: never by a call. Every buffer lent keeps its mmap in a slot here, and
 whatever uses the memory holds a reference to that mmap (a memoryview over it, a PickleBuffer,

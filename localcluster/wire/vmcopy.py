@@ -1,12 +1,12 @@
 """Copy bytes straight between this process's memory and a child process's, with Linux's
 ``process_vm_writev`` and ``process_vm_readv``: one copy, into the receiver's fresh memory.
 
-Why (benchmarks/copy_paths.py, benchmarks/README.md): a memfd's pages are 4 KiB shmem pages,
-25,600 of them faulted per 100 MB on the writer's side and again on the reader's, which
-put 100 MB at 0.15-0.2x one copy into fresh memory. Anonymous memory may have transparent
-huge pages (``MADV_HUGEPAGE``, which the kernel grants where ``enabled`` is ``madvise`` or
-``always``), and a copy by the parent into the worker's huge-page buffer measured 0.83x the
-floor, a copy from it 0.80x.
+Why (benchmarks/copy_paths.py; the figures are in benchmarks/README.md): a memfd's pages
+are 4 KiB shmem pages, each faulted on the writer's side and again on the reader's, which
+makes a large value several times slower to move than one copy into fresh memory. Anonymous
+memory may have transparent huge pages (``MADV_HUGEPAGE``, which the kernel grants where
+``enabled`` is ``madvise`` or ``always``), and a copy by the parent into the worker's
+huge-page buffer, or out of it, comes close to that floor.
 
 Who may: the caller needs ptrace access to the other process. Yama's default policy
 (``ptrace_scope`` 1) allows it from a process to its descendants, so the parent copies both

@@ -34,7 +34,8 @@ def take_authkey(fd: int) -> bytes:
 
 def adopt_authkey(key: bytes) -> None:
     """Make ``key`` this process's authkey: after Ready is sent and before any task runs, since
-    importing multiprocessing is ~2 ms of a start (or before the initializer, which may use it too)."""
+    importing multiprocessing is a noticeable part of a start (or before the initializer,
+    which may use it too)."""
     from multiprocessing import current_process
     current_process().authkey = key
 
@@ -49,7 +50,7 @@ def _read_exact(fd: int, n: int) -> bytes:
     return out
 
 
-# The settings cross as marshal (built in, where json's import was ~1.5 ms of every start),
+# The settings cross as marshal (built in: json's import would be part of every start),
 # after the worker's name, which is all ``ps`` needs to show.
 BOOT = ("import sys, marshal; cfg = marshal.loads(bytes.fromhex(sys.argv[2])); sys.path[:] = cfg['sys_path']; "
         "from localcluster.worker.boot import main; main(cfg)")

@@ -2,15 +2,15 @@
 
 The channel needs a reader while every executor runs a task: Cancel, Export (another
 worker waits for data held here) and the answers to a task's own requests come that way.
-Waking the main thread each time an executor starts a run cost a round trip 20-50 µs
-(a futex wake, then the main thread and the executor contending for the GIL), for a
-no-op run that is over in a few. So the main thread is called only once nobody has read
+Waking the main thread each time an executor starts a run would cost every round trip a
+futex wake and the main thread and the executor contending for the GIL, more than a
+no-op run takes. So the main thread is called only once nobody has read
 for ``DELAY``: the executor that leaves the channel unread arms the turn (due ``DELAY``
 later), whoever takes the reader role back disarms it.
 
 Arming and disarming make no system call while a kernel timer is set already: setting and
-clearing a timer for every run cost two ``timerfd_settime`` a round trip (10 µs through
-ctypes on a slow VM, 3 % of a round trip). The timer set for the first run fires ``DELAY``
+clearing a timer for every run would cost two ``timerfd_settime`` (through ctypes) a
+round trip. The timer set for the first run fires ``DELAY``
 later whatever came since; the main thread, woken, reads only if the turn is ``due`` (armed,
 and its moment passed), and otherwise sets the timer again for the moment of the run now
 armed (``settle``), if any. A stream of short runs thus costs a timer and a look every

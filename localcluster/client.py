@@ -102,7 +102,7 @@ class Client:
         client = _future.latest_client()
         if client is None and not allow_none:
             raise ValueError("no running localcluster Client in this process: create one with Client()")
-        return client
+        return client  # type: ignore[return-value]  # the Owner a Client of this process registered: itself
 
     # --- bookkeeping of futures -------------------------------------------------------
 

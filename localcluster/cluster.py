@@ -478,7 +478,7 @@ def _unusable_directory(e: OSError, parent: Optional[str], base: str) -> OSError
     """The error of a folder the cluster cannot make its own in: which, why, what to do. The
     same OSError subclass, so that ``except PermissionError`` still catches it."""
     where = f"local_directory={parent!r}" if parent else f"the system's temporary folder {base!r} (TMPDIR)"
-    cause = _DIRECTORY_CAUSES.get(e.errno)
+    cause = _DIRECTORY_CAUSES.get(e.errno or 0)
     if e.errno == errno.ENOENT and not os.path.isdir(base):
         cause = "it does not exist and cannot be made"
     said = f"{e.filename!r}: {e.strerror}" if e.filename and e.strerror else str(e)

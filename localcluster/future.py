@@ -15,6 +15,7 @@ declared here, so this module never imports client.py (which sits above it).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 import threading
 import time
@@ -185,8 +186,8 @@ class Future(cf.Future):
         sync = self._sync
         return None if sync is None else sync.cond
 
-    @property
-    def _condition(self) -> threading.Condition:
+    @property   # concurrent.futures' attribute, made on first use: most futures are never waited on
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
         sync = self._synced()
         cond = sync.cond
         if cond is None:
@@ -198,7 +199,7 @@ class Future(cf.Future):
 
     # concurrent.futures reads these and adds to them under the Condition only.
     @property
-    def _waiters(self) -> "list | tuple":
+    def _waiters(self) -> "list | tuple":  # type: ignore[override]  # likewise
         sync = self._sync
         return () if sync is None else sync.waiters
 
@@ -256,7 +257,7 @@ class Future(cf.Future):
         try:
             exc = self._within(super().exception, timeout, timeout)
         except cf.CancelledError:
-            raise self.stored_error() from None      # says who cancelled it
+            raise self.stored_error() from None  # type: ignore[misc]  # cancelled: it says who did
         if exc is None and self._lost is not None:
             return self._lost
         return exc
@@ -317,7 +318,7 @@ class Future(cf.Future):
         very thread that delivers it."""
         gateway = self._gateway
 
-        def call(fut: "Future") -> None:
+        def call(fut: Any) -> None:     # this Future
             _called_back.discard(fut)
             if gateway.on_scheduler_thread():
                 gateway.run_callback(fn, fut)
@@ -542,13 +543,13 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     client = _clients.get(client_id) if client_id else None
     fut = None
     if client is not None and client.status == "running":
-        fut = client.gateway.acquire(key, lambda: client.adopt(key))
+        fut = client.gateway.acquire(key, functools.partial(client.adopt, key))
     elif client_id is None or client_id.startswith("task-client-"):
         # made in a task (get_client on a worker: no Client of this process made it): the
         # Future of the key of a running Client whose cluster knows it, the latest first
         for client in reversed(list(_clients.values())):
             if client.status == "running":
-                fut = client.gateway.acquire(key, lambda client=client: client.adopt(key))
+                fut = client.gateway.acquire(key, functools.partial(client.adopt, key))
                 if fut is not None:
                     break
     if fut is None:

@@ -77,7 +77,7 @@ def _notebook() -> Optional[str]:
     if name:
         return name
     try:
-        from ipykernel.connect import get_connection_file      # type: ignore[import-not-found]
+        from ipykernel.connect import get_connection_file
         return str(get_connection_file())
     except Exception:        # no kernel app running (ipykernel merely imported): no notebook
         return None

@@ -79,7 +79,7 @@ def check_timeout(what: str, timeout: Any) -> None:
     check_seconds(timeout, what, zero=True)
 
 
-def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:
+def timed_out(what: str, fs: list, timeout: Optional[float]) -> TimeoutError:
     """The TimeoutError of a wait for ``fs``: how many are not done, and why (the cluster is
     stuck: every worker paused, no worker ...; else what the first pending one waits for)."""
     pending = [f for f in fs if not f.done()]
@@ -98,7 +98,7 @@ def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:
 
 
 # What cf.wait returns (a namedtuple of that name and those fields).
-_DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done")
+_DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done")  # type: ignore[name-match]
 
 
 def _wait_all(fs: list, timeout: Optional[float]) -> Any:

@@ -114,7 +114,8 @@ class live:
         if self._thread is not None:
             self._stop.set()
             self._thread.join(10)
-            self._unwatch()
+            if self._unwatch is not None:
+                self._unwatch()
 
 
 def _drawer(out: TextIO) -> Any:

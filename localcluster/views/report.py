@@ -57,7 +57,8 @@ class report:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._unwatch()
+        if self._unwatch is not None:
+            self._unwatch()
         self.stop = time.time()
         with open(self.path, "w", encoding="utf-8") as f:
             f.write(self.html())
@@ -120,7 +121,9 @@ def _deaths_table(deaths: list) -> str:
 
 
 def _summary(facts: list, span: tuple) -> str:
-    tasks, deaths, submitted = Counter(), Counter(), Counter()
+    tasks: Counter[str] = Counter()
+    deaths: Counter[str] = Counter()
+    submitted: Counter[str] = Counter()
     for f in facts:
         tasks.update(f["tasks"])
         deaths.update(f["deaths"])

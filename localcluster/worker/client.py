@@ -289,7 +289,7 @@ class TaskClient:
         pending = [f for f in flat if f.outcome is None]
         for f, outcome in zip(pending, self.outcomes(pending, timeout) if pending else ()):
             f.settle(outcome)
-        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)
+        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)  # type: ignore[arg-type]  # all settled above
 
     def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""

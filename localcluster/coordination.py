@@ -194,6 +194,7 @@ class Event(_Named):
         self._ask(P.SetEvent(self.name, False))
 
     def is_set(self) -> bool:
+        """True if the event is set."""
         return bool(self._ask(P.WaitEvent(self.name, False)))
 
     def wait(self, timeout: Any = None) -> bool:
@@ -295,6 +296,7 @@ class Variable(_Named):
         super().__init__(name, client)
 
     def set(self, value: Any, timeout: Any = None, **kwargs: Any) -> None:
+        """Set the value (any picklable object; the futures inside it stay alive while it is set)."""
         payload, keys = _pack(value, "Variable.set")
         self._ask(P.SetVariable(self.name, payload, keys))
 

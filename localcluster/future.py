@@ -214,13 +214,16 @@ class Future(cf.Future):
         return None if sync is None else sync.bell
 
     def done(self) -> bool:
+        """True once the task finished, failed or was cancelled."""
         return self._state in _ENDED       # one read: no lock, and no Condition made for it
 
     def cancelled(self) -> bool:
+        """True if the task was cancelled."""
         return self._state in (_CANCELLED, _NOTIFIED)
 
     @property
     def status(self) -> str:
+        """``pending``, ``finished``, ``error``, ``lost`` or ``cancelled`` (dask's)."""
         if self._lost is not None:
             return "lost"
         if not self.done():
@@ -230,6 +233,18 @@ class Future(cf.Future):
         return "error" if super().exception() is not None else "finished"
 
     def result(self, timeout: Optional[float] = None) -> Any:
+        """The task's result, waiting at most ``timeout`` seconds (None: as long as it takes).
+
+        Returns:
+            The value the task returned, fetched from its worker if large.
+
+        Raises:
+            Exception: the task's own exception, with its type and its worker's frames.
+            KilledWorker: the task was running in more than ``allowed_failures`` worker deaths.
+            TaskTimeoutError: the task ran past its ``timeout=``.
+            TimeoutError: not done within ``timeout``, saying why.
+            CancelledError: the future was cancelled (saying by whom).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         left = timeout
         if self._state == _PENDING and timeout != 0 and not _in_forked_child:
@@ -254,6 +269,7 @@ class Future(cf.Future):
         return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """The task's exception (None if it succeeded), waiting at most ``timeout`` seconds."""
         try:
             exc = self._within(super().exception, timeout, timeout)
         except cf.CancelledError:
@@ -357,6 +373,7 @@ class Future(cf.Future):
         return self.result()
 
     def cancel(self) -> bool:
+        """Cancel the task for every holder of its key (as ``Client.cancel``); True once cancelled."""
         if self.done():
             return False
         self.client.cancel([self])

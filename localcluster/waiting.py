@@ -143,6 +143,7 @@ class as_completed:
             self.add(f)
 
     def add(self, future: Future) -> None:
+        """Wait for ``future`` too."""
         in_task = isinstance(future, _in_tasks.TaskFuture)
         if not in_task and not isinstance(future, cf.Future):
             raise TypeError(f"as_completed: {type(future).__name__} {future!r:.60} is not a Future")
@@ -170,6 +171,7 @@ class as_completed:
             self._cond.notify_all()
 
     def update(self, futures: Iterable) -> None:
+        """Wait for each of ``futures`` too."""
         for f in futures:
             self.add(f)
 

@@ -156,12 +156,13 @@ def test_every_page_of_the_site_opens_in_a_browser_with_no_missing_link_or_image
             page = browser.new_page()
             page.on("console", lambda m: problems.append(f"{page.url}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda exc: problems.append(f"{page.url}: {exc}"))
-            page.on("requestfailed", lambda r: problems.append(f"{page.url}: failed {r.url}"))
+            page.on("requestfailed", lambda r: problems.append(f"{page.url}: failed {r.url} ({r.failure})"))
             page.on("response", lambda r: problems.append(f"{page.url}: {r.status} {r.url}") if r.status >= 400 else None)
             page.on("request", lambda r: problems.append(f"left the machine: {r.url}")
                     if not r.url.startswith(served) and not r.url.startswith("data:") else None)
             for name in pages:
-                page.goto(served + name, wait_until="load")
+                # every request answered before the next page (one left running is aborted by the move)
+                page.goto(served + name, wait_until="networkidle")
                 broken = page.eval_on_selector_all(
                     "img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
                 problems += [f"{name}: image not drawn: {src}" for src in broken]
@@ -198,3 +199,10 @@ def test_every_example_in_the_api_reference_runs():
                 runner.run(test)
     assert "localcluster.LocalCluster" in seen and "localcluster.Client.submit" in seen, seen
     assert runner.failures == 0, f"{runner.failures} of {runner.tries} examples failed (their output is above)"
+
+
+def test_the_readme_is_a_front_door_and_links_into_the_docs():
+    """A new user reads the README first: short, and every page it names exists."""
+    assert len(README.encode()) <= 10 * 1024, f"README.md is {len(README.encode())} bytes: move the detail to docs/"
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README):
+        assert (REPO / target).exists(), f"README.md links to {target}, which is not in the checkout"

@@ -128,6 +128,7 @@ def test_the_one_line_death_quoted_in_the_prose_is_what_the_tour_prints(tour):
 def test_the_segfault_block_is_what_a_segfaulting_script_prints(tmp_path):
     script = tmp_path / "segv.py"
     script.write_text(SEGFAULT_SCRIPT)
+    assert f"```python\n{SEGFAULT_SCRIPT}```\n" in README      # the script the README shows
     proc = _run(script, tmp_path)
     assert proc.returncode == 1
     for block in _blocks("localcluster.death.KilledWorker"):

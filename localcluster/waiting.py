@@ -45,9 +45,22 @@ def _collection(obj: Any) -> bool:
     return callable(getattr(obj, "__dask_graph__", None)) and not isinstance(obj, type)
 
 
-def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):
-    """``concurrent.futures.wait`` for our futures: (done, not_done). As in dask, a persisted
-    collection (``client.persist(x)``), or a list of them, stands for the Futures in its graph."""
+def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED) -> Any:
+    """``concurrent.futures.wait`` for our futures.
+
+    Args:
+        fs: a Future, an iterable of them, or (as in dask) a persisted collection
+            (``client.persist(x)``) or a list of them, standing for the Futures in its graph.
+        timeout: seconds to wait at most; None: as long as it takes.
+        return_when: ``ALL_COMPLETED``, ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION``.
+
+    Returns:
+        A named tuple ``(done, not_done)`` of sets of futures, as ``concurrent.futures.wait``'s.
+
+    Raises:
+        TimeoutError: past ``timeout`` with ``ALL_COMPLETED``, saying how many are not done
+            and why (every worker paused, no worker, what the first one waits for).
+    """
     if isinstance(fs, Future):
         fs = [fs]
     elif _collection(fs):
@@ -119,9 +132,23 @@ def _wait_all(fs: list, timeout: Optional[float]) -> Any:
 
 
 class as_completed:
-    """Iterate over futures as they finish; ``add()`` more while iterating;
-    ``with_results=True`` yields ``(future, result)``. As dask's: ``count()``, ``is_empty()``,
-    ``has_ready()``, ``next_batch(block=True)``, ``batches()`` and ``clear()``."""
+    """Iterate over futures as they finish; ``add()`` more while iterating. As dask's:
+    ``count()``, ``is_empty()``, ``has_ready()``, ``next_batch(block=True)``, ``batches()``
+    and ``clear()``.
+
+    Args:
+        futures: the futures to wait for.
+        with_results: yield ``(future, result)`` pairs, not futures.
+        raise_errors: with ``with_results``, a failed future's exception is raised (False:
+            the exception is yielded as its result).
+        timeout: seconds for the whole iteration; past it, a TimeoutError saying why.
+
+    Example:
+        >>> from localcluster import Client, as_completed
+        >>> with Client(n_workers=1) as client:
+        ...     sorted(result for _, result in as_completed(client.map(abs, [-1, -2]), with_results=True))
+        [1, 2]
+    """
 
     def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True,
                  timeout: Optional[float] = None):

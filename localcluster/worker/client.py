@@ -57,7 +57,11 @@ def _worker() -> "process.Worker":
 def get_client(address: Any = None, timeout: Optional[float] = None, resolve_address: bool = True) -> Any:
     """In a task: a client of the cluster that runs it (the same one for every task of this
     worker), talking to the parent's scheduler over this worker's channel. Elsewhere: the
-    current Client. ``address`` and ``resolve_address`` are dask's, with no meaning here."""
+    current Client. ``address`` and ``resolve_address`` are dask's, with no meaning here.
+
+    Raises:
+        ValueError: outside a task, when no Client of this process is running.
+    """
     global _client
     worker = context.current()[0]
     if worker is None:
@@ -136,7 +140,12 @@ class TaskWorker:
 
 
 def get_worker() -> TaskWorker:
-    """The worker running this task (ValueError outside a task)."""
+    """The worker running this task: its ``name``, its ``data`` (key -> value of what it
+    holds) and an ``address``.
+
+    Raises:
+        ValueError: outside a task.
+    """
     return TaskWorker(_worker())
 
 

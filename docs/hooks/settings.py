@@ -1,5 +1,9 @@
 """The site's build hooks (mkdocs.yml ``hooks:``).
 
+Why workers die: the table of causes gets its last column, what to do, from the code, in the
+words each death's message uses (``KilledWorker.ADVICE``); a cause the page leaves out, or one
+the code does not have, fails the build.
+
 The configuration page's table is made here from ``localcluster.config`` itself: every key of
 ``DEFAULTS``, its default, its environment variable, and what it accepts (the validator's own
 words, from the error it raises for a value it cannot take). A key the page does not explain,
@@ -18,6 +22,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- settings-table -->"
+CAUSES = re.compile(r"<!-- causes-table -->\n(.*?)\n<!-- /causes-table -->", flags=re.S)
 CHART = "benchmarks/results/latest.png"
 
 
@@ -54,7 +59,26 @@ def explained(markdown: str) -> list[str]:
     return re.findall(r"^### `([a-z_]+)`", markdown, flags=re.M)
 
 
+def causes_table(table: str, where: str) -> str:
+    """The page's table of causes with a last column: the advice of each cause's message."""
+    from localcluster import KilledWorker
+    from localcluster.death import CAUSES as KNOWN
+    head, rule, *rows = table.splitlines()
+    causes = [re.match(r"\| `([a-z-]+)` \|", row).group(1) for row in rows]
+    if sorted(causes) != sorted(KNOWN):
+        raise PluginError(f"{where}: the table of causes must name each of localcluster.death.CAUSES once: "
+                          f"{sorted(causes)} against {sorted(KNOWN)}")
+    out = [head + " what to do (the message's words) |", rule + "---|"]
+    for cause, row in zip(causes, rows):
+        advice = KilledWorker.ADVICE[cause]
+        if cause == "exit":
+            advice += " When a task was running: " + KilledWorker.ADVICE["exit-in-task"]
+        out.append(f"{row} {advice.replace('|', '&#124;')} |")
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    markdown = CAUSES.sub(lambda m: causes_table(m.group(1), page.file.src_uri), markdown)
     if MARKER not in markdown:
         return markdown
     from localcluster import config

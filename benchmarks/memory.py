@@ -276,8 +276,9 @@ def _mmm(values: list, fmt: str = "{:.1f}") -> str:
 
 def _table(headers: list, rows: list) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells: list) -> str:
+        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 

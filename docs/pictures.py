@@ -1,4 +1,4 @@
-"""Redraw the README's three pictures from real runs: docs/report.png (examples/report.py's
+"""Redraw the documentation's three pictures from real runs: docs/report.png (examples/report.py's
 page), docs/notebook.png (the cluster view of examples/notebook.ipynb, executed by a
 real kernel and exported by nbconvert) and docs/live.png (cluster.dashboard() served by
 Voilà while work runs, a segfault among it). Needs the test extra and Chromium on the PATH:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from .waiting import as_completed, wait
     from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo
+    from .coordination import Event, Lock, Queue, Semaphore, Variable
     from .death import (ClusterBroken, ClusterClosed, ClusterRestarted, KilledWorker, LostDataError, RemoteTraceback,
                         TaskError, TaskTimeoutError, TransferError, WorkerDeath, WorkerStartupError)
     from .views.progress import progress

@@ -43,7 +43,25 @@ def _lookup(client_id: Optional[str]) -> Optional["Client"]:
 
 
 class Client:
-    """Submit work to a LocalCluster. ``Client()`` alone starts its own ``LocalCluster(**kwargs)``."""
+    """Submit work to a LocalCluster, and get Futures back.
+
+    Args:
+        cluster: the cluster to use; None: the client starts its own ``LocalCluster(**kwargs)``
+            and closes it with itself.
+        set_as_default: whether this client may be ``Client.current()`` (joblib, the pytest
+            plugin and ``get_client()`` outside a task use it) and dask's default scheduler
+            while it is open.
+        **kwargs: ``LocalCluster`` keywords, when no cluster is given.
+
+    Raises:
+        TypeError: both a cluster and LocalCluster keywords.
+
+    Example:
+        >>> from localcluster import Client
+        >>> with Client(n_workers=1) as client:
+        ...     client.gather(client.map(abs, [-1, -2]))
+        [1, 2]
+    """
 
     def __new__(cls, cluster: Optional[LocalCluster] = None, *, set_as_default: bool = True, **kwargs: Any) -> Any:
         # In a task, Client() is the worker's client (get_client()), not a cluster started
@@ -102,7 +120,7 @@ class Client:
         client = _future.latest_client()
         if client is None and not allow_none:
             raise ValueError("no running localcluster Client in this process: create one with Client()")
-        return client
+        return client  # type: ignore[return-value]  # the Owner a Client of this process registered: itself
 
     # --- bookkeeping of futures -------------------------------------------------------
 
@@ -198,13 +216,38 @@ class Client:
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
                allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> Future:
-        """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments are replaced by their values.
+        """Run ``fn(*args, **kwargs)`` on a worker. Futures among the arguments (at any depth of
+        lists, tuples and dicts) are replaced by their values, on the worker.
 
-        ``workers``: a worker name or names the task must run on (dask's meaning); with
-        ``allow_other_workers=True`` they are only preferred. ``resources``: what one run
-        holds on its worker, ``{"MEM": 1}``, out of what each worker declares
-        (``LocalCluster(resources=)``); a ValueError if no worker ever could. dask's
-        ``fifo_timeout`` and ``actor`` are never passed to ``fn`` (client_specs.dask_keywords)."""
+        Args:
+            fn: the function; it and its arguments are pickled with cloudpickle.
+            key: the task's key; by default the function's name and a hash of the call
+                (``pure=True``) or a random token.
+            pure: whether the same call gives the same key, so that it runs once.
+            retries: how many times the task runs again after it raised.
+            timeout: seconds one run may take; past it the worker is stopped and the future
+                fails with TaskTimeoutError, saying where the task was.
+            priority: higher runs first among the tasks ready.
+            workers: a worker name or names the task must run on (dask's meaning).
+            allow_other_workers: with ``workers``, they are only preferred.
+            resources: what one run holds on its worker, ``{"MEM": 1}``, out of what each
+                worker declares (``LocalCluster(resources=)``).
+            **kwargs: the function's keyword arguments (dask's ``fifo_timeout`` and ``actor``
+                are taken as dask's and never passed to ``fn``).
+
+        Returns:
+            The Future of the task.
+
+        Raises:
+            TypeError: ``fn`` is not callable, or ``key`` is not a string.
+            ValueError: ``resources`` that no worker could ever hold, or unknown ``workers``.
+
+        Example:
+            >>> from localcluster import Client
+            >>> with Client(n_workers=1) as client:
+            ...     client.submit(pow, 2, 10).result()
+            1024
+        """
         if kwargs:
             dask_keywords("submit", kwargs, ("fifo_timeout",))
         return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
@@ -229,7 +272,16 @@ class Client:
     def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
             timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
             allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> list[Future]:
-        """``[submit(fn, *args, **kwargs) for args in zip(*iterables)]``, sent in batches."""
+        """``[submit(fn, *args, **kwargs) for args in zip(*iterables)]``, sent in batches.
+
+        Takes ``submit``'s keywords, for every task (``key``: a list of keys, one a task).
+
+        Returns:
+            A list of Futures, in the order of the iterables.
+
+        Raises:
+            TypeError: ``fn`` is not callable, or no iterable is given.
+        """
         if not callable(fn):
             raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
         if not iterables:
@@ -299,11 +351,19 @@ class Client:
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:
-        """Put data on the workers; returns Futures (a list for a list, a dict for a dict).
-        ``workers``: names to place it on; ``broadcast=True``: a copy on each of them (or on all);
-        ``allow_other_workers=True``: any worker when none of ``workers`` is running.
-        dask's ``direct`` and ``hash`` are accepted: data always goes straight to the workers,
-        and every call makes new keys (dask's ``hash=False``; equal data is not shared)."""
+        """Put data on the workers, to pass to tasks by its Future.
+
+        Args:
+            data: a value, or a list, tuple, set or dict of values (each its own Future).
+            broadcast: a copy on each of ``workers`` (or on every worker).
+            workers: the worker names to place it on.
+            allow_other_workers: any worker when none of ``workers`` is running.
+            direct: dask's; accepted: data always goes straight to the workers.
+            hash: dask's; accepted: every call makes new keys (equal data is not shared).
+
+        Returns:
+            A Future for a value; a list, tuple or dict of Futures for a container.
+        """
         self._check()
         for flag, value in (("broadcast", broadcast), ("allow_other_workers", allow_other_workers)):
             if not isinstance(value, bool):
@@ -321,10 +381,23 @@ class Client:
 
     def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
                timeout: Optional[float] = None) -> Any:
-        """Results of (nested lists/dicts of) futures; ``errors="skip"`` leaves failed ones out.
-        ``asynchronous=True``: a coroutine instead, for ``await client.gather(fs, asynchronous=True)``
-        in a running event loop (which it never blocks). ``timeout``: seconds for the whole
-        gather; past it, a TimeoutError that says how many are not done and why."""
+        """The results of futures, in the same nesting of lists, tuples and dicts.
+
+        Args:
+            futures: a Future, or (nested) lists, tuples and dicts of them.
+            errors: ``"raise"``: the first failed future's exception is raised; ``"skip"``:
+                failed ones are left out.
+            asynchronous: a coroutine instead, for ``await client.gather(fs,
+                asynchronous=True)`` in a running event loop (which it never blocks).
+            timeout: seconds for the whole gather.
+
+        Returns:
+            The results, nested as ``futures`` were.
+
+        Raises:
+            TimeoutError: past ``timeout``, saying how many are not done and why.
+            KilledWorker: a task was running in more than ``allowed_failures`` worker deaths.
+        """
         if errors not in ("raise", "skip"):
             raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
         if not isinstance(asynchronous, bool):
@@ -486,6 +559,9 @@ class Client:
         return self.cluster.dump_stacks(worker)
 
     def recreate_error_locally(self, future: Future) -> Any:
+        """Run the task of a failed ``future`` again in this process, with the same arguments, so that
+        a debugger can step into it; a task that crashed its worker runs in a throwaway process
+        instead, and its death is raised as ReplayedDeath."""
         from .integrations.replay import recreate_error_locally
         return recreate_error_locally(self, future)
 
@@ -514,6 +590,8 @@ class Client:
         return self._dask.persist(collections, optimize_graph, options, kwargs)
 
     def get_executor(self, **submit_kwargs: Any) -> Any:
+        """A ``concurrent.futures.Executor`` whose ``submit`` and ``map`` run on this cluster;
+        ``submit_kwargs`` (``workers``, ``resources``, ``retries``, ...) apply to every task."""
         from .integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
 
@@ -523,6 +601,8 @@ class Client:
         self._refs_lock = threading.RLock()
 
     def close(self) -> None:
+        """Let go of every future of this client; a cluster the client started is closed with it.
+        Closing twice is harmless."""
         if self._closed:
             return
         self._closed = True

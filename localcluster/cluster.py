@@ -81,21 +81,45 @@ def _per_worker(limit: Any, n_workers: int) -> Optional[int]:
 
 
 class LocalCluster:
-    """A pool of worker processes on this machine, each watched by a nanny.
+    """A pool of worker processes on this machine, each watched by a nanny (a thread of this
+    process), with the scheduler on a thread of this process too. Every keyword not named below
+    is a setting (see the Configuration page): ``LocalCluster(memory_target=0.5)``.
 
-    >>> with LocalCluster(n_workers=2) as cluster, Client(cluster) as client:
-    ...     client.submit(sum, [1, 2]).result()
-    3
+    Args:
+        n_workers: how many workers; None: the CPUs this process may use. 0 is fine: tasks
+            wait until ``scale(n)``, or start workers under ``adapt()``.
+        threads_per_worker: the threads each worker runs tasks on.
+        memory_limit: per worker: ``"auto"`` (the memory this process may use, shared), a
+            float in (0, 1] (that share), bytes (``"2GiB"``), or None for no limit.
+        allowed_failures: deaths a task may be running in before it fails with KilledWorker.
+        local_directory: where the cluster's folder is made (spilled data); None: TMPDIR.
+        forward_logs: workers' output on your console (True), also faulthandler's dumps
+            (``"all"``), or nothing (False).
+        initializer: called with ``initargs`` once in each worker process, before its first task.
+        initargs: the arguments of ``initializer``.
+        dashboard_address: dask's; accepted, and means nothing (there is no server:
+            ``dashboard()`` in Jupyter, ``localcluster.live()`` in a terminal).
+        processes: dask's; True is accepted, False is refused (every worker is a process).
+        silence_logs: worker log records below this level are not handed to your logging
+            (they stay in ``Client.get_worker_logs()``); False or None: all are.
+        **settings: any other setting of ``localcluster.config``.
+
+    Raises:
+        ValueError: a setting it cannot take, or more workers than the machine can hold (the
+            message gives the figures and the most that fit).
+        WorkerStartupError: a worker could not start (with the child's stderr).
+
+    Example:
+        >>> from localcluster import Client, LocalCluster
+        >>> with LocalCluster(n_workers=2) as cluster, Client(cluster) as client:
+        ...     client.submit(sum, [1, 2]).result()
+        3
     """
 
     def __init__(self, n_workers: Any = ..., threads_per_worker: Any = ..., memory_limit: Any = ...,
                  allowed_failures: Any = ..., local_directory: Any = ..., forward_logs: Any = ...,
                  *, initializer: Optional[Callable] = None, initargs: tuple = (), dashboard_address: Any = None,
                  processes: Any = True, silence_logs: Any = False, **settings: Any):
-        """dask's ``dashboard_address`` means nothing here (no server: ``dashboard()`` in Jupyter,
-        ``localcluster.live()`` in a terminal) and is accepted as such; ``processes=False`` is
-        refused (every worker is a process); ``silence_logs``: worker log records below that
-        level are not handed to your logging (still in ``get_worker_logs()``)."""
         cfg = _config.resolve(n_workers=n_workers, threads_per_worker=threads_per_worker,
                               memory_limit=memory_limit, allowed_failures=allowed_failures,
                               local_directory=local_directory, forward_logs=forward_logs, **settings)
@@ -213,6 +237,8 @@ class LocalCluster:
 
     @property
     def workers(self) -> dict[str, WorkerInfo]:
+        """Each worker by name (``worker-0``, ...): its pid, status, threads, RSS, managed, unmanaged,
+        spilled and reusable bytes, and its memory history (WorkerInfo)."""
         return self._supervisor.snapshot()
 
     @property
@@ -324,6 +350,9 @@ class LocalCluster:
         self._supervisor.wait_for(self._supervisor.target, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop every worker and the scheduler, and remove the cluster's folder; pending futures fail
+        with ClusterClosed. Waits up to ``timeout`` seconds for the workers to exit, then kills
+        them. Closing twice is harmless."""
         life = self._life
         if life.phase in (Phase.CLOSED, Phase.FORKED):     # forked: the workers are the parent's to stop
             return
@@ -392,6 +421,8 @@ class LocalCluster:
             self.scheduler.validate()
 
     def get_logs(self, n: Optional[int] = None) -> dict[str, list]:
+        """The last ``n`` (default: all kept, ``log_lines``) lines of output and log records of each
+        worker, by name, dead workers included."""
         return self._supervisor.logs(n)
 
     def dump_stacks(self, worker: Optional[str] = None, timeout: float = 2.0) -> dict[str, str]:
@@ -478,7 +509,7 @@ def _unusable_directory(e: OSError, parent: Optional[str], base: str) -> OSError
     """The error of a folder the cluster cannot make its own in: which, why, what to do. The
     same OSError subclass, so that ``except PermissionError`` still catches it."""
     where = f"local_directory={parent!r}" if parent else f"the system's temporary folder {base!r} (TMPDIR)"
-    cause = _DIRECTORY_CAUSES.get(e.errno)
+    cause = _DIRECTORY_CAUSES.get(e.errno or 0)
     if e.errno == errno.ENOENT and not os.path.isdir(base):
         cause = "it does not exist and cannot be made"
     said = f"{e.filename!r}: {e.strerror}" if e.filename and e.strerror else str(e)

@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Literal, Optional, overload
 
 __all__ = ["set", "get", "resolve", "parse_bytes", "format_bytes"]
 
@@ -54,18 +54,27 @@ def _bad(key: str, value: Any, accepted: str) -> ValueError:
 
 def _integer(value: Any, lo: Optional[int]) -> bool:
     """An integer (a numpy integer is one; True is not), and at least ``lo``."""
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and (lo is None or value >= lo)
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and (lo is None or int(value) >= lo)
 
 
 def _positive_seconds(value: Any, zero: bool = False) -> bool:
     """A finite number of seconds above 0 (``zero``: or 0). NaN fails: every comparison with it is False."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
-    return (0 <= value if zero else 0 < value) and value < math.inf
+    number: Any = value       # a numbers.Real compares with 0 (an int too large for a float too)
+    return (0 <= number if zero else 0 < number) and number < math.inf
 
 
 def _argument(call: str, name: str, value: Any) -> str:
     return f"{call}({name}={value!r})" if call else f"{name}={value!r}"
+
+
+@overload
+def check_int(value: Any, call: str, name: str, lo: Optional[int] = 0, none: Literal[""] = "") -> int: ...
+
+
+@overload
+def check_int(value: Any, call: str, name: str, lo: Optional[int] = 0, none: str = "") -> Optional[int]: ...
 
 
 def check_int(value: Any, call: str, name: str, lo: Optional[int] = 0, none: str = "") -> Optional[int]:
@@ -134,7 +143,7 @@ def _amounts(value: Any) -> Optional[dict]:
     for name, amount in value.items():
         if not isinstance(name, str) or not name or isinstance(amount, bool) or not isinstance(amount, numbers.Real):
             return None
-        if not 0 < amount < math.inf:       # NaN fails too
+        if not 0 < amount < math.inf:  # type: ignore[operator]  # a numbers.Real: NaN fails too
             return None
         out[name] = int(amount) if isinstance(amount, numbers.Integral) else float(amount)
     return out

@@ -101,7 +101,28 @@ class Semaphore(_Named):
     """At most ``max_leases`` holders at once, across the user's threads and every task.
     ``acquire(timeout=None)`` -> bool, ``release()``, ``get_value()`` (leases held now), and
     ``with sem:``. Each acquire takes a lease of its own; ``release`` gives back this object's
-    oldest. A lease taken by a task is given back if its worker dies."""
+    oldest. A lease taken by a task is given back if its worker dies.
+
+    Args:
+        max_leases: how many holders at once.
+        name: objects of one name are one semaphore, in your process and in every task (they
+            pickle by name); None: a new unique name.
+        client: the Client that keeps it; by default the current one, or in a task the worker's.
+
+    Raises:
+        TypeError: a name that is not a string.
+        RuntimeError: used with no running Client to keep it (create one first).
+        scheduler_rpc: dask's; no meaning here.
+        loop: dask's; no meaning here.
+
+    Example:
+        >>> from localcluster import Client, Semaphore
+        >>> with Client(n_workers=1) as client:
+        ...     sem = Semaphore(max_leases=2, name="db")
+        ...     with sem:
+        ...         sem.get_value()
+        1
+    """
 
     _prefix = "semaphore"
     _kind = "semaphore"
@@ -154,7 +175,24 @@ class Semaphore(_Named):
 class Lock(Semaphore):
     """A named lock across the user's threads and every task: ``acquire(blocking=True,
     timeout=None)`` -> bool, ``release()``, ``locked()``, and ``with lock:``. Held by a task
-    whose worker dies, it is released, and the death's message says so."""
+    whose worker dies, it is released, and the death's message says so.
+
+    Args:
+        name: objects of one name are one lock, in your process and in every task (they
+            pickle by name); None: a new unique name.
+        client: the Client that keeps it; by default the current one, or in a task the worker's.
+
+    Raises:
+        TypeError: a name that is not a string.
+        RuntimeError: used with no running Client to keep it (create one first).
+
+    Example:
+        >>> from localcluster import Client, Lock
+        >>> with Client(n_workers=1) as client:
+        ...     with Lock("db") as lock:
+        ...         Lock("db").locked()
+        True
+    """
 
     _prefix = "lock"
     _kind = "lock"
@@ -178,7 +216,17 @@ class Lock(Semaphore):
 
 
 class Event(_Named):
-    """A named flag: ``set()``, ``clear()``, ``is_set()``, ``wait(timeout=None)`` -> bool."""
+    """A named flag: ``set()``, ``clear()``, ``is_set()``, ``wait(timeout=None)`` -> bool.
+
+    Args:
+        name: objects of one name are one event, in your process and in every task (they
+            pickle by name); None: a new unique name.
+        client: the Client that keeps it; by default the current one, or in a task the worker's.
+
+    Raises:
+        TypeError: a name that is not a string.
+        RuntimeError: used with no running Client to keep it (create one first).
+    """
 
     _prefix = "event"
 
@@ -194,6 +242,7 @@ class Event(_Named):
         self._ask(P.SetEvent(self.name, False))
 
     def is_set(self) -> bool:
+        """True if the event is set."""
         return bool(self._ask(P.WaitEvent(self.name, False)))
 
     def wait(self, timeout: Any = None) -> bool:
@@ -236,7 +285,18 @@ def _give_back(client: Any, keys: tuple) -> None:
 class Queue(_Named):
     """A named first-in first-out queue across the user's threads and every task:
     ``put(value, timeout=None)``, ``get(timeout=None, batch=False)``, ``qsize()``. ``maxsize``
-    > 0 bounds it (a put waits for room). Futures in a value stay alive while it is queued."""
+    > 0 bounds it (a put waits for room). Futures in a value stay alive while it is queued.
+
+    Args:
+        name: objects of one name are one queue, in your process and in every task (they
+            pickle by name); None: a new unique name.
+        client: the Client that keeps it; by default the current one, or in a task the worker's.
+        maxsize: how many values it holds at most; 0: no bound.
+
+    Raises:
+        TypeError: a name that is not a string.
+        RuntimeError: used with no running Client to keep it (create one first).
+    """
 
     _prefix = "queue"
 
@@ -287,7 +347,17 @@ class Queue(_Named):
 class Variable(_Named):
     """A named value across the user's threads and every task: ``set(value)``,
     ``get(timeout=None)`` (waits until set), ``delete()``. Futures in the value stay alive
-    while it is set."""
+    while it is set.
+
+    Args:
+        name: objects of one name are one variable, in your process and in every task (they
+            pickle by name); None: a new unique name.
+        client: the Client that keeps it; by default the current one, or in a task the worker's.
+
+    Raises:
+        TypeError: a name that is not a string.
+        RuntimeError: used with no running Client to keep it (create one first).
+    """
 
     _prefix = "variable"
 
@@ -295,6 +365,7 @@ class Variable(_Named):
         super().__init__(name, client)
 
     def set(self, value: Any, timeout: Any = None, **kwargs: Any) -> None:
+        """Set the value (any picklable object; the futures inside it stay alive while it is set)."""
         payload, keys = _pack(value, "Variable.set")
         self._ask(P.SetVariable(self.name, payload, keys))
 

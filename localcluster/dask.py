@@ -11,7 +11,7 @@ Nothing is needed on the machines beyond localcluster being importable there. Ne
 """
 from __future__ import annotations
 
-__all__ = ["install", "deaths", "DaskKilledWorker"]
+__all__ = ["install", "deaths", "DaskKilledWorker"]  # noqa: F822 - loaded on first use (__getattr__)
 
 
 def __getattr__(name: str):

@@ -241,7 +241,29 @@ _ADVICE = {
 
 @dataclass(frozen=True)
 class WorkerDeath:
-    """One worker death, expected or not. ``cause`` is one of CAUSES, from ``classify``; the README lists them."""
+    """One worker death, expected or not (``cluster.deaths``, ``KilledWorker.deaths``).
+
+    Attributes:
+        worker: the worker's name.
+        pid: its process id.
+        cause: one of ``CAUSES`` (``requested``, ``exit``, ``exception``, ``memory-limit``,
+            ``memory-leak``, ``oom-killer``, ``crash``, ``signal``, ``timeout``,
+            ``unresponsive``), from ``classify``; the guide "Why workers die" explains each.
+        exitcode: the process's exit code, if it exited.
+        signal: the signal that ended it (``"SIGSEGV"``), if one did.
+        tasks: the keys of the tasks it was running.
+        memory: its memory at the last sample, in bytes.
+        peak_memory: the most it had, in bytes.
+        memory_limit: its limit, in bytes (None: none).
+        stack: the crashing thread's frames, or the task's thread's for a timeout or an
+            unresponsive worker.
+        log_tail: its last lines of output and log records.
+        time: when it died (``time.time()``).
+        message: the whole story in words, as the exceptions show it.
+        blamed: which of ``tasks`` it counts against.
+        detail: for ``oom-killer``: whose memory ran out and the evidence.
+        managed: the bytes of results it held at the last sample (None: not sampled).
+    """
     worker: str
     pid: int
     cause: str

@@ -15,6 +15,7 @@ declared here, so this module never imports client.py (which sits above it).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 import threading
 import time
@@ -185,8 +186,8 @@ class Future(cf.Future):
         sync = self._sync
         return None if sync is None else sync.cond
 
-    @property
-    def _condition(self) -> threading.Condition:
+    @property   # concurrent.futures' attribute, made on first use: most futures are never waited on
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
         sync = self._synced()
         cond = sync.cond
         if cond is None:
@@ -198,7 +199,7 @@ class Future(cf.Future):
 
     # concurrent.futures reads these and adds to them under the Condition only.
     @property
-    def _waiters(self) -> "list | tuple":
+    def _waiters(self) -> "list | tuple":  # type: ignore[override]  # likewise
         sync = self._sync
         return () if sync is None else sync.waiters
 
@@ -213,13 +214,16 @@ class Future(cf.Future):
         return None if sync is None else sync.bell
 
     def done(self) -> bool:
+        """True once the task finished, failed or was cancelled."""
         return self._state in _ENDED       # one read: no lock, and no Condition made for it
 
     def cancelled(self) -> bool:
+        """True if the task was cancelled."""
         return self._state in (_CANCELLED, _NOTIFIED)
 
     @property
     def status(self) -> str:
+        """``pending``, ``finished``, ``error``, ``lost`` or ``cancelled`` (dask's)."""
         if self._lost is not None:
             return "lost"
         if not self.done():
@@ -229,6 +233,18 @@ class Future(cf.Future):
         return "error" if super().exception() is not None else "finished"
 
     def result(self, timeout: Optional[float] = None) -> Any:
+        """The task's result, waiting at most ``timeout`` seconds (None: as long as it takes).
+
+        Returns:
+            The value the task returned, fetched from its worker if large.
+
+        Raises:
+            Exception: the task's own exception, with its type and its worker's frames.
+            KilledWorker: the task was running in more than ``allowed_failures`` worker deaths.
+            TaskTimeoutError: the task ran past its ``timeout=``.
+            TimeoutError: not done within ``timeout``, saying why.
+            CancelledError: the future was cancelled (saying by whom).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         left = timeout
         if self._state == _PENDING and timeout != 0 and not _in_forked_child:
@@ -253,10 +269,11 @@ class Future(cf.Future):
         return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """The task's exception (None if it succeeded), waiting at most ``timeout`` seconds."""
         try:
             exc = self._within(super().exception, timeout, timeout)
         except cf.CancelledError:
-            raise self.stored_error() from None      # says who cancelled it
+            raise self.stored_error() from None  # type: ignore[misc]  # cancelled: it says who did
         if exc is None and self._lost is not None:
             return self._lost
         return exc
@@ -317,7 +334,7 @@ class Future(cf.Future):
         very thread that delivers it."""
         gateway = self._gateway
 
-        def call(fut: "Future") -> None:
+        def call(fut: Any) -> None:     # this Future
             _called_back.discard(fut)
             if gateway.on_scheduler_thread():
                 gateway.run_callback(fn, fut)
@@ -356,6 +373,7 @@ class Future(cf.Future):
         return self.result()
 
     def cancel(self) -> bool:
+        """Cancel the task for every holder of its key (as ``Client.cancel``); True once cancelled."""
         if self.done():
             return False
         self.client.cancel([self])
@@ -542,13 +560,13 @@ def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     client = _clients.get(client_id) if client_id else None
     fut = None
     if client is not None and client.status == "running":
-        fut = client.gateway.acquire(key, lambda: client.adopt(key))
+        fut = client.gateway.acquire(key, functools.partial(client.adopt, key))
     elif client_id is None or client_id.startswith("task-client-"):
         # made in a task (get_client on a worker: no Client of this process made it): the
         # Future of the key of a running Client whose cluster knows it, the latest first
         for client in reversed(list(_clients.values())):
             if client.status == "running":
-                fut = client.gateway.acquire(key, lambda client=client: client.adopt(key))
+                fut = client.gateway.acquire(key, functools.partial(client.adopt, key))
                 if fut is not None:
                     break
     if fut is None:

@@ -16,6 +16,7 @@ Threads: any thread (user threads, the garbage collector for ``release``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import os
 import threading
@@ -158,7 +159,7 @@ class Gateway:
 
     def fetch(self, keys: list) -> list[cf.Future]:
         """Futures for the data (Payloads) of ``keys``, however far away it is."""
-        return [self._dispatch.request(lambda key=key: self._scheduler.fetch(key)) for key in keys]
+        return [self._dispatch.request(functools.partial(self._scheduler.fetch, key)) for key in keys]
 
     def run(self, fn: bytes, args: Any, workers: Optional[frozenset], what: str) -> dict[str, cf.Future]:
         """``Client.run``: a Future per worker (each running one, or those named) for the
@@ -166,8 +167,8 @@ class Gateway:
         with self._lock:
             names = sorted(workers if workers is not None else
                            (w for w, ws in self._scheduler.workers.items() if not ws.closing))
-        return {name: self._dispatch.request(lambda name=name: self._scheduler.call(name, fn, args,
-                                                                                     f"{what} on {name!r}"))
+        call = self._scheduler.call
+        return {name: self._dispatch.request(functools.partial(call, name, fn, args, f"{what} on {name!r}"))
                 for name in names}
 
     def coordinate(self, body: Any, timeout: Optional[float], undo: Optional[Callable[[Any], Any]] = None) -> Any:

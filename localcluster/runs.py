@@ -77,7 +77,7 @@ def _notebook() -> Optional[str]:
     if name:
         return name
     try:
-        from ipykernel.connect import get_connection_file      # type: ignore[import-not-found]
+        from ipykernel.connect import get_connection_file
         return str(get_connection_file())
     except Exception:        # no kernel app running (ipykernel merely imported): no notebook
         return None
@@ -360,8 +360,17 @@ def previous_runs(reported: bool = False) -> list:
     """This user's earlier runs of a cluster that ended without closing (killed, crashed,
     OOM-killed, the machine restarted) and were not reported yet, newest first, as
     ``PreviousRun`` records with the cause and a message; each is reported once: a second
-    call returns none of them. ``reported=True``: those reported already too (the registry
-    keeps the last 100 runs). A run still alive is never among them."""
+    call returns none of them. A run still alive is never among them.
+
+    Args:
+        reported: those reported already too (the registry keeps the last 100 runs).
+
+    Returns:
+        A list of ``PreviousRun``, each with ``pid``, ``cause`` (``oom-killer``, ``crash``,
+        ``machine-restart`` or ``signal``), ``message``, ``started``, ``ended``, ``finished``,
+        ``pending``, ``argv``, ``cwd``, ``notebook``, ``signal``, ``memory``, ``memory_limit``
+        and ``held``.
+    """
     folder = registry.directory()
     me = registry.identity()
     log: list = []           # the kernel log, read once and only if a run needs it

@@ -45,9 +45,22 @@ def _collection(obj: Any) -> bool:
     return callable(getattr(obj, "__dask_graph__", None)) and not isinstance(obj, type)
 
 
-def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED):
-    """``concurrent.futures.wait`` for our futures: (done, not_done). As in dask, a persisted
-    collection (``client.persist(x)``), or a list of them, stands for the Futures in its graph."""
+def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COMPLETED) -> Any:
+    """``concurrent.futures.wait`` for our futures.
+
+    Args:
+        fs: a Future, an iterable of them, or (as in dask) a persisted collection
+            (``client.persist(x)``) or a list of them, standing for the Futures in its graph.
+        timeout: seconds to wait at most; None: as long as it takes.
+        return_when: ``ALL_COMPLETED``, ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION``.
+
+    Returns:
+        A named tuple ``(done, not_done)`` of sets of futures, as ``concurrent.futures.wait``'s.
+
+    Raises:
+        TimeoutError: past ``timeout`` with ``ALL_COMPLETED``, saying how many are not done
+            and why (every worker paused, no worker, what the first one waits for).
+    """
     if isinstance(fs, Future):
         fs = [fs]
     elif _collection(fs):
@@ -79,7 +92,7 @@ def check_timeout(what: str, timeout: Any) -> None:
     check_seconds(timeout, what, zero=True)
 
 
-def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:
+def timed_out(what: str, fs: list, timeout: Optional[float]) -> TimeoutError:
     """The TimeoutError of a wait for ``fs``: how many are not done, and why (the cluster is
     stuck: every worker paused, no worker ...; else what the first pending one waits for)."""
     pending = [f for f in fs if not f.done()]
@@ -98,7 +111,7 @@ def timed_out(what: str, fs: list, timeout: float) -> TimeoutError:
 
 
 # What cf.wait returns (a namedtuple of that name and those fields).
-_DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done")
+_DoneAndNotDone = collections.namedtuple("DoneAndNotDoneFutures", "done not_done")  # type: ignore[name-match]
 
 
 def _wait_all(fs: list, timeout: Optional[float]) -> Any:
@@ -119,9 +132,23 @@ def _wait_all(fs: list, timeout: Optional[float]) -> Any:
 
 
 class as_completed:
-    """Iterate over futures as they finish; ``add()`` more while iterating;
-    ``with_results=True`` yields ``(future, result)``. As dask's: ``count()``, ``is_empty()``,
-    ``has_ready()``, ``next_batch(block=True)``, ``batches()`` and ``clear()``."""
+    """Iterate over futures as they finish; ``add()`` more while iterating. As dask's:
+    ``count()``, ``is_empty()``, ``has_ready()``, ``next_batch(block=True)``, ``batches()``
+    and ``clear()``.
+
+    Args:
+        futures: the futures to wait for.
+        with_results: yield ``(future, result)`` pairs, not futures.
+        raise_errors: with ``with_results``, a failed future's exception is raised (False:
+            the exception is yielded as its result).
+        timeout: seconds for the whole iteration; past it, a TimeoutError saying why.
+
+    Example:
+        >>> from localcluster import Client, as_completed
+        >>> with Client(n_workers=1) as client:
+        ...     sorted(result for _, result in as_completed(client.map(abs, [-1, -2]), with_results=True))
+        [1, 2]
+    """
 
     def __init__(self, futures: Iterable = (), with_results: bool = False, raise_errors: bool = True,
                  timeout: Optional[float] = None):
@@ -143,6 +170,7 @@ class as_completed:
             self.add(f)
 
     def add(self, future: Future) -> None:
+        """Wait for ``future`` too."""
         in_task = isinstance(future, _in_tasks.TaskFuture)
         if not in_task and not isinstance(future, cf.Future):
             raise TypeError(f"as_completed: {type(future).__name__} {future!r:.60} is not a Future")
@@ -150,7 +178,7 @@ class as_completed:
             self._waiting[future] = self._waiting.get(future, 0) + 1
             self._n_waiting += 1
         if in_task:         # a task's future calls nothing back: _next_done asks for it
-            if future.outcome is not None:
+            if future.outcome is not None:  # type: ignore[attr-defined]  # a TaskFuture (in_task)
                 self._done(future)
         else:
             cf.Future.add_done_callback(future, self._done)   # no result() in it: no hop needed
@@ -170,6 +198,7 @@ class as_completed:
             self._cond.notify_all()
 
     def update(self, futures: Iterable) -> None:
+        """Wait for each of ``futures`` too."""
         for f in futures:
             self.add(f)
 

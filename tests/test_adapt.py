@@ -64,7 +64,7 @@ def test_scaling_down_hands_a_retiring_workers_data_to_the_one_that_stays(tmp_pa
         wait_for(lambda: len(client.gateway.running_tasks()) == 2, timeout=30)
         cluster.adapt(0, 2)
         release(marker)
-        wait_for(lambda: a.done() and b.done(), timeout=30)
+        wait_for(lambda: a.done() and b.done(), timeout=30)  # noqa: F821 - called before the del below
         # adapt may already be handing a's data over by now: a sits on worker-0, on both, or
         # on worker-1 alone; b never moves
         assert client.who_has([a, b])[b.key] == ("worker-1",)

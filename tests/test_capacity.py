@@ -9,7 +9,7 @@ import psutil
 import pytest
 from _util import wait_for
 
-from localcluster import Client, LocalCluster
+from localcluster import LocalCluster
 from localcluster.supervision import capacity
 from localcluster.system import machine
 

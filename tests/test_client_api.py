@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from localcluster import Client, as_completed, wait
+from localcluster import as_completed, wait
 
 
 def inc(x):

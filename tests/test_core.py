@@ -183,10 +183,10 @@ def test_ended_futures_are_counted_not_weakly_held_and_the_last_one_lets_their_k
     is still resolved, and the key lives until the last of them goes."""
     a = client.submit(bytes, 4_000_000)          # pure: the same key each time, kept on the worker
     assert len(a.result(30)) == 4_000_000
-    wait_for(lambda: weakref.getweakrefcount(a) == 0)
+    wait_for(lambda: weakref.getweakrefcount(a) == 0)  # noqa: F821 - called before the del below
     b = client.submit(bytes, 4_000_000)
     assert b.key == a.key and len(b.result(30)) == 4_000_000
-    wait_for(lambda: weakref.getweakrefcount(b) == 0)
+    wait_for(lambda: weakref.getweakrefcount(b) == 0)  # noqa: F821 - called before the del below
     del a
     gc.collect()
     assert client.submit(len, b).result(30) == 4_000_000     # b still holds the data

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from localcluster import Client, LocalCluster, TransferError
-from localcluster.engine import dispatch
 from localcluster.wire import vmcopy
 
 pytestmark = pytest.mark.timeout(60)

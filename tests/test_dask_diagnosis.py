@@ -19,7 +19,7 @@ import pytest
 import localcluster
 from _cgroups import memory_group
 from _util import wait_for
-from test_readme import README, matches
+from test_readme import SHOWN, matches
 
 pytest.importorskip("distributed")
 
@@ -103,7 +103,8 @@ def drive(scheduler_file: Path, scenario: str, mode: str, workdir: Path, gather:
 
 
 def readme_text_blocks() -> list:
-    return re.findall(r"^```text\n(.*?)^```", README, flags=re.S | re.M)
+    """The README's and the site's pages' printed blocks."""
+    return re.findall(r"^```text\n(.*?)^```", SHOWN, flags=re.S | re.M)
 
 
 def seen(out: dict, tmp_path: Path) -> str:
@@ -135,10 +136,12 @@ def test_a_segfault_names_sigsegv_crash_and_the_frame_and_without_install_dask_s
     # gather and compute raise the same (they wait on the same futures)
     assert (ours["gather"], ours["compute"]) == ("DaskKilledWorker True",) * 2, ours
     assert (plain["gather"], plain["compute"]) == ("KilledWorker False",) * 2, plain
-    # the README shows both, side by side: they are what a user sees
+    # the docs show both, side by side: they are what a user sees
     for shown in (plain, ours):
-        (block,) = [b for b in readme_text_blocks() if shown["type"] + ":" in b]
-        assert matches(block, f"{shown['type']}: {shown['text']}"), f"README:\n{block}\nreal:\n{shown['text']}"
+        blocks = [b for b in readme_text_blocks() if shown["type"] + ":" in b]
+        assert blocks
+        for block in blocks:
+            assert matches(block, f"{shown['type']}: {shown['text']}"), f"shown:\n{block}\nreal:\n{shown['text']}"
     print(text)
 
 

@@ -265,7 +265,8 @@ def test_a_timeout_names_the_frame_the_task_was_in():
 @pytest.mark.slow
 def test_exit_from_a_non_task_thread_is_exit():
     def exit_soon():
-        import threading, os
+        import threading
+        import os
         threading.Timer(0.05, os._exit, (4,)).start()
         return 1
     with LocalCluster(n_workers=1, forward_logs=False) as c, Client(c) as cl:

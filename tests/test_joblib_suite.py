@@ -1,5 +1,5 @@
 """joblib's own ``test_parallel.py`` (shipped in the joblib wheel; the version is pinned in
-setup.cfg's test extra) run with "localcluster" added to its process backends, next to
+pyproject.toml's test extra) run with "localcluster" added to its process backends, next to
 loky and multiprocessing. Only the localcluster cases run; each case that fails by design
 is listed in ``EXPECTED_FAILURES`` with its reason and marked ``xfail(strict=True)``, so a
 new failure fails this test, and so does a listed case that starts passing.

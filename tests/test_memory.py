@@ -137,7 +137,8 @@ def test_spill_directory_removed_after_the_worker_crashes(tmp_path):
 
 def hog_until(mib, marker):
     """Hold ``mib`` outside any task until the test creates ``marker``."""
-    import builtins, threading
+    import builtins
+    import threading
     builtins._hog = np.ones(mib * MiB // 8)
     def free():
         block_until(marker)

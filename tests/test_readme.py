@@ -1,8 +1,9 @@
-"""The README's printed examples are what the code prints: each ```text block (and the one-line
-death quoted in the prose) is compared with the output of the code that prints it, run in a
-fresh interpreter, modulo pids, worker numbers, key hashes, memory figures, durations, the
-directories of paths, the line numbers of library files and the carets under source lines.
-"…" in the README elides text."""
+"""The printed examples of the README and of the documentation site's pages (docs/) are what the
+code prints: each ```text block of a death or an error (and the one-line death quoted in the
+prose) is compared with the output of the code that prints it, run in a fresh interpreter,
+modulo pids, worker numbers, key hashes, memory figures, durations, the directories of paths,
+the line numbers of library files and the carets under source lines. "…" elides text.
+tests/test_docs.py runs every other block of every page."""
 from __future__ import annotations
 
 import os
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(localcluster.__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
+# README.md and every page of the site: a block shown in several places is checked in each
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHOWN = "\n".join(page.read_text() for page in PAGES)
 TOUR = REPO / "examples" / "why_did_my_worker_die.py"
 # Files whose line numbers the README states: the user's scripts. Library lines (localcluster's,
 # the standard library's) move with every edit and every Python version.
@@ -60,12 +64,14 @@ def matches(readme: str, real: str) -> bool:
 
 
 def _text_blocks() -> list:
-    return re.findall(r"^```text\n(.*?)^```", README, flags=re.S | re.M)
+    return re.findall(r"^```text\n(.*?)^```", SHOWN, flags=re.S | re.M)
 
 
-def _block(marker: str) -> str:
-    (block,) = [b for b in _text_blocks() if marker in b]
-    return block
+def _blocks(marker: str) -> list:
+    """Every block that shows ``marker`` (the README's and the pages'): at least one."""
+    blocks = [b for b in _text_blocks() if marker in b]
+    assert blocks, f"no page shows {marker!r}"
+    return blocks
 
 
 def _run(path: Path, cwd: Path, timeout: float = 100) -> subprocess.CompletedProcess:
@@ -75,12 +81,15 @@ def _run(path: Path, cwd: Path, timeout: float = 100) -> subprocess.CompletedPro
                           cwd=cwd, env=env)
 
 
+# The blocks the tests here (and tests/test_dask_diagnosis.py: dask's plain KilledWorker and
+# localcluster.dask's) compare with what their code prints.
+KNOWN = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError",
+         "Attempted to run task", "DaskKilledWorker", "your previous run")
+
+
 def test_every_printed_block_of_the_readme_has_its_test():
-    # dask's plain KilledWorker and localcluster.dask's: tests/test_dask_diagnosis.py compares them
-    known = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError",
-             "Attempted to run task", "DaskKilledWorker", "your previous run")
-    for block in _text_blocks():
-        assert sum(marker in block for marker in known) == 1, f"a README block without a test here:\n{block}"
+    for block in re.findall(r"^```text\n(.*?)^```", README, flags=re.S | re.M):
+        assert sum(marker in block for marker in KNOWN) == 1, f"a README block without a test here:\n{block}"
 
 
 def test_the_normalization_still_tells_a_wrong_block():
@@ -102,40 +111,47 @@ def tour():
 def test_the_timeout_block_is_what_the_tour_prints(tour):
     section = re.search(r"^=== 6\..*?(?=\n\n=== |\Z)", tour.stdout, flags=re.S | re.M)
     assert section, tour.stdout
-    assert matches(_block("=== 6. A task past its timeout"), section.group(0)), section.group(0)
+    for block in _blocks("=== 6. A task past its timeout"):
+        assert matches(block, section.group(0)), section.group(0)
 
 
 @pytest.mark.slow
 def test_the_one_line_death_quoted_in_the_prose_is_what_the_tour_prints(tour):
-    (quoted,) = re.findall(r"`(localcluster: worker-\d+ \(pid \d+\) died: timeout[^`]*)`", README)
+    quotes = re.findall(r"`(localcluster: worker-\d+ \(pid \d+\) died: timeout[^`]*)`", SHOWN)
     lines = [line for line in tour.stderr.splitlines() if "died: timeout" in line]
-    assert lines and all(matches(quoted, line) for line in lines), (quoted, lines)
+    assert quotes and lines
+    for quoted in quotes:
+        assert all(matches(quoted, line) for line in lines), (quoted, lines)
 
 
 @pytest.mark.slow
 def test_the_segfault_block_is_what_a_segfaulting_script_prints(tmp_path):
     script = tmp_path / "segv.py"
     script.write_text(SEGFAULT_SCRIPT)
-    assert 'File "/tmp/segv.py", line 5 in crash' in README      # the line of the script above
+    assert f"```python\n{SEGFAULT_SCRIPT}```\n" in README      # the script the README shows
     proc = _run(script, tmp_path)
     assert proc.returncode == 1
-    assert matches(_block("localcluster.death.KilledWorker"), proc.stderr), proc.stderr
+    for block in _blocks("localcluster.death.KilledWorker"):
+        assert 'File "/tmp/segv.py", line 5 in crash' in block      # the line of the script above
+        assert matches(block, proc.stderr), proc.stderr
 
 
 @pytest.mark.slow
 def test_the_errors_example_is_what_its_script_prints(tmp_path):
-    (code,) = [b for b in re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M) if "def divide" in b]
+    codes = {b for b in re.findall(r"^```python\n(.*?)^```", SHOWN, flags=re.S | re.M) if "def divide" in b}
+    assert len(codes) == 1, "every page shows the same div.py"
     script = tmp_path / "div.py"
-    script.write_text(textwrap.dedent(code))
+    script.write_text(textwrap.dedent(codes.pop()))
     proc = _run(script, tmp_path)
     assert proc.returncode == 1
-    block = _block("ZeroDivisionError")
-    if sys.version_info < (3, 11):      # the note prints first, as the cause (README: "On Python 3.10")
-        note = block.strip().splitlines()[-1]
-        assert matches(note, proc.stderr.split('"""')[1]), proc.stderr
-        block = block.replace(note, "")
-        proc.stderr = proc.stderr.split("direct cause of the following exception:\n\n")[1]
-    assert matches(block, proc.stderr), proc.stderr
+    for block in _blocks("ZeroDivisionError"):
+        stderr = proc.stderr
+        if sys.version_info < (3, 11):      # the note prints first, as the cause ("On Python 3.10")
+            note = block.strip().splitlines()[-1]
+            assert matches(note, stderr.split('"""')[1]), stderr
+            block = block.replace(note, "")
+            stderr = stderr.split("direct cause of the following exception:\n\n")[1]
+        assert matches(block, stderr), stderr
 
 
 @pytest.mark.slow
@@ -144,5 +160,6 @@ def test_the_previous_run_line_is_what_the_next_process_prints(tmp_path, run_reg
     killed = kill_mid_map(tmp_path, run_registry, 50)
     after = next_process(tmp_path)
     assert after.returncode == 0, after.stderr
-    assert matches(_block("your previous run"), after.stderr), after.stderr
+    for block in _blocks("your previous run"):
+        assert matches(block, after.stderr), after.stderr
     assert f"pid {killed.pid}" in after.stderr

@@ -383,7 +383,7 @@ class Dispatcher:
         released = self._released
         end = time.monotonic() + _RELEASE_TURN
         while released and self._life.open:
-            keys = []
+            keys: list = []
             while released and len(keys) < _RELEASE_CHUNK:
                 keys.append(released.popleft())
             with self._lock:       # submits deferred before these keys were let go come first

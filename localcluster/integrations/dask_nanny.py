@@ -52,7 +52,7 @@ logger = logging.getLogger("localcluster")
 
 TOPIC_DEATH = "localcluster-worker-death"
 TOPIC_REMOVED = "localcluster-worker-removed"
-MINIMUM_DISTRIBUTED = "2024.12.0"      # setup.cfg's [dask] extra says the same
+MINIMUM_DISTRIBUTED = "2024.12.0"      # pyproject.toml's dask extra says the same
 SAMPLE_MS = 100                        # the nanny's look at its worker: pid, RSS, limit, address
 LOOK_EVERY = 1.0                       # seconds between two looks at the OOM counters (file reads)
 # What DeathRecorder uses of distributed's Nanny; the underscore name is the one it wraps.

@@ -201,7 +201,7 @@ class Asking:
     def workers_info(self, workers: list) -> tuple:
         """(name, threads, resources) of each open worker, by name, for a task's scheduler_info:
         threads as started, not counting the slots its seceded runs gave back."""
-        gave = {}
+        gave: dict = {}
         for name in self.seceded.values():
             gave[name] = gave.get(name, 0) + 1
         return tuple((ws.name, ws.nthreads - gave.get(ws.name, 0), dict(ws.resources))

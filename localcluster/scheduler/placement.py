@@ -243,7 +243,7 @@ class Placement:
                 continue
             if terms.resources is not None and not w.fits(terms.resources):
                 continue
-            if not ts.deps or sum(self._task(d).nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:
+            if not ts.deps or sum(self._task(d).nbytes for d in ts.deps if d not in w.has) <= STEAL_MAX_BYTES:  # type: ignore[misc]
                 return True
         return False
 
@@ -290,7 +290,7 @@ class Placement:
         for ws in workers:
             if caps[ws.name] <= 0:
                 continue
-            local = sum(self._task(d).nbytes for d in ts.deps if d in ws.has) if ts.deps else 0
+            local = sum(self._task(d).nbytes for d in ts.deps if d in ws.has) if ts.deps else 0  # type: ignore[misc]
             score = (-local, len(ws.processing) / ws.nthreads, ws.name)
             if best_score is None or score < best_score:
                 best, best_score = ws, score

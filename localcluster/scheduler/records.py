@@ -119,7 +119,7 @@ class Spec:
             return NotImplemented
         return (self.key, self.args, self.deps, self.terms) == (other.key, other.args, other.deps, other.terms)
 
-    __hash__ = None     # type: ignore[assignment]  # as the dataclass it was: mutable, unhashable
+    __hash__ = None     # as the dataclass it was: mutable, unhashable
 
     def __repr__(self) -> str:
         return f"Spec(key={self.key!r}, args={self.args!r}, deps={self.deps!r}, terms={self.terms!r})"
@@ -282,7 +282,7 @@ def fetches_waiting(tasks: Iterable["Task"]) -> Iterator[tuple["Task", Any]]:
     for ts in tasks:
         rare = ts.rare
         if rare is not None:
-            for req in rare.fetchers:
+            for req in rare.fetchers:  # type: ignore[var-annotated]
                 yield ts, req
 
 

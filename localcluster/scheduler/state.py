@@ -74,8 +74,8 @@ from .outcomes import Outcomes
 from .placement import Placement
 from .readiness import FAILED, Readiness
 from .roster import Roster
-from .records import (Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions, Whereabouts, WorkerState,
-                      fetches_waiting)
+from .records import (Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions,  # noqa: F401 - the
+                      Whereabouts, WorkerState, fetches_waiting)                       # actions, for engine/dispatch
 from .transfers import Transfers, gone as _gone
 
 
@@ -419,7 +419,7 @@ class Scheduler:
             owner = self.key_of(ask.seq)
             specs = [Spec(n.key, books.fn_id(n.fn), n.fn, n.args, n.deps, n.priority, n.retries, n.timeout,
                           n.workers, n.loose, n.resources, owner) for n in body.tasks]
-            out = self.submit.__wrapped__(self, specs)
+            out = self.submit.__wrapped__(self, specs)  # type: ignore[attr-defined]
             books.held(worker, [n.key for n in body.tasks], owner)
             return out
         if t is P.Drop:

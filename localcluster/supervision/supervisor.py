@@ -204,7 +204,7 @@ class Supervisor:
             self.policy.spawned(name, n.pid, time.monotonic())
         self._loop.register(n.chan, lambda mask: self._on_channel(n, mask))
         for stream in n.outputs:
-            self._loop.register(stream.fd, lambda _mask, stream=stream: self._on_output(stream))
+            self._loop.register(stream.fd, lambda _mask, stream=stream: self._on_output(stream))  # type: ignore[misc]
         if n.sentinel is not None:
             self._loop.register(n.sentinel, lambda _mask: self._on_exit(n))
         return n

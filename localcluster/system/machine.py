@@ -353,7 +353,7 @@ def pid_alive(pid: int) -> bool:
 
 _MAIN = threading.main_thread().ident
 try:        # the C functions: signal's own wrap their answers in enums, several µs a call
-    from _signal import getsignal as _getsignal, signal as _setsignal
+    from _signal import getsignal as _getsignal, signal as _setsignal  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - not CPython
     _getsignal, _setsignal = signal.getsignal, signal.signal
 

@@ -135,7 +135,7 @@ class _Live:
         self.tabs = W.Tab(children=self.parts)
         for i, title in enumerate(TABS):
             self.tabs.set_title(i, title)
-        super(type(self), self).__init__(children=[self.header, self.tabs])
+        super(type(self), self).__init__(children=[self.header, self.tabs])  # type: ignore[call-arg]  # a VBox's
         self.snapshot = Snapshot(cluster)
         self.refreshes = 0
         self._stop = threading.Event()
@@ -181,7 +181,7 @@ class _Live:
 
     def close(self) -> None:
         self.stop()
-        super(type(self), self).close()
+        super(type(self), self).close()  # type: ignore[misc]  # a VBox's
 
 
 class Snapshot:

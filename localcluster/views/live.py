@@ -70,8 +70,20 @@ def _fit(line: str) -> str:
 
 
 class live:
-    """Keep one status block of the clusters up to date while the block runs (see the
-    module docstring). ``file``: where (stdout by default); drawn only if it is a TTY."""
+    """Keep one status block of the clusters up to date while the ``with`` block runs: per
+    cluster open in it, its workers (running, paused, starting), their memory against the
+    limit, the tasks done, running and failed, and the last death's line. Drawn by rich when
+    it is installed, else as one line by tqdm; with neither, or when ``file`` is not a
+    terminal, nothing is printed at all.
+
+    Args:
+        interval: seconds between redraws, by a thread of its own (``localcluster-live``).
+        file: where (stdout by default); drawn only if it is a terminal.
+        extra: a function whose text is shown under the block (``progress(live=True)``'s count).
+
+    Raises:
+        ValueError: an ``interval`` that is not a positive number of seconds.
+    """
 
     def __init__(self, interval: float = 0.5, file: Optional[TextIO] = None,
                  extra: Optional[Callable[[], str]] = None):
@@ -114,7 +126,8 @@ class live:
         if self._thread is not None:
             self._stop.set()
             self._thread.join(10)
-            self._unwatch()
+            if self._unwatch is not None:
+                self._unwatch()
 
 
 def _drawer(out: TextIO) -> Any:

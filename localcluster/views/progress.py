@@ -24,9 +24,22 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
     Failures are counted apart from successes and never stop the wait; nothing is raised
     for them: read the futures (or ``client.gather``) for the errors themselves.
 
-    ``live=True``: instead of the bar, ``localcluster.live()``'s status block of the
-    clusters (workers, memory, tasks, the last death) with these futures' count under it,
-    on ``file`` (stdout by default) when it is a terminal."""
+    Args:
+        *futures: Futures, or nested lists and dicts of them.
+        file: where the bar is drawn (stderr by default; stdout with ``live``).
+        interval: seconds between redraws.
+        width: the text bar's width in characters, without tqdm.
+        live: instead of the bar, ``localcluster.live()``'s status block of the clusters
+            (workers, memory, tasks, the last death) with these futures' count under it, on
+            ``file`` when it is a terminal.
+
+    Returns:
+        ``Progress(finished, failed)``: how many ended with a result, and how many with an
+        exception, lost with their data, or cancelled.
+
+    Raises:
+        ValueError: an ``interval`` that is not a positive number of seconds.
+    """
     from ..config import check_seconds
     from ..future import walk
     check_seconds(interval, "progress", "interval", none=False)

@@ -31,11 +31,29 @@ FRACTIONS = ("memory_target", "memory_pause", "memory_terminate")
 class report:
     """Record the clusters' work inside a ``with`` block and write it to ``path`` as HTML.
 
-    >>> with localcluster.report("run.html"):
-    ...     client.gather(client.map(work, items))
-
     The page is written when the block ends, also when it ends with an exception (the
-    report of a failed run is the one you need). ``html()`` returns it without writing.
+    report of a failed run is the one you need). ``html()`` returns it without writing. It
+    is one self-contained file (no CDN): a task stream per worker thread, every worker's
+    memory with its limits and deaths, the deaths with their full messages, the insights.
+
+    Args:
+        path: the HTML file to write.
+        title: the page's title; by default the file's name.
+
+    Raises:
+        TypeError: ``path`` is not a file path.
+        RuntimeError: the same report used twice.
+
+    Example:
+        >>> import os, tempfile
+        >>> import localcluster
+        >>> path = os.path.join(tempfile.mkdtemp(), "run.html")
+        >>> with localcluster.report(path):
+        ...     with localcluster.Client(n_workers=1) as client:
+        ...         client.gather(client.map(abs, range(3)))
+        [0, 1, 2]
+        >>> os.path.getsize(path) > 0
+        True
     """
 
     def __init__(self, path: "str | os.PathLike", title: Optional[str] = None):
@@ -57,7 +75,8 @@ class report:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._unwatch()
+        if self._unwatch is not None:
+            self._unwatch()
         self.stop = time.time()
         with open(self.path, "w", encoding="utf-8") as f:
             f.write(self.html())
@@ -120,7 +139,9 @@ def _deaths_table(deaths: list) -> str:
 
 
 def _summary(facts: list, span: tuple) -> str:
-    tasks, deaths, submitted = Counter(), Counter(), Counter()
+    tasks: Counter[str] = Counter()
+    deaths: Counter[str] = Counter()
+    submitted: Counter[str] = Counter()
     for f in facts:
         tasks.update(f["tasks"])
         deaths.update(f["deaths"])

@@ -123,7 +123,7 @@ def _from_memfd(fd: int, size: int, hold: bool) -> pickle.PickleBuffer:
     try:
         m = (_Held if hold else mmap.mmap)(fd, size, flags=flags, prot=_PROT, **_NO_FD)
         if hold:        # the parent: a relay never reads the bytes, so nothing is populated
-            m.fd, fd = fd, -1
+            m.fd, fd = fd, -1  # type: ignore[attr-defined]  # a _Held here
         elif _populate_read:
             try:
                 m.madvise(_MADV_POPULATE_READ)
@@ -202,7 +202,7 @@ def encode(msg: Any, charge: Optional[Callable[[int], None]] = None,
             charge(-to_write)
     for i, way in enumerate(ways):
         if way == _STASHED:
-            sizes[i] = (views[i].nbytes | _IN_FLAG, stash(views[i]))
+            sizes[i] = (views[i].nbytes | _IN_FLAG, stash(views[i]))  # type: ignore[call-overload, misc]
     size_bytes = b"".join(_SIZE.pack(s) if type(s) is int else _SIZE.pack(s[0]) + _SIZE.pack(s[1]) for s in sizes)
     total = _HEAD.size + len(size_bytes) + len(env) + sum(v.nbytes for v in inline)
     head = _HEAD.pack(total, len(views), len(env)) + size_bytes

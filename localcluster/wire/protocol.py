@@ -19,7 +19,13 @@ import pickle
 import struct
 import zlib
 from array import array
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
+
+if TYPE_CHECKING:   # typing's own from 3.11 (frozen_default from 3.12); type checkers know both on 3.10
+    from typing_extensions import dataclass_transform
+else:               # a marker only type checkers read: at run time the package needs no typing_extensions
+    def dataclass_transform(**_: Any) -> Any:
+        return lambda decorated: decorated
 
 # The size thresholds of the data path, in one place.
 INLINE_RESULT = 1 << 16      # results this small travel with Finished and are kept in the parent
@@ -30,7 +36,12 @@ MEMFD_THRESHOLD = 1 << 20    # out-of-band buffers this large cross as a memfd, 
 _MISSING = object()
 
 
-def _dc(cls: type) -> type:
+_C = TypeVar("_C")
+
+
+# For type checkers: a message class is a frozen dataclass, its __init__ taking its fields in order.
+@dataclass_transform(frozen_default=True, eq_default=True)
+def _dc(cls: type[_C]) -> type[_C]:
     """A frozen class with a slot per annotated field, ``__init__`` taking them in order
     (later ones may have defaults), equality and hash by value, a repr, and a pickle
     of ``(cls, (field, ...))``: one C-level attrgetter call per message.
@@ -46,7 +57,7 @@ def _dc(cls: type) -> type:
     ns["__init__"] = _first_init
     ns["__setattr__"] = ns["__delattr__"] = _frozen
     ns["__eq__"], ns["__hash__"], ns["__repr__"] = _eq, _hash, _repr
-    new = type(cls.__name__, cls.__bases__, ns)
+    new: Any = type(cls.__name__, cls.__bases__, ns)
     if len(names) > 1:
         get = operator.attrgetter(*names)
         new.__reduce__ = lambda self: (new, get(self))
@@ -187,8 +198,12 @@ def _payload_from_wire(meta: Any, buffers: tuple, nbytes: int, seals: tuple = ()
     return Payload(meta, buffers, nbytes, seals)
 
 
-Payload.__reduce__ = lambda self: (_payload_from_wire, (self.meta, self.buffers, self.nbytes, self.seals)
-                                   if self.seals else (self.meta, self.buffers, self.nbytes))
+def _payload_reduce(self: Payload) -> tuple:
+    return (_payload_from_wire, (self.meta, self.buffers, self.nbytes, self.seals)
+            if self.seals else (self.meta, self.buffers, self.nbytes))
+
+
+Payload.__reduce__ = _payload_reduce  # Payload's own, in place of _dc's
 
 
 # --- parent -> worker ------------------------------------------------------------------

@@ -31,7 +31,7 @@ def _notes(exc: BaseException) -> list:
 
 def _set_notes(exc: BaseException, notes: list) -> None:
     try:
-        exc.__notes__ = notes    # on 3.11+ what add_note writes; on 3.10 kept for explain_here
+        exc.__notes__ = notes  # type: ignore[attr-defined]  # on 3.11+ what add_note writes; on 3.10 kept for explain_here
     except Exception:  # noqa: BLE001 - an exception that refuses attributes keeps its message alone
         pass
 

@@ -41,12 +41,12 @@ def _as_bytes(buf: Any) -> bytes:
 
 def _as_memoryview(buf: Any, fmt: str, shape: tuple) -> memoryview:
     view = memoryview(buf)
-    return view if view.format == fmt and view.shape == shape else view.cast("B").cast(fmt, shape)
+    return view if view.format == fmt and view.shape == shape else view.cast("B").cast(fmt, shape)  # type: ignore[call-overload]
 
 
 def _reduce_memoryview(view: memoryview) -> tuple:
     if not view.c_contiguous:    # strided or Fortran-ordered: the rebuild reads C order
-        view = memoryview(view.tobytes(order="C")).cast(view.format, view.shape)
+        view = memoryview(view.tobytes(order="C")).cast(view.format, view.shape)  # type: ignore[call-overload]
     return (_as_memoryview, (pickle.PickleBuffer(view), view.format, view.shape))
 
 
@@ -242,7 +242,7 @@ def dumps_plain_many(argss: list) -> Optional[list]:
     """The payloads of ``(args, {})`` for each ``args``, as ``dumps_collecting`` makes them,
     when every argument of every one is plain; else None. A big ``map`` in one loop."""
     out = []
-    dumps, no_kwargs = pickle.dumps, {}
+    dumps, no_kwargs = pickle.dumps, {}  # type: ignore[var-annotated]
     for args in argss:
         if not _plain(args):
             return None
@@ -341,7 +341,7 @@ def dumps_collecting(obj: Any) -> tuple[Payload, dict]:
         # map(f, range(n)) and its kind: the C pickler alone, the cheapest way there is.
         return _payload(pickle.dumps(obj, protocol=5), []), {}
     p = _pickler()
-    p.deps = deps = {}
+    p.deps = deps = {}  # type: ignore[var-annotated]
     try:
         return _payload(*p.dumps(_wrap(obj))), deps
     finally:
@@ -520,7 +520,7 @@ def restate(exc: BaseException, step: str) -> BaseException:
         if str(new) != msg:
             raise TypeError
         if isinstance(exc, ImportError):     # which module: remote.note_origin names it
-            new.name, new.path = exc.name, exc.path
+            new.name, new.path = exc.name, exc.path  # type: ignore[attr-defined]  # an ImportError too
     except Exception:
         new = TaskError(_qualname(type(exc)), str(exc), "".join(traceback.format_exception(exc)), step)
     new.__cause__ = None

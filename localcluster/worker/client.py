@@ -57,7 +57,11 @@ def _worker() -> "process.Worker":
 def get_client(address: Any = None, timeout: Optional[float] = None, resolve_address: bool = True) -> Any:
     """In a task: a client of the cluster that runs it (the same one for every task of this
     worker), talking to the parent's scheduler over this worker's channel. Elsewhere: the
-    current Client. ``address`` and ``resolve_address`` are dask's, with no meaning here."""
+    current Client. ``address`` and ``resolve_address`` are dask's, with no meaning here.
+
+    Raises:
+        ValueError: outside a task, when no Client of this process is running.
+    """
     global _client
     worker = context.current()[0]
     if worker is None:
@@ -136,7 +140,12 @@ class TaskWorker:
 
 
 def get_worker() -> TaskWorker:
-    """The worker running this task (ValueError outside a task)."""
+    """The worker running this task: its ``name``, its ``data`` (key -> value of what it
+    holds) and an ``address``.
+
+    Raises:
+        ValueError: outside a task.
+    """
     return TaskWorker(_worker())
 
 
@@ -289,7 +298,7 @@ class TaskClient:
         pending = [f for f in flat if f.outcome is None]
         for f, outcome in zip(pending, self.outcomes(pending, timeout) if pending else ()):
             f.settle(outcome)
-        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)
+        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)  # type: ignore[arg-type]  # all settled above
 
     def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""

@@ -137,7 +137,7 @@ class Worker:
             self._main_turn()
             try:
                 while not self._idle:
-                    ready, _, _ = select.select([self.chan, self._nudge_r], [], [])
+                    ready, _, _ = select.select([self.chan, self._nudge_r], [], [])  # type: ignore[type-var]  # a fileno() or an fd
                     if self._nudge_r in ready:
                         os.read(self._nudge_r, 512)
                         with self._lock:
@@ -428,7 +428,7 @@ class Worker:
         """The reader role, on an executor. While a seceded run lives, a queued run may wait
         for a slot that frees without a message: then a nudge calls this thread back."""
         if self._secessions:
-            ready, _, _ = select.select([self.chan, self._nudge_r], [], [])
+            ready, _, _ = select.select([self.chan, self._nudge_r], [], [])  # type: ignore[type-var]  # a fileno() or an fd
             if self._nudge_r in ready:
                 os.read(self._nudge_r, 512)
                 with self._lock:

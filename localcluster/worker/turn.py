@@ -41,7 +41,7 @@ def _timerfd() -> tuple[int, Optional[Callable[[float], None]]]:
     flags = os.O_NONBLOCK | os.O_CLOEXEC            # TFD_NONBLOCK, TFD_CLOEXEC
     if hasattr(os, "timerfd_create"):                # 3.13
         fd = os.timerfd_create(time.CLOCK_MONOTONIC, flags=flags)
-        return fd, lambda seconds: os.timerfd_settime(fd, initial=seconds)
+        return fd, lambda seconds: os.timerfd_settime(fd, initial=seconds)  # type: ignore[attr-defined]  # 3.13's
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)

@@ -186,10 +186,17 @@ class Client:
 
     def resolve(self, key: str, status: str, value: Any) -> None:
         """The cluster says how ``key``'s task ended: finished (value: the payload, or None
-        while the data stays on a worker), error or lost (value: the exception), cancelled."""
+        while the data stays on a worker), error or lost (value: the exception), cancelled;
+        or that a failed task runs again (retrying: its futures are pending again)."""
         held = self._futures.get(key)
         refs = _refs_of(held)
         if not refs:
+            return
+        if status == "retrying":
+            for ref in refs:
+                fut = ref()
+                if fut is not None:
+                    fut.settle(status, None)
             return
         exc = None
         for ref in refs:
@@ -202,8 +209,9 @@ class Client:
                 fut.settle(status, exc)
             else:
                 fut.settle(status, value)
-        with self._refs_lock:       # a future of the key made meanwhile keeps the weakrefs
-            if self._futures.get(key) is held and _all_ended(held):
+        # a future of the key made meanwhile keeps the weakrefs; a failed one too (it may be retried)
+        with self._refs_lock:
+            if status != "error" and self._futures.get(key) is held and _all_ended(held):
                 self._futures[key] = held[0] if type(held) is list else 1
 
     # --- submitting -------------------------------------------------------------------
@@ -461,6 +469,15 @@ class Client:
                 if error is not None:
                     raise error
         return await loop.run_in_executor(None, lambda: self._gathered(futures, errors, timeout, deadline))
+
+    def retry(self, futures: Any, asynchronous: Any = None) -> None:
+        """Run these futures' failed tasks again (and first the failed inputs they failed
+        with); every future of those keys is pending until its new run ends (dask's ``retry``).
+        Futures that did not fail are left as they are."""
+        self._check()
+        keys = [f.key for f in _walk(futures) if isinstance(f, Future) and f.status == "error"]
+        if keys:
+            self.gateway.retry(list(dict.fromkeys(keys)))
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""

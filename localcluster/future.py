@@ -49,6 +49,10 @@ class Owner(Protocol):
 
     def track(self, fut: "Future") -> bool: ...
 
+    def retry(self, futures: Any, asynchronous: Any = None) -> None: ...
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> "Future": ...
+
     def adopt(self, key: str) -> "tuple[Future, bool]": ...
 
     def untrack(self, key: str) -> None: ...
@@ -154,6 +158,7 @@ class Future(cf.Future):
     _sync: Optional[_Sync] = None
     _exception: Optional[BaseException] = None
     _lost: Optional[BaseException] = None
+    _released = False       # release() let go of its key: garbage collection does not again
 
     def __init__(self, key: str, client: Owner, track: bool = True):
         # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
@@ -372,6 +377,37 @@ class Future(cf.Future):
             raise error
         return self.result()
 
+    def retry(self, **kwargs: Any) -> None:
+        """Run this future's task again if it failed (and first the failed inputs it failed
+        with): the future is pending again until the new run ends (dask's ``Future.retry``).
+        A future that did not fail is left as it is."""
+        self.client.retry([self])
+
+    def traceback(self, timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """The traceback of the task's exception, its frames on the worker (dask's: for
+        ``traceback.format_tb``); None if it did not fail. Waits for the task to end."""
+        if self.exception(timeout) is None:
+            return None
+        error = self.stored_error()
+        return None if error is None else error.__traceback__
+
+    @property
+    def type(self) -> Any:
+        """The type of the task's result once it finished, else None (dask's ``Future.type``).
+        A result left on its worker is not fetched for it: its type is read there."""
+        if self.status != "finished":
+            return None
+        if self.needs_fetch():
+            return self.client.submit(type, self).result()
+        return type(self.result())
+
+    def release(self) -> None:
+        """Let go of this future's hold on its task now, rather than when it is garbage-collected
+        (dask's ``Future.release``): once no future holds the key, its data is freed."""
+        if not self._released:
+            self._released = True
+            self.client.untrack(self.key)
+
     def cancel(self) -> bool:
         """Cancel the task for every holder of its key (as ``Client.cancel``); True once cancelled."""
         if self.done():
@@ -396,7 +432,7 @@ class Future(cf.Future):
 
     def __del__(self) -> None:
         client = getattr(self, "client", None)     # not __dict__: reading it makes the dict
-        if client is not None:
+        if client is not None and not self._released:
             client.untrack(self.key)
 
     # --- the client's side: how Client.resolve ends a Future, and what gather reads -------
@@ -415,8 +451,12 @@ class Future(cf.Future):
     def settle(self, status: str, value: Any) -> None:
         """End this future as the cluster says its task ended (``Client.resolve``):
         ``"finished"`` (``value``: the pickled result, or None while the data stays on a
-        worker), ``"error"`` or ``"lost"`` (``value``: the exception), else cancelled.
+        worker), ``"error"`` or ``"lost"`` (``value``: the exception), ``"retrying"`` (a
+        failed task runs again: pending again), else cancelled.
         A future already ended (a racing cancel or restart) stays as it was."""
+        if status == "retrying":
+            self._reopen()
+            return
         if status == "finished":
             stored = ON_WORKER if value is None else value
             if not self._ended_unwatched(_FINISHED, stored, None):
@@ -430,6 +470,12 @@ class Future(cf.Future):
             self._cancel_with(value if isinstance(value, cf.CancelledError) else cf.CancelledError(
                 f"Task {self.key!r} was cancelled, and its data is let go of: submit it again to compute it."))
         self._rang()
+
+    def _reopen(self) -> None:
+        """Pending again after a failure: its task runs again (Client.retry)."""
+        with self._condition:
+            if self._state == _FINISHED and self._exception is not None and self._lost is None:
+                self._state, self._result, self._exception = _PENDING, None, None
 
     def _cancel_with(self, error: cf.CancelledError) -> None:
         """Cancelled, ``error`` kept in ``_exception`` (concurrent.futures leaves it unused in

@@ -132,6 +132,10 @@ class Gateway:
     def cancel(self, keys: list) -> None:
         self._dispatch.event(self._scheduler.cancel, keys)
 
+    def retry(self, keys: list) -> None:
+        """Run these erred tasks again (Client.retry); their futures were reopened first."""
+        self._dispatch.event(self._scheduler.retry, keys)
+
     def release(self, key: str) -> None:
         """The last Future of ``key`` is gone (any thread, even inside the garbage collector)."""
         if self._life.open:

@@ -31,7 +31,7 @@ transition (tests/test_scheduler_machine.py checks that the two agree)::
     memory     -> waiting      every copy died with workers and it is still needed: recompute
     memory     -> lost         scattered data whose only copy died (LostDataError)
     memory     -> released     the client let go of it, or its copies died and nothing needs it
-    erred      -> released     the client let go of it
+    erred      -> released     the client let go of it; Client.retry (then to waiting or ready at once)
     lost       -> released     the client let go of it
 
 A released task is forgotten (dropped from ``tasks``) unless a dependent still links to it.
@@ -687,6 +687,32 @@ class Scheduler:
         if self.asking.orphans:
             kept += self._orphans_settled()
         return kept + [Send(w, P.Free(tuple(ks))) for w, ks in frees.items()] + self._assign()
+
+    @_placing
+    def retry(self, keys: list) -> list:
+        """``Client.retry``: each erred task runs again, and first the erred inputs it failed
+        with (dask's meaning); its futures are told (Resolve "retrying"). Other keys stay as they are."""
+        out: list = []
+        for key in keys:
+            out += self._retry(key, set())
+        return out
+
+    def _retry(self, key: str, seen: set) -> list:
+        ts = self.tasks.get(key)
+        if ts is None or key in seen:
+            return []
+        seen.add(key)
+        if ts.state != "erred" or ts.terms is None:
+            return []
+        out: list = []
+        for d in ts.deps:
+            dts = self.tasks.get(d)
+            if dts is not None and dts.state == "erred":
+                out += self._retry(d, seen)
+        ts.error, ts.suspicious, ts.deaths, ts.damages = None, 0, (), 0
+        ts.retries = ts.terms.retries
+        self._to(ts, "released", "retry")
+        return out + [Resolve(key, "retrying", None)] + self.readiness.make_ready_or_wait(ts)
 
     @_placing
     def cancel(self, keys: list, by: str = "by Client.cancel or Future.cancel in your process") -> list:

@@ -26,6 +26,7 @@ from .client_dask import DaskCalls, become_default, release_default
 from .client_specs import DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
 from .engine.lifecycle import Phase
 from .future import Future
+from .published import NO_DEFAULT, Datasets
 from .future import walk as _walk
 from . import waiting as _waiting
 from .waiting import as_completed, wait  # noqa: F401 - re-exported
@@ -567,6 +568,54 @@ class Client:
         finally:
             self.cluster.close()
 
+    # --- datasets and events: shared by every client of the cluster and its tasks -------------
+
+    def publish_dataset(self, *args: Any, name: Any = None, override: bool = False, **kwargs: Any) -> None:
+        """Publish values (futures, persisted collections, any picklable object) by name for
+        every client of the cluster and every task: ``publish_dataset(ds=df)`` or
+        ``publish_dataset(df, name="ds")``. The futures inside stay alive while published.
+        A KeyError if the name is taken, unless ``override=True``."""
+        self._dask.published.publish(args, name, override, kwargs)
+
+    def get_dataset(self, name: Any, default: Any = NO_DEFAULT, **kwargs: Any) -> Any:
+        """The dataset published as ``name`` (its futures are this client's); a KeyError, or
+        ``default``, if there is none."""
+        return self._dask.published.get(name, default)
+
+    def list_datasets(self, **kwargs: Any) -> list:
+        """The names of the datasets published on the cluster."""
+        return self._dask.published.names()
+
+    def unpublish_dataset(self, name: Any, **kwargs: Any) -> None:
+        """Forget the dataset ``name``; its futures are let go of unless held elsewhere."""
+        self._dask.published.unpublish(name)
+
+    @property
+    def datasets(self) -> Datasets:
+        """The published datasets as a dict: read, assign (publish, replacing), ``del``."""
+        return Datasets(self._dask.published)
+
+    def log_event(self, topic: Any, msg: Any) -> None:
+        """Log ``msg`` (any picklable object) under ``topic`` (or each of a list of topics),
+        with the time; every client and task reads it (``get_events``). Worker deaths are
+        logged under "all" and the worker's name, with their cause."""
+        self._dask.published.log_event(topic, msg)
+
+    def get_events(self, topic: Optional[str] = None) -> Any:
+        """The events of ``topic``, oldest first: ``((time, msg), ...)``; with no topic, a dict
+        of them by topic."""
+        return self._dask.published.get_events(topic)
+
+    def subscribe_topic(self, topic: str, handler: Callable[[tuple], Any]) -> None:
+        """Call ``handler((time, msg))`` for each event logged under ``topic`` from now on, in
+        order, on a thread of this client's (an async handler is run to its end). One handler
+        a topic: a second replaces the first."""
+        self._dask.subscribe_topic(topic, handler)
+
+    def unsubscribe_topic(self, topic: str) -> None:
+        """No more calls of ``topic``'s handler once this returns."""
+        self._dask.unsubscribe_topic(topic)
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         return self._dask.get_worker_logs(n, workers)
@@ -623,6 +672,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._dask.close()
         _future.unregister_client(self)
         if self.set_as_default:      # the previous Client is dask's default again, or dask's own setting
             release_default()

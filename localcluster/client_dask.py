@@ -24,15 +24,52 @@ from .wire import serialize
 from .config import check_int, check_resources
 from .client_specs import Options, Specs, dask_keywords, name_of
 from .future import futures_of
+from .published import Published, Subscription
 
 
 class DaskCalls:
-    # Used by the user threads that call its Client; no state of its own.
+    # Used by the user threads that call its Client; its subscriptions under _lock.
     def __init__(self, client: Any, check: Callable[[], None], specs: Specs, options: Callable[..., Options]):
         self._client = client          # the Client: gather, cluster, gateway
         self._check = check            # the Client's: raises if it is closed (or a fork's)
         self._specs = specs            # the Client's function cache and argument pickling
         self._options = options        # the Client's check of submit's options
+        #: datasets and events, asked of the scheduler through the client's gateway
+        self.published = Published(self._ask, self._give_back)
+        self._subscriptions: dict = {}       #: topic -> Subscription (subscribe_topic)
+        self._lock = threading.Lock()
+
+    def _ask(self, body: Any, timeout: Optional[float]) -> Any:
+        self._check()
+        answer = self._client.gateway.coordinate(body, timeout)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def _give_back(self, keys: tuple) -> None:
+        for key in keys:
+            self._client.gateway.release(key)
+
+    def subscribe_topic(self, topic: str, handler: Callable[[tuple], Any]) -> None:
+        if not isinstance(topic, str):
+            raise TypeError(f"subscribe_topic(topic={topic!r}): expected a topic name (a str)")
+        if not callable(handler):
+            raise TypeError(f"subscribe_topic({topic!r}, handler=...): expected a callable, "
+                            f"got {serialize.describe(handler)}")
+        self.unsubscribe_topic(topic)       # one handler a topic, as in dask
+        with self._lock:
+            self._subscriptions[topic] = Subscription(self.published, topic, handler)
+
+    def unsubscribe_topic(self, topic: str) -> None:
+        with self._lock:
+            sub = self._subscriptions.pop(topic, None)
+        if sub is not None:
+            sub.stop()
+
+    def close(self) -> None:
+        """The client closes: every subscription ends."""
+        for topic in list(self._subscriptions):
+            self.unsubscribe_topic(topic)
 
     def get_versions(self, check: bool = False) -> dict:
         from .worker.boot import versions

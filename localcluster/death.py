@@ -239,6 +239,14 @@ _ADVICE = {
 }
 
 
+def death_event(death: "WorkerDeath") -> dict:
+    """A death as the event log tells it (topics "all" and the worker's name), with dask's
+    fields of a worker's removal and ours: its cause and the whole WorkerDeath."""
+    return {"action": "remove-worker", "worker": death.worker, "processing-tasks": death.tasks,
+            "expected": death.cause == "requested", "cause": death.cause, "signal": death.signal,
+            "exitcode": death.exitcode, "message": death.message, "death": death}
+
+
 @dataclass(frozen=True)
 class WorkerDeath:
     """One worker death, expected or not (``cluster.deaths``, ``KilledWorker.deaths``).

@@ -83,3 +83,102 @@ def test_release_lets_go_of_the_key_at_once(shared):
     del fut                 # garbage collection does not let go of it again
     again = shared.submit(inc, 10)
     assert again.result(30) == 11 and again.key == key
+
+
+# --- datasets -------------------------------------------------------------------------------
+
+def publish_from_task(name):
+    from localcluster import get_client
+    client = get_client()
+    client.publish_dataset(client.get_dataset(name).result() * 2, name=f"{name}-doubled")
+    return sorted(client.list_datasets(), key=str)
+
+
+def test_a_dataset_holds_its_futures_for_every_client(shared):
+    other = Client(shared.cluster, set_as_default=False)
+    try:
+        fut = other.submit(inc, 41)
+        other.publish_dataset(answer=fut, plain=[1, 2])
+        key = fut.key
+        del fut
+        other.close()           # its futures are gone; the dataset holds the key
+        assert sorted(shared.list_datasets()) == ["answer", "plain"]
+        got = shared.get_dataset("answer")
+        assert got.key == key and got.result(30) == 42 and shared.get_dataset("plain") == [1, 2]
+        assert shared.submit(publish_from_task, "answer").result(30) == ["answer", "answer-doubled", "plain"]
+        assert shared.get_dataset("answer-doubled") == 84
+        with pytest.raises(KeyError, match="Dataset 'plain' already exists.*override=True"):
+            shared.publish_dataset(plain=3)
+        shared.publish_dataset(3, name="plain", override=True)
+        assert shared.datasets["plain"] == 3 and "plain" in shared.datasets and len(shared.datasets) == 3
+        del got
+        shared.unpublish_dataset("answer")
+        wait_for(lambda: key not in shared.who_has())       # nothing holds it any more
+        with pytest.raises(KeyError, match="Dataset 'answer' not found"):
+            shared.get_dataset("answer")
+        assert shared.get_dataset("answer", default=None) is None
+        shared.datasets["by-item"] = 5
+        del shared.datasets["by-item"], shared.datasets["plain"]
+        shared.unpublish_dataset("never-published")     # as in dask: nothing to do
+        assert list(shared.datasets) == ["answer-doubled"]
+        with pytest.raises(ValueError, match="names each dataset"):
+            shared.publish_dataset(1)
+    finally:
+        other.close()
+        for name in shared.list_datasets():
+            shared.unpublish_dataset(name)
+
+
+# --- events ---------------------------------------------------------------------------------
+
+def log_from_task(x):
+    from localcluster import get_client, get_worker
+    get_worker().log_event("from-tasks", {"x": x})
+    return len(get_client().get_events("from-tasks"))
+
+
+def test_events_from_the_client_and_from_tasks(shared):
+    import threading
+    seen, arrived = [], threading.Event()
+
+    def handler(event):
+        seen.append(event)
+        if len(seen) == 3:
+            arrived.set()
+    shared.log_event("from-tasks", "before")        # logged before the subscription: not handed to it
+    shared.subscribe_topic("from-tasks", handler)
+    try:
+        assert shared.submit(log_from_task, 1).result(30) == 2
+        shared.log_event(["from-tasks", "other"], {"x": 2})
+        shared.log_event("from-tasks", {"x": 3})
+        assert arrived.wait(30)
+    finally:
+        shared.unsubscribe_topic("from-tasks")
+    events = shared.get_events("from-tasks")
+    assert [msg for _t, msg in events] == ["before", {"x": 1}, {"x": 2}, {"x": 3}]
+    assert seen == list(events[1:])
+    assert all(a <= b for (a, _), (b, _) in zip(events, events[1:]))       # times, in order
+    assert shared.get_events("other") == ((events[2][0], {"x": 2}),) and shared.get_events("nothing") == ()
+    assert {"from-tasks", "other"} <= set(shared.get_events())
+    shared.log_event("from-tasks", "after")        # unsubscribed: the handler is not called
+    assert len(seen) == 3
+    with pytest.raises(TypeError, match="expected a topic name"):
+        shared.log_event(3, "x")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_worker_death_is_an_event_with_its_cause():
+    import signal
+    import threading
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        name, pid = next((w.name, w.pid) for w in cluster.workers.values())
+        told = threading.Event()
+        client.subscribe_topic(name, lambda event: told.set())
+        os.kill(pid, signal.SIGKILL)
+        assert told.wait(30)
+        [(when, msg)] = client.get_events(name)
+        assert client.get_events("all") == ((when, msg),)
+        assert msg["action"] == "remove-worker" and msg["worker"] == name and msg["cause"] == "signal"
+        assert msg["signal"] == "SIGKILL" and msg["expected"] is False and msg["death"] == cluster.deaths[-1]
+        assert msg["message"] == cluster.deaths[-1].message

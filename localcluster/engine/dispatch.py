@@ -11,7 +11,8 @@ Data flow::
                    scheduler thread's next tick; or, the socket full, the loop is asked to
                    wait until it is writable)
         Retire  -> queued for the supervisor, which takes it on the scheduler thread
-        Resolve, FailAll -> the listeners (the clients' futures), outside the lock
+        Resolve, FailAll -> the listeners (the clients' futures), outside the lock (a Resolve
+                           "retrying" under it: futures pending again before the run can end)
         Deliver, Reply -> the waiting request
 
 Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
@@ -411,6 +412,11 @@ class Dispatcher:
             t = type(a)
             if t is S.Send:
                 sends.setdefault(a.worker, []).append(a.msg)
+            elif t is S.Resolve and a.status == "retrying":
+                # at once, under the lock: the futures are pending again before the new run
+                # can end (its end is posted by whichever thread hears of it, maybe first)
+                for listener in self._live_listeners():
+                    listener.resolve(a.key, a.status, a.value)
             elif t is S.Resolve or t is S.Deliver or t is S.FailAll or t is Reply:
                 post.append(a)
             elif t is S.Retire:

@@ -13,6 +13,10 @@ Deaths. A worker's death gives back the leases its tasks took (the next waiters 
 order) and forgets its tasks' waiting requests and the items they were putting.
 ``held_by(worker)`` names what the dead worker held, for its death's message.
 
+Datasets and events. Datasets are named values with futures, as a variable's; the event log
+keeps the last EVENTS_KEPT events of each topic, across restarts, and answers a subscriber
+(``NextEvents``) when one comes after those it has seen. Worker deaths are logged too.
+
 Futures in values. The futures inside a queued item or a variable's value are held while
 the value is there (``hold``: each key counts once more in its task's ``wanted``; what is kept
 here is a token of that reference, (Task, its cancels), so that a task cancelled meanwhile,
@@ -22,6 +26,7 @@ and drops it; the parent's thread releases it.
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -68,7 +73,19 @@ class _Queue:
     putters: deque = field(default_factory=deque)   #: (Asker, item); only while the queue is full
 
 
-_TIMED_OUT = {"semaphore": False, "event": False, "put": False, "get": None, "variable": None}
+@dataclass(eq=False)
+class _Topic:
+    """The event log of one topic (dask's ``log_event``): the last EVENTS_KEPT events, and
+    how many were ever logged (a subscriber asks for those after the ones it has seen)."""
+    entries: deque = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))    #: (time, Payload)
+    count: int = 0
+    listeners: list = field(default_factory=list)   #: (Asker, how many it has seen), waiting for more
+
+
+#: events kept of each topic (dask keeps the last 100,000 of each: distributed.admin.low-level-log-length)
+EVENTS_KEPT = 100_000
+
+_TIMED_OUT = {"semaphore": False, "event": False, "put": False, "get": None, "variable": None, "events": None}
 
 
 class Coordination:
@@ -90,6 +107,10 @@ class Coordination:
         self.unset: dict[str, list] = {}
         #: (worker, request) -> (what, name) of every request waiting, for Withdraw
         self.waits: dict[tuple, tuple] = {}
+        #: name -> (Payload, tokens of the references held) of each dataset published (dask's datasets)
+        self.datasets: dict = {}
+        #: topic -> _Topic: the event log (dask's log_event), kept across restarts as dask's is
+        self.topics: dict[str, _Topic] = {}
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -131,6 +152,8 @@ class Coordination:
             return []
         if t is P.Withdraw:
             return self.withdraw(Asker(asker.worker, body.request, asker.seq))
+        if t in _PUBLISHED:
+            return self._published(asker, body)
         raise TypeError(f"not a coordination request: {body!r}")
 
     def withdraw(self, asker: Asker) -> list:
@@ -164,6 +187,9 @@ class Coordination:
                 out += self._let_go(list(p[1][1]))
             if feed:                        # a getter of a batch gone: the next may be served now
                 out += self._feed(name, q)
+        elif what == "events":
+            topic = self.topics[name]
+            topic.listeners = [w for w in topic.listeners if not _same(w[0], asker)]
         else:
             waiting = [w for w in self.unset[name] if not _same(w, asker)]
             if waiting:
@@ -306,6 +332,55 @@ class Coordination:
         more, for the asker."""
         return (value[0], self._hand_over(asker, value[1], True) if value[1] else ())
 
+    # --- datasets and the event log (dask's publish_dataset, log_event) ----------------------
+
+    def _published(self, asker: Asker, body: Any) -> list:
+        t = type(body)
+        if t is P.PublishDataset:
+            if body.name in self.datasets and not body.override:
+                return [asker.answer(False)]
+            old = self.datasets.pop(body.name, None)
+            self.datasets[body.name] = (body.value, self._hold(body.keys))
+            return (self._let_go(list(old[1])) if old is not None else []) + [asker.answer(True)]
+        if t is P.GetDataset:
+            value = self.datasets.get(body.name)
+            return [asker.answer(None if value is None else self._given(asker, value))]
+        if t is P.ListDatasets:
+            return [asker.answer(tuple(self.datasets))]
+        if t is P.UnpublishDataset:
+            old = self.datasets.pop(body.name, None)
+            return (self._let_go(list(old[1])) if old is not None else []) + [asker.answer(old is not None)]
+        if t is P.LogEvent:
+            return self.log(body.topics, body.time, body.msg) + [asker.answer(None)]
+        if t is P.GetEvents:
+            if body.topic is None:
+                return [asker.answer({name: tuple(topic.entries) for name, topic in self.topics.items()
+                                      if topic.entries})]
+            topic = self.topics.get(body.topic)
+            return [asker.answer(tuple(topic.entries) if topic is not None else ())]
+        topic = self.topics.get(body.topic)        # NextEvents
+        if body.seen < 0:           # how many were logged until now
+            return [asker.answer((topic.count if topic is not None else 0, ()))]
+        topic = topic if topic is not None else self.topics.setdefault(body.topic, _Topic())
+        if topic.count > body.seen:
+            return [asker.answer(_after(topic, body.seen))]
+        topic.listeners.append((asker, body.seen))
+        self._waiting(asker, "events", body.topic)
+        return []
+
+    def log(self, topics: tuple, time: float, msg: Any) -> list:
+        """An event (``msg``, a Payload) under each of ``topics``; its subscribers are answered."""
+        out: list = []
+        for name in topics:
+            topic = self.topics.setdefault(name, _Topic())
+            topic.entries.append((time, msg))
+            topic.count += 1
+            for asker, seen in topic.listeners:
+                del self.waits[(asker.worker, asker.request)]
+                out.append(asker.answer(_after(topic, seen)))
+            topic.listeners = []
+        return out
+
     # --- references to the futures inside values ------------------------------------------
 
     def _hold(self, keys: tuple) -> tuple:
@@ -395,6 +470,7 @@ class Coordination:
             q.items = deque((p, ()) for p, _k in q.items)
             q.putters = deque((a, (p, ())) for a, (p, _k) in q.putters)
         self.variables = {n: (p, ()) for n, (p, _k) in self.variables.items()}
+        self.datasets = {n: (p, ()) for n, (p, _k) in self.datasets.items()}
         return self._workers_gone(workers)
 
     # --- invariants ---------------------------------------------------------------------
@@ -431,10 +507,25 @@ class Coordination:
             assert askers and name not in self.variables, f"variable {name!r}: waiters while set, or none kept"
             for asker in askers:
                 waiting[(asker.worker, asker.request)] = ("variable", name)
-        for name, (_payload, held) in self.variables.items():
-            for token in held:
-                assert counted(token), f"variable {name!r} holds {token[0]!r}, which nothing counts as wanted"
+        for kind, values in (("variable", self.variables), ("dataset", self.datasets)):
+            for name, (_payload, held) in values.items():
+                for token in held:
+                    assert counted(token), f"{kind} {name!r} holds {token[0]!r}, which nothing counts as wanted"
+        for name, topic in self.topics.items():
+            for asker, seen in topic.listeners:
+                assert seen >= topic.count, f"topic {name!r}: a subscriber waits for events logged already"
+                waiting[(asker.worker, asker.request)] = ("events", name)
         assert waiting == self.waits, f"the index of waiting requests is off: {self.waits} != {waiting}"
+
+
+_PUBLISHED = frozenset({P.PublishDataset, P.GetDataset, P.ListDatasets, P.UnpublishDataset, P.LogEvent, P.GetEvents,
+                        P.NextEvents})
+
+
+def _after(topic: _Topic, seen: int) -> tuple:
+    """(events ever logged, those after the first ``seen`` that are still kept)."""
+    new = min(topic.count - seen, len(topic.entries))
+    return topic.count, tuple(reversed(list(itertools.islice(reversed(topic.entries), new))))
 
 
 def _same(a: Asker, b: Asker) -> bool:

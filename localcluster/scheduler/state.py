@@ -60,9 +60,9 @@ import functools
 import itertools
 from typing import Any, Callable, Optional
 
-from ..wire import protocol as P
+from ..wire import protocol as P, serialize
 from ..config import format_bytes
-from ..death import TransferError, WorkerDeath
+from ..death import TransferError, WorkerDeath, death_event
 from .admission import Admission
 from .asking import Asking
 from .coordination import Asker, Coordination
@@ -291,6 +291,7 @@ class Scheduler:
                 out += self.readiness.make_ready_or_wait(ts)
         out += self.transfers.worker_died(death.worker)
         out += self.coordination.worker_gone(death.worker)
+        out += self.coordination.log(("all", death.worker), death.time, serialize.dumps(death_event(death)))
         for other in list(self.workers.values()):
             out += self.roster.maybe_retire(other)
         return out

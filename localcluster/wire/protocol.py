@@ -750,6 +750,60 @@ class GetVariable:
 
 
 @_dc
+class PublishDataset:
+    """Body: publish ``value`` (a Payload holding futures ``keys``) as the dataset ``name``,
+    for every client of the cluster. Answered True; False if the name is taken and not ``override``."""
+    name: Any
+    value: Payload
+    keys: tuple = ()
+    override: bool = False
+
+
+@_dc
+class GetDataset:
+    """Body: the dataset ``name``. Answered with ``(Payload, keys)`` (the asker holds the keys
+    until it gives them back), or None if there is none of that name."""
+    name: Any
+
+
+@_dc
+class ListDatasets:
+    """Body: the names of the datasets published. Answered with a tuple."""
+
+
+@_dc
+class UnpublishDataset:
+    """Body: forget the dataset ``name`` (its futures are let go of). Answered True, or False
+    if there was none of that name."""
+    name: Any
+
+
+@_dc
+class LogEvent:
+    """Body: ``msg`` (a Payload) logged at ``time`` (seconds since the epoch) under each of
+    ``topics``. Answered None."""
+    topics: tuple
+    time: float
+    msg: Payload
+
+
+@_dc
+class GetEvents:
+    """Body: the events kept of ``topic`` (None: of every topic). Answered with a tuple of
+    ``(time, Payload)``, or for None a dict of such tuples by topic."""
+    topic: Optional[str] = None
+
+
+@_dc
+class NextEvents:
+    """Body: the events of ``topic`` after the first ``seen`` ever logged, waiting until there
+    is one (``seen`` -1: at once, with none). Answered with ``(how many were ever logged,
+    ((time, Payload), ...))``, or None when withdrawn."""
+    topic: str
+    seen: int
+
+
+@_dc
 class Withdraw:
     """Body: the asker no longer waits for its request ``request``: if it is still waiting,
     answer it now with what a timeout means for it. No answer of its own."""
@@ -757,4 +811,5 @@ class Withdraw:
 
 
 COORDINATION = frozenset({Acquire, Release, Leases, SetEvent, WaitEvent, QueuePut, QueueGet, QueueSize,
-                          SetVariable, GetVariable, Withdraw})
+                          SetVariable, GetVariable, Withdraw, PublishDataset, GetDataset, ListDatasets,
+                          UnpublishDataset, LogEvent, GetEvents, NextEvents})

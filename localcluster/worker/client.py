@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 from ..config import check_resources
 from ..wire import protocol as P
 from ..wire import serialize
+from ..published import NO_DEFAULT, Datasets, Published
 from . import context, process
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
@@ -137,6 +138,10 @@ class TaskWorker:
 
     def __repr__(self) -> str:
         return f"<localcluster worker {self.name!r} pid {self.pid}>"
+
+    def log_event(self, topic: Any, msg: Any) -> None:
+        """Log an event from this worker (dask's ``Worker.log_event``): ``Client.log_event``'s."""
+        get_client().log_event(topic, msg)
 
 
 def get_worker() -> TaskWorker:
@@ -256,6 +261,7 @@ class TaskClient:
         self.id = f"task-client-{worker.name}-{os.getpid()}"
         self.status = "running"
         self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, pickled bytes, name, sha1 of the bytes)
+        self._published = Published(self._ask, self.give_back)     # datasets and events
 
     def __repr__(self) -> str:
         return f"<TaskClient of worker {self.worker.name!r}: the cluster's scheduler over its channel>"
@@ -376,6 +382,36 @@ class TaskClient:
                 "workers": {name: {"type": "Worker", "id": name, "name": name, "host": "localhost",
                                    "nthreads": threads, "resources": resources}
                             for name, threads, resources in shown}}
+
+    # --- datasets and events, as the Client's (published.py) --------------------------------
+
+    def publish_dataset(self, *args: Any, name: Any = None, override: bool = False, **kwargs: Any) -> None:
+        self._published.publish(args, name, override, kwargs)
+
+    def get_dataset(self, name: Any, default: Any = NO_DEFAULT, **kwargs: Any) -> Any:
+        return self._published.get(name, default)
+
+    def list_datasets(self, **kwargs: Any) -> list:
+        return self._published.names()
+
+    def unpublish_dataset(self, name: Any, **kwargs: Any) -> None:
+        self._published.unpublish(name)
+
+    @property
+    def datasets(self) -> Datasets:
+        return Datasets(self._published)
+
+    def log_event(self, topic: Any, msg: Any) -> None:
+        self._published.log_event(topic, msg)
+
+    def get_events(self, topic: Optional[str] = None) -> Any:
+        return self._published.get_events(topic)
+
+    def _ask(self, body: Any, timeout: Optional[float]) -> Any:
+        answer = self.coordinate(body, timeout)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     # --- the messages -------------------------------------------------------------------
 

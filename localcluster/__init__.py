@@ -25,6 +25,7 @@ _WHERE = {
     "ClusterBroken": "death", "TransferError": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
     "report": "views.report", "live": "views.live", "previous_runs": "runs",
+    "get_task_stream": "client_dask",
 }
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "ClusterBroken", "TransferError", "RemoteTraceback", "StoreError", "WorkerInfo",
     "wait", "as_completed", "fire_and_forget", "futures_of", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
-    "Lock", "Semaphore", "Event", "Queue", "Variable", "previous_runs",
+    "Lock", "Semaphore", "Event", "Queue", "Variable", "previous_runs", "get_task_stream",
 ]
 
 
@@ -66,5 +67,6 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from .views.report import report
     from .views.live import live
     from .runs import previous_runs
+    from .client_dask import get_task_stream
     from .integrations.replay import ReplayedDeath
     from .worker.store import StoreError

@@ -616,6 +616,41 @@ class Client:
         """No more calls of ``topic``'s handler once this returns."""
         self._dask.unsubscribe_topic(topic)
 
+    def get_task_stream(self, start: Any = None, stop: Any = None, count: Optional[int] = None, plot: Any = False,
+                        filename: str = "task-stream.html", bokeh_resources: Any = None) -> list:
+        """dask's task stream records, one a run the cluster's history keeps (the newest 100,000):
+        ``key``, ``worker`` (its name), ``thread``, ``status`` ("OK", "error", or "lost": its worker
+        died under it), ``startstops`` (one "compute" span, unix times) and ``nbytes`` while the
+        result is in memory. ``start``/``stop``: unix times, or how long ago ("60s"); ``count``:
+        the last so many. ``plot`` has no Bokeh figure here: ``localcluster.report`` draws it."""
+        return self._dask.get_task_stream(start, stop, count, plot)
+
+    def nbytes(self, keys: Any = None, summary: bool = True, **kwargs: Any) -> dict:
+        """The size of each result in memory: {key: bytes} (``keys``: keys or futures; all when
+        None); ``summary=True`` sums them by key prefix (the function's name), as dask's."""
+        self._check()
+        names = None if keys is None else [getattr(k, "key", k) for k in (
+            [keys] if isinstance(keys, (str, Future)) else keys)]
+        sizes = self.gateway.nbytes(names)
+        if not summary:
+            return sizes
+        totals: dict = {}
+        for key, n in sizes.items():
+            prefix = key.rsplit("-", 1)[0] if "-" in key else key
+            totals[prefix] = totals.get(prefix, 0) + n
+        return totals
+
+    def dump_cluster_state(self, filename: str = "dask-cluster-dump", write_from_scheduler: Any = None,
+                           exclude: Any = (), format: str = "json", **storage_options: Any) -> str:
+        """Write what a post-mortem needs to ``filename`` + ".json" (or ".yaml", or ".msgpack.gz"
+        with ``format``): the cluster and its settings, each worker, every task the scheduler
+        knows (state, where, inputs, size, error), its recent transitions, every death (cause,
+        signal, memory, stack, log tail, message), the newest runs of the task stream, the events
+        and each worker's last log lines; ``exclude``: sections to leave out. The format is in
+        docs/dask-api.md. Returns the file's path. ``write_from_scheduler`` and
+        ``storage_options`` are dask's (a remote scheduler, fsspec): here it is a local file."""
+        return self._dask.dump_cluster_state(filename, exclude, format)
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         return self._dask.get_worker_logs(n, workers)

@@ -11,6 +11,7 @@ and arguments pickled as for submit) and its check of submit's options.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.abc
 import importlib.util
 import inspect
@@ -21,7 +22,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from .wire import serialize
-from .config import check_int, check_resources
+from .config import check_duration, check_int, check_resources
 from .client_specs import Options, Specs, dask_keywords, name_of
 from .future import futures_of
 from .published import Published, Subscription
@@ -196,6 +197,69 @@ class DaskCalls:
             names.append(k)
         return self._client.gateway.story(names)
 
+    def get_task_stream(self, start: Any, stop: Any, count: Optional[int], plot: Any) -> list:
+        """dask's task stream records of the runs the cluster's history keeps: those ended
+        between ``start`` and ``stop`` (unix times, or how long ago: "60s"), the last ``count``."""
+        self._check()
+        if plot:
+            raise NotImplementedError("get_task_stream(plot=...): there is no Bokeh figure here; "
+                                      "`with localcluster.report('run.html'):` draws the task stream, "
+                                      "with each worker's memory and every death, in one HTML page")
+        records = self._client.cluster.history.tasks()
+        now = time.time()
+        bounds = [None if b is None else now - check_duration(b, "get_task_stream", name)
+                  if isinstance(b, str) else float(b) for b, name in ((start, "start"), (stop, "stop"))]
+        if bounds[0] is not None:
+            records = [r for r in records if r.stop >= bounds[0]]
+        if bounds[1] is not None:
+            records = [r for r in records if r.stop <= bounds[1]]
+        if count is not None:
+            records = records[-check_int(count, "get_task_stream", "count", lo=0):] if count else []
+        return stream_records(self._client, records)
+
+    def dump_cluster_state(self, filename: str, exclude: Any, format: str) -> str:
+        """``Client.dump_cluster_state``: the file written (its format: docs/dask-api.md)."""
+        self._check()
+        if format not in _DUMP_FORMATS:
+            raise ValueError(f"dump_cluster_state(format={format!r}): expected one of {sorted(_DUMP_FORMATS)}")
+        exclude = set(exclude or ())
+        unknown = exclude - set(DUMP_SECTIONS)
+        if unknown:
+            raise ValueError(f"dump_cluster_state(exclude={sorted(unknown)!r}): the sections are {list(DUMP_SECTIONS)}")
+        state = {"localcluster": _version(), "time": time.time()}
+        for section in DUMP_SECTIONS:
+            if section not in exclude:
+                state[section] = getattr(self, f"_dump_{section.replace('-', '_')}")()
+        path = os.fspath(filename) + _DUMP_FORMATS[format]
+        _write_dump(path, format, _plain(state))
+        return path
+
+    def _dump_cluster(self) -> dict:
+        cluster = self._client.cluster
+        return {"local_directory": cluster.local_directory, "config": dict(cluster.config),
+                "started": self._client.gateway.started, "status": repr(cluster)}
+
+    def _dump_workers(self) -> dict:
+        return {name: dataclasses.asdict(w) for name, w in self._client.cluster.workers.items()}
+
+    def _dump_tasks(self) -> dict:
+        return self._client.gateway.tasks_dump()[0]
+
+    def _dump_transitions(self) -> list:
+        return self._client.gateway.tasks_dump()[1]
+
+    def _dump_deaths(self) -> list:
+        return [dataclasses.asdict(d) for d in self._client.cluster.deaths]
+
+    def _dump_task_stream(self) -> list:
+        return stream_records(self._client, self._client.cluster.history.tasks()[-_DUMP_STREAM:])
+
+    def _dump_events(self) -> dict:
+        return self.published.get_events(None)
+
+    def _dump_logs(self) -> dict:
+        return self._client.cluster.get_logs(_DUMP_LOG_LINES)
+
     def get_worker_logs(self, n: Optional[int], workers: Any) -> dict[str, list]:
         logs = self._client.cluster.get_logs(n)
         if workers is None:
@@ -241,6 +305,109 @@ class DaskCalls:
         if resources:
             options["resources"] = resources
         return options
+
+
+#: the sections of dump_cluster_state's file, in order (docs/dask-api.md says what each holds)
+DUMP_SECTIONS = ("cluster", "workers", "tasks", "transitions", "deaths", "task-stream", "events", "logs")
+_DUMP_FORMATS = {"json": ".json", "yaml": ".yaml", "msgpack": ".msgpack.gz"}
+_DUMP_STREAM = 10_000           # the newest runs of the task stream written
+_DUMP_LOG_LINES = 200           # each worker's last log lines written
+
+
+def _version() -> str:
+    from .version import __version__
+    return __version__
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` as JSON's types: an exception (a task's error) as its type and message, pickled
+    bytes as the exception they hold, anything else unknown as its repr."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else repr(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, bytes):
+        obj = serialize.as_exception(obj)
+    if isinstance(obj, BaseException):
+        return {"type": type(obj).__qualname__, "message": str(obj)}
+    return repr(obj)
+
+
+def _write_dump(path: str, format: str, state: dict) -> None:
+    if format == "json":
+        import json
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=1)
+    elif format == "yaml":
+        try:
+            import yaml
+        except ImportError:
+            raise ImportError("dump_cluster_state(format='yaml') needs PyYAML (pip install pyyaml); "
+                              "format='json' needs nothing") from None
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(state, f)
+    else:
+        try:
+            import msgpack
+        except ImportError:
+            raise ImportError("dump_cluster_state(format='msgpack') needs msgpack (pip install msgpack); "
+                              "format='json' needs nothing") from None
+        import gzip
+        with gzip.open(path, "wb") as f:
+            f.write(msgpack.packb(state))
+
+
+_STREAM_STATUS = {"finished": "OK", "error": "error", "lost": "lost"}
+
+
+def stream_records(client: Any, records: list) -> list:
+    """TaskRecords (views/history.py) as dask's task stream has them, with each result's size
+    while it is in memory."""
+    sizes = client.gateway.nbytes(list({r.key for r in records}))
+    return [_stream_record(r, sizes.get(r.key)) for r in records]
+
+
+def _stream_record(r: Any, nbytes: Optional[int]) -> dict:
+    """A TaskRecord as dask's task stream has it: "OK" or "error" (and "lost": its worker
+    died under it, a run dask's stream leaves out); ``nbytes`` while the result is in memory."""
+    record = {"key": r.key, "worker": r.worker, "thread": r.thread, "status": _STREAM_STATUS.get(r.status, r.status),
+              "startstops": [{"action": "compute", "start": r.start, "stop": r.stop}]}
+    if nbytes is not None:
+        record["nbytes"] = nbytes
+    if r.serde:
+        record["serde"] = r.serde
+    if r.submitter is not None:
+        record["submitter"] = r.submitter
+    return record
+
+
+class get_task_stream:     # noqa: N801 - dask's name: a context manager, used as a function
+    """The task stream of the runs that end inside a ``with`` block (dask's ``get_task_stream``):
+    ``with get_task_stream() as ts: ...``, then ``ts.data``, a list of records as
+    ``Client.get_task_stream`` returns them. ``client``: the current one by default."""
+
+    def __init__(self, client: Any = None, plot: Any = False, filename: str = "task-stream.html"):
+        if plot:
+            raise NotImplementedError("get_task_stream(plot=...): there is no Bokeh figure here; "
+                                      "`with localcluster.report('run.html'):` draws the task stream in one page")
+        if client is None:
+            from .future import latest_client
+            client = latest_client()
+            if client is None:
+                raise ValueError("get_task_stream() needs a running Client: create one first, or pass client=")
+        self.client = client
+        self.data: list = []
+        self.figure = None
+        self._start: Optional[int] = None
+
+    def __enter__(self) -> "get_task_stream":
+        self._start = self.client.cluster.history.recorded
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.data.extend(stream_records(self.client, self.client.cluster.history.since(self._start)))
 
 
 def _worker_identity(w: Any, directory: str, resources: Optional[dict]) -> dict:

@@ -216,6 +216,27 @@ class Gateway:
         with self._dispatch.held():
             return [("scheduler", key, old, new, event) for key in keys for old, new, event in self._scheduler.transitions.of(key)]
 
+    def nbytes(self, keys: Optional[list] = None) -> dict[str, int]:
+        """Key -> the size of its result, for the keys in memory (of ``keys``, or every one)."""
+        with self._dispatch.held():
+            tasks = self._scheduler.tasks
+            found = (tasks.get(k) for k in keys) if keys is not None else tasks.values()
+            return {ts.key: ts.nbytes for ts in found if ts is not None and ts.state == "memory"}
+
+    def tasks_dump(self) -> tuple[dict, list]:
+        """Every task the scheduler knows, as plain data (dump_cluster_state), and the
+        transitions it keeps of all keys, oldest first: [(key, start, finish, event)]."""
+        with self._dispatch.held():
+            tasks = {ts.key: {"state": ts.state, "worker": ts.worker, "who_has": sorted(ts.who_has),
+                              "dependencies": list(ts.deps), "dependents": sorted(ts.dependents),
+                              "waiting_on": sorted(ts.waiting_on), "nbytes": ts.nbytes, "type": ts.type_name or None,
+                              "priority": ts.terms.priority if ts.terms is not None else None,
+                              "retries_left": ts.retries, "suspicious": ts.suspicious, "error": ts.error,
+                              "scattered": ts.terms is None}
+                     for ts in self._scheduler.tasks.values()}
+            transitions = [list(t) for t in self._scheduler.transitions.events()]
+        return tasks, transitions
+
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""
         with self._dispatch.held():

@@ -182,3 +182,70 @@ def test_a_worker_death_is_an_event_with_its_cause():
         assert msg["action"] == "remove-worker" and msg["worker"] == name and msg["cause"] == "signal"
         assert msg["signal"] == "SIGKILL" and msg["expected"] is False and msg["death"] == cluster.deaths[-1]
         assert msg["message"] == cluster.deaths[-1].message
+
+
+# --- the task stream and dump_cluster_state -------------------------------------------------
+
+def test_task_stream_as_a_block_and_as_a_call(shared, tmp_path):
+    from localcluster import get_task_stream
+    shared.gather(shared.map(inc, range(3)))            # before the block: not in it
+    with get_task_stream() as ts:
+        done = shared.map(inc, range(100, 104))
+        shared.gather(done)
+        failed = shared.submit(fails_once, str(tmp_path / "ran"))
+        failed.exception(30)
+    assert sorted(r["key"] for r in ts.data) == sorted([f.key for f in done] + [failed.key])
+    for r in ts.data:
+        [span] = r["startstops"]
+        assert span["action"] == "compute" and span["start"] <= span["stop"]
+        assert r["worker"] in shared.cluster.workers and r["thread"] == 1
+    by_key = {r["key"]: r for r in ts.data}
+    assert by_key[failed.key]["status"] == "error" and "nbytes" not in by_key[failed.key]
+    assert all(by_key[f.key]["status"] == "OK" and by_key[f.key]["nbytes"] > 0 for f in done)
+    everything = shared.get_task_stream()
+    assert everything[-5:] == ts.data and len(everything) >= 8
+    assert shared.get_task_stream(count=2) == ts.data[-2:] and shared.get_task_stream(count=0) == []
+    newest = max(s["stop"] for r in ts.data for s in r["startstops"])
+    assert shared.get_task_stream(start=newest) == [r for r in everything if r["startstops"][0]["stop"] >= newest]
+    assert shared.get_task_stream(start="2 min") == everything and shared.get_task_stream(stop=0) == []
+    with pytest.raises(NotImplementedError, match="localcluster.report"):
+        shared.get_task_stream(plot=True)
+    assert shared.nbytes(done, summary=False) == {f.key: by_key[f.key]["nbytes"] for f in done}
+    assert shared.nbytes(done) == {"inc": sum(by_key[f.key]["nbytes"] for f in done)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_dump_cluster_state_tells_a_post_mortem(tmp_path):
+    import json
+    import signal
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        failed = client.submit(fails_once, str(tmp_path / "nowhere" / "ran"))
+        failed.exception(30)
+        kept = client.submit(inc, 1)
+        kept.result(30)
+        client.log_event("mine", {"a": 1})
+        name, pid = next((w.name, w.pid) for w in cluster.workers.values())
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: cluster.deaths and client.get_events(name))
+        path = client.dump_cluster_state(str(tmp_path / "dump"))
+        assert path == str(tmp_path / "dump.json")
+        with open(path) as f:
+            state = json.load(f)
+        assert list(state) == ["localcluster", "time", "cluster", "workers", "tasks", "transitions", "deaths",
+                               "task-stream", "events", "logs"]
+        assert state["tasks"][failed.key]["state"] == "erred"
+        assert state["tasks"][failed.key]["error"]["type"] == "FileNotFoundError"
+        # the result lived on the dead worker only: computed again (waiting, ready...) or back in memory
+        assert state["tasks"][kept.key]["dependencies"] == [] and kept.key in {t[0] for t in state["transitions"]}
+        [death] = state["deaths"]
+        assert death["cause"] == "signal" and death["signal"] == "SIGKILL" and death["worker"] == name
+        assert death["message"] == cluster.deaths[0].message and "log_tail" in death and "stack" in death
+        assert {r["key"] for r in state["task-stream"]} >= {failed.key, kept.key}
+        assert state["events"]["mine"][0][1] == {"a": 1} and state["events"][name][0][1]["cause"] == "signal"
+        assert name in state["logs"] and state["cluster"]["config"]["n_workers"] == 1
+        smaller = client.dump_cluster_state(str(tmp_path / "small"), exclude=["logs", "task-stream"])
+        with open(smaller) as f:
+            assert "logs" not in json.load(f)
+        with pytest.raises(ValueError, match="the sections are"):
+            client.dump_cluster_state(str(tmp_path / "x"), exclude=["nothing"])

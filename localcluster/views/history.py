@@ -237,6 +237,15 @@ class History:
         """Every kept TaskRecord, in the order their ends were seen."""
         return list(starmap(TaskRecord, self._tasks.newest(self._tasks.capacity)))
 
+    @property
+    def recorded(self) -> int:
+        """Runs ever recorded: ``since(recorded)`` later gives the runs recorded after now."""
+        return self._tasks.count
+
+    def since(self, index: int) -> list:
+        """The TaskRecords recorded after the first ``index`` runs (those still kept), oldest first."""
+        return list(starmap(TaskRecord, self._tasks.newest(max(0, self._tasks.count - index))))
+
     def tail(self, ended: int, raw: bool = False) -> list:
         """The newest TaskRecords, back to the ``ended``-th newest run that finished or failed
         (lost runs among them come too): what a live view has not read yet. Only the tail is

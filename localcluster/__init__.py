@@ -25,7 +25,7 @@ _WHERE = {
     "ClusterBroken": "death", "TransferError": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
     "report": "views.report", "live": "views.live", "previous_runs": "runs",
-    "get_task_stream": "client_dask",
+    "get_task_stream": "client_dask", "WorkerPlugin": "worker.setup",
 }
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "wait", "as_completed", "fire_and_forget", "futures_of", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
     "Lock", "Semaphore", "Event", "Queue", "Variable", "previous_runs", "get_task_stream",
+    "WorkerPlugin",
 ]
 
 
@@ -68,5 +69,6 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from .views.live import live
     from .runs import previous_runs
     from .client_dask import get_task_stream
+    from .worker.setup import WorkerPlugin
     from .integrations.replay import ReplayedDeath
     from .worker.store import StoreError

@@ -651,6 +651,26 @@ class Client:
         ``storage_options`` are dask's (a remote scheduler, fsspec): here it is a local file."""
         return self._dask.dump_cluster_state(filename, exclude, format)
 
+    # --- what every worker runs, those started later too ------------------------------------
+
+    def upload_file(self, filename: str, load: bool = True) -> None:
+        """Send a ``.py``, ``.egg``, ``.zip``, ``.whl`` or ``.pyz`` file to every worker, and every
+        worker started later, and (``load``) import its modules there; uploading a module again
+        replaces it (reloaded), so tasks see the new version."""
+        self._dask.upload_file(filename, load)
+
+    def register_plugin(self, plugin: Any, name: Optional[str] = None) -> dict:
+        """Run a worker plugin (dask's ``WorkerPlugin`` protocol: ``setup(worker)``,
+        ``teardown(worker)``, ``transition(key, start, finish)``) on every worker and every worker
+        started later, a replacement of a dead one included. ``name`` (else ``plugin.name``):
+        a plugin of that name is torn down and replaced. A ``setup`` that raises here raises; at a
+        new worker's start it is that worker's start-up failure, told with its traceback."""
+        return self._dask.register_plugin(plugin, name)
+
+    def unregister_worker_plugin(self, name: str, nanny: Any = None) -> dict:
+        """Tear the plugin ``name`` down on every worker; workers started later no longer run it."""
+        return self._dask.unregister_worker_plugin(name)
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         return self._dask.get_worker_logs(n, workers)

@@ -24,8 +24,9 @@ from typing import Any, Callable, Iterator, Optional
 from .wire import serialize
 from .config import check_duration, check_int, check_resources
 from .client_specs import Options, Specs, dask_keywords, name_of
-from .future import futures_of
+from .future import futures_of, loads_for
 from .published import Published, Subscription
+from .worker import setup
 
 
 class DaskCalls:
@@ -36,7 +37,7 @@ class DaskCalls:
         self._specs = specs            # the Client's function cache and argument pickling
         self._options = options        # the Client's check of submit's options
         #: datasets and events, asked of the scheduler through the client's gateway
-        self.published = Published(self._ask, self._give_back)
+        self.published = Published(self._ask, self._give_back, lambda payload: loads_for(client, payload))
         self._subscriptions: dict = {}       #: topic -> Subscription (subscribe_topic)
         self._lock = threading.Lock()
 
@@ -260,6 +261,68 @@ class DaskCalls:
     def _dump_logs(self) -> dict:
         return self._client.cluster.get_logs(_DUMP_LOG_LINES)
 
+    # --- what every worker runs, those started later too (worker/setup.py) ----------------------
+
+    def _steps(self, change: Callable[[list], list]) -> None:
+        """The cluster's list of setup steps, changed by ``change`` (one writer at a time)."""
+        path = os.path.join(self._client.cluster.local_directory, setup.SETUP_FILE)
+        with _steps_lock:
+            setup.write_steps(path, change(setup.read_steps(path)))
+
+    def upload_file(self, filename: Any, load: bool) -> None:
+        self._check()
+        path = os.fspath(filename)
+        ext = os.path.splitext(path)[1]
+        if ext not in (".py",) + setup.PACKAGES:
+            raise ValueError(f"upload_file({path!r}): expected a .py, .egg, .zip, .whl or .pyz file")
+        with open(path, "rb") as f:
+            data = f.read()
+        uploads = os.path.join(self._client.cluster.local_directory, setup.UPLOADS)
+        os.makedirs(uploads, mode=0o700, exist_ok=True)
+        target = os.path.join(uploads, os.path.basename(path))
+        tmp = f"{target}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+        if ext == ".py":        # its compiled copy may look as new as the file: never reused
+            with contextlib.suppress(OSError):
+                os.remove(importlib.util.cache_from_source(target))
+        step = ("upload", target, bool(load))
+        self._steps(lambda steps: [s for s in steps if s[:2] != step[:2]] + [step])
+        self.run(setup.apply_upload, (target, bool(load)), {}, None, True, False, "raise")
+
+    def register_plugin(self, plugin: Any, name: Any) -> dict:
+        self._check()
+        _refuse_other_plugins(plugin)
+        if name is None:
+            name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{os.urandom(8).hex()}"
+        if not isinstance(name, str):
+            raise TypeError(f"register_plugin(name={name!r}): expected a str")
+        try:
+            data = serialize.pickle_function(plugin)
+        except Exception as e:
+            raise TypeError(f"register_plugin: could not pickle {serialize.describe(plugin)}: "
+                            f"{type(e).__name__}: {e}") from e
+        step = ("plugin", name, data)
+        # first for the workers to come (a replacement runs it), then on those running now
+        self._steps(lambda steps: [s for s in steps if s[:2] != step[:2]] + [step])
+        done = self.run(setup.add_plugin, (name, data), {}, None, True, False, "raise") or {}
+        return {worker: {"status": "OK"} for worker in done}
+
+    def unregister_worker_plugin(self, name: str) -> dict:
+        self._check()
+        found: list = []
+
+        def without(steps: list) -> list:
+            found.extend(s for s in steps if s[:2] == ("plugin", name))
+            return [s for s in steps if s[:2] != ("plugin", name)]
+        self._steps(without)
+        if not found:
+            raise ValueError(f"The worker plugin {name!r} does not exist (register_plugin names it by its "
+                             f"name attribute, or the name= given)")
+        done = self.run(setup.remove_plugin, (name,), {}, None, True, False, "raise") or {}
+        return {worker: {"status": "OK"} for worker in done}
+
     def get_worker_logs(self, n: Optional[int], workers: Any) -> dict[str, list]:
         logs = self._client.cluster.get_logs(n)
         if workers is None:
@@ -305,6 +368,25 @@ class DaskCalls:
         if resources:
             options["resources"] = resources
         return options
+
+
+_steps_lock = threading.Lock()      # one writer of a cluster's setup steps at a time
+
+
+def _refuse_other_plugins(plugin: Any) -> None:
+    """A scheduler or nanny plugin of dask's has nothing to attach to here: say so."""
+    mod = sys.modules.get("distributed.diagnostics.plugin")
+    if mod is not None and isinstance(plugin, mod.SchedulerPlugin):
+        raise NotImplementedError("register_plugin(a SchedulerPlugin): localcluster's scheduler is its own state "
+                                  "machine in this process, with no dask Scheduler to extend; subscribe_topic and "
+                                  "the cluster's deaths (cluster.deaths) tell what a scheduler plugin would see")
+    if mod is not None and isinstance(plugin, mod.NannyPlugin):
+        raise NotImplementedError("register_plugin(a NannyPlugin): a localcluster nanny is a thread of this "
+                                  "process; a WorkerPlugin's setup runs in every worker, replacements included")
+    if not any(callable(getattr(plugin, m, None)) for m in ("setup", "teardown", "transition")):
+        raise TypeError(f"register_plugin() takes a worker plugin (setup(worker), teardown(worker), "
+                        f"transition(key, start, finish): localcluster.WorkerPlugin or distributed.WorkerPlugin), "
+                        f"got {serialize.describe(plugin)}")
 
 
 #: the sections of dump_cluster_state's file, in order (docs/dask-api.md says what each holds)

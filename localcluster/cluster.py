@@ -483,7 +483,8 @@ def _make_directory(parent: Optional[str]) -> tuple[str, int, list]:
 
 def _what_was_lost(held: dict) -> str:
     """In words, what a removed cluster folder held (``machine.contents``)."""
-    spilled = {name: figures for name, figures in held.items() if name != "initializer.pkl"}
+    spilled = {name: figures for name, figures in held.items()
+               if name not in ("initializer.pkl", "setup.pkl", "uploads")}     # not results: the user's own
     files, size = sum(f for f, _ in spilled.values()), sum(b for _, b in spilled.values())
     if not files:
         return "it held no spilled data."

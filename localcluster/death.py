@@ -214,8 +214,9 @@ _ADVICE = {
     "requested": "Nothing to do: the cluster asked for this (close, scale down or restart).",
     "exit": "Something in the worker ended the process outside any task: a thread a task started, an "
             "atexit hook, or a library calling os._exit(). Look for it in the code the tasks run.",
-    "exception": "localcluster's own worker code failed; the traceback is in the death's log_tail. "
-                 "Check that the worker can import what the tasks need (client.get_versions(check=True)).",
+    "exception": "The traceback is in the death's log_tail: if it ends in your initializer, a worker plugin's "
+                 "setup or an uploaded module, fix that (client.unregister_worker_plugin(name) removes a plugin); "
+                 "else check that the worker can import what the tasks need (client.get_versions(check=True)).",
     "memory-limit": "Give each worker more memory (LocalCluster(memory_limit=...)), use fewer workers, "
                     "or make the task's pieces smaller.",
     "memory-leak": "The memory is held by the tasks' own code, not by results localcluster keeps: look for "
@@ -383,7 +384,8 @@ def death_message(worker: str, pid: int, cause: str, exitcode: Optional[int], ta
     elif cause == "exit":
         head = f"{who} exited with code {exitcode} while running no task."
     elif cause == "exception":
-        head = f"{who} failed in localcluster's own code (exit code {exitcode}){running}."
+        head = (f"{who} failed outside any task: in its start-up (an initializer, a worker plugin's setup, an "
+                f"upload) or in localcluster's own code (exit code {exitcode}){running}.")
     elif cause == "memory-limit":
         head = f"{who} was killed by its nanny for exceeding the memory budget{running}."
     elif cause == "memory-leak":
@@ -560,8 +562,9 @@ class WorkerStartupError(RuntimeError):
                     f"in the workers' initializer, and create the cluster again.")
         return (f"{head} The last one, {last.worker!r} (pid {last.pid}), ended with "
                 f"{exit_signal(last.exitcode) or f'exit code {last.exitcode}'}"
-                f". Its last output:\n{tail}\nFix the start-up error above (an initializer that raises, a broken "
-                f"environment, an import that fails in a fresh interpreter) and create the cluster again.")
+                f". Its last output:\n{tail}\nFix the start-up error above (an initializer or a worker plugin's setup "
+                f"that raises, a broken environment, an import that fails in a fresh interpreter) and create the "
+                f"cluster again.")
 
 
 class ClusterRestarted(CancelledError):

@@ -600,10 +600,23 @@ def fire_and_forget(obj: Any) -> None:
         cf.Future.add_done_callback(fut, _forgotten.discard)    # set.discard: cheap on the scheduler thread
 
 
+_adopting = threading.local()        # .client: the client that unpickles futures on this thread
+
+
+def loads_for(client: Owner, payload: Any) -> Any:
+    """``payload`` unpickled with every Future in it made a Future of ``client``, whichever
+    client pickled it (a dataset published by another client, closed since, is this one's)."""
+    _adopting.client = client
+    try:
+        return serialize.loads(payload)
+    finally:
+        _adopting.client = None
+
+
 def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     """A Future unpickled in this process (pickled by the user): back to its client, which
     holds the key once more for it."""
-    client = _clients.get(client_id) if client_id else None
+    client = getattr(_adopting, "client", None) or (_clients.get(client_id) if client_id else None)
     fut = None
     if client is not None and client.status == "running":
         fut = client.gateway.acquire(key, functools.partial(client.adopt, key))

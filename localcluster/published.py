@@ -23,9 +23,11 @@ NO_DEFAULT = object()       # get_dataset without a default: a KeyError if there
 
 class Published:
     # Used by any thread of its client; no state of its own.
-    def __init__(self, ask: Callable[[Any, Optional[float]], Any], give_back: Callable[[tuple], None]):
+    def __init__(self, ask: Callable[[Any, Optional[float]], Any], give_back: Callable[[tuple], None],
+                 loads: Callable[[Any], Any] = serialize.loads):
         self._ask = ask                # the scheduler's answer to a body, waiting at most the timeout
         self._give_back = give_back    # one reference less to each key (handed over with a value)
+        self._loads = loads            # a Payload unpickled, its futures the client's own
 
     def publish(self, args: tuple, name: Any, override: bool, named: dict) -> None:
         if name is not None:
@@ -56,7 +58,7 @@ class Published:
             return default
         payload, keys = answer
         try:
-            return serialize.loads(payload)[0][0]
+            return self._loads(payload)[0][0]
         finally:
             if keys:
                 self._give_back(keys)

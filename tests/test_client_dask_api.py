@@ -249,3 +249,133 @@ def test_dump_cluster_state_tells_a_post_mortem(tmp_path):
             assert "logs" not in json.load(f)
         with pytest.raises(ValueError, match="the sections are"):
             client.dump_cluster_state(str(tmp_path / "x"), exclude=["nothing"])
+
+
+# --- upload_file and worker plugins ---------------------------------------------------------
+
+def version_of(module):
+    import importlib
+    return importlib.import_module(module).VERSION
+
+
+def test_upload_file_replaces_a_module_on_every_worker(shared, tmp_path):
+    import zipfile
+    source = tmp_path / "uploaded_mod_a.py"
+    source.write_text("VERSION = 1\n")
+    shared.upload_file(str(source))
+    assert shared.run(version_of, "uploaded_mod_a") == {name: 1 for name in shared.cluster.workers}
+    source.write_text("VERSION = 2\n")          # the same size: its compiled copy is not reused
+    shared.upload_file(str(source))
+    assert shared.run(version_of, "uploaded_mod_a") == {name: 2 for name in shared.cluster.workers}
+    assert shared.gather(shared.map(version_of, ["uploaded_mod_a"] * 4, pure=False)) == [2] * 4
+    package = tmp_path / "uploaded_pkg.zip"
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr("uploaded_pkg_b/__init__.py", "VERSION = 'zip 1'\n")
+    shared.upload_file(str(package))
+    assert shared.submit(version_of, "uploaded_pkg_b", pure=False).result(30) == "zip 1"
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr("uploaded_pkg_b/__init__.py", "VERSION = 'zip 2'\n")
+    shared.upload_file(str(package))
+    assert set(shared.run(version_of, "uploaded_pkg_b").values()) == {"zip 2"}
+    with pytest.raises(ValueError, match=r"expected a \.py, \.egg, \.zip, \.whl or \.pyz file"):
+        shared.upload_file(str(tmp_path / "notes.txt"))
+
+
+class Recorder:
+    """A worker plugin by dask's protocol (no base class): what it saw, in files of ``folder``."""
+
+    def __init__(self, folder, name="recorder"):
+        self.folder, self.name = str(folder), name
+
+    def setup(self, worker):
+        with open(os.path.join(self.folder, f"setup-{worker.name}"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def teardown(self, worker):
+        open(os.path.join(self.folder, f"teardown-{worker.name}"), "w").close()
+
+    def transition(self, key, start, finish, **kwargs):
+        with open(os.path.join(self.folder, f"transitions-{os.getpid()}"), "a") as f:
+            f.write(f"{key} {start} {finish}\n")
+
+
+def test_a_plugin_runs_on_every_worker_and_is_replaced_by_name(shared, tmp_path):
+    from localcluster import WorkerPlugin
+    names = sorted(shared.cluster.workers)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    assert shared.register_plugin(Recorder(first)) == {name: {"status": "OK"} for name in names}
+    assert sorted(os.listdir(first)) == [f"setup-{name}" for name in names]
+    fut = shared.submit(inc, 7, workers=names[0])
+    fut.result(30)
+    transitions = first / f"transitions-{shared.cluster.workers[names[0]].pid}"
+    wait_for(lambda: transitions.exists() and len(transitions.read_text().splitlines()) == 2)
+    assert transitions.read_text().splitlines() == [f"{fut.key} ready executing", f"{fut.key} executing memory"]
+    shared.register_plugin(Recorder(second))       # the same name: the first is torn down, replaced
+    assert sorted(os.listdir(first)) == sorted([f"setup-{n}" for n in names] + [f"teardown-{n}" for n in names]
+                                               + [transitions.name])
+    assert sorted(os.listdir(second)) == [f"setup-{name}" for name in names]
+    shared.unregister_worker_plugin("recorder")
+    assert sorted(os.listdir(second)) == sorted([f"setup-{n}" for n in names] + [f"teardown-{n}" for n in names])
+    with pytest.raises(ValueError, match="The worker plugin 'recorder' does not exist"):
+        shared.unregister_worker_plugin("recorder")
+
+    class Refuses(WorkerPlugin):
+        name = "refuses"
+
+        def setup(self, worker):
+            raise RuntimeError(f"not on {worker.name}")
+    with pytest.raises(RuntimeError, match="not on worker-"):
+        shared.register_plugin(Refuses())
+    shared.unregister_worker_plugin("refuses")
+    with pytest.raises(TypeError, match="takes a worker plugin"):
+        shared.register_plugin(object())
+
+
+def fails_where(marker):
+    """A plugin class whose setup fails once ``marker`` exists (made in a test's process)."""
+    from localcluster import WorkerPlugin
+
+    class FailsLater(WorkerPlugin):
+        name = "fails-later"
+
+        def setup(self, worker):
+            if os.path.exists(marker):
+                raise RuntimeError("this plugin refuses the new worker")
+    return FailsLater()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_replacement_worker_runs_the_plugins_and_uploads(tmp_path):
+    import signal
+    from localcluster import WorkerStartupError
+    source = tmp_path / "uploaded_mod_c.py"
+    source.write_text("VERSION = 'c'\n")
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        client.upload_file(str(source))
+        client.register_plugin(Recorder(tmp_path))
+        [(old, pid)] = [(w.name, w.pid) for w in cluster.workers.values()]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: cluster.workers and old not in cluster.workers)
+        client.wait_for_workers(1, 30)
+        [new] = cluster.workers
+        assert (tmp_path / f"setup-{new}").read_text() == str(cluster.workers[new].pid)
+        assert client.submit(version_of, "uploaded_mod_c").result(30) == "c"
+        cluster.scale(0)        # a clean exit: the plugin's teardown runs
+        wait_for(lambda: not cluster.workers)
+        assert (tmp_path / f"teardown-{new}").exists()
+        cluster.scale(1)
+        client.wait_for_workers(1, 30)
+        [new] = cluster.workers
+        # a setup that raises in a new worker: a start-up failure, told with the traceback
+        marker = tmp_path / "refuse"
+        client.register_plugin(fails_where(str(marker)))
+        marker.touch()
+        os.kill(cluster.workers[new].pid, signal.SIGKILL)
+        with pytest.raises(WorkerStartupError, match=r"(?s)this plugin refuses the new worker.*worker plugin's setup"):
+            client.submit(inc, 1, pure=False).result(60)
+        last = cluster.deaths[-1]
+        assert last.cause == "exception" and "worker plugin's setup" in last.message
+        assert any("this plugin refuses the new worker" in line for line in last.log_tail)

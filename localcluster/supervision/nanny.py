@@ -152,6 +152,8 @@ class Nanny:
             "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
             "memory_pause": self.settings.get("memory_pause"),
             "spill_dir": self.spill_dir, "initializer": self.initializer,
+            # the cluster's uploads and worker plugins (worker/setup.py), beside the workers' folders
+            "setup": os.path.join(os.path.dirname(self.spill_dir), "setup.pkl") if self.spill_dir else None,
             "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
             "log_level": logs.worker_level(), "spin_wait": self.settings.get("spin_wait") or 0.0,
         }

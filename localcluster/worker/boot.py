@@ -108,6 +108,12 @@ def main(cfg: dict) -> None:
             with open(cfg["initializer"], "rb") as f:       # 0600 in the cluster's 0700 directory
                 init, initargs = pickle.load(f)
             init(*initargs)
+        setup = cfg.get("setup")
+        if setup is not None and os.path.exists(setup):    # uploads and plugins (worker/setup.py)
+            adopt_authkey(key)
+            with open(setup, "rb") as f:        # 0600 in the cluster's 0700 directory
+                run_steps, steps = pickle.load(f)
+            run_steps(*steps)
         worker.serve(versions(), lambda: adopt_authkey(key))
     except SystemExit:
         raise

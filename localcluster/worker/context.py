@@ -38,3 +38,30 @@ def cancelled() -> bool:
     work made of steps, such as a joblib batch of calls, stops at the next one."""
     run = getattr(here, "run", None)
     return _worker is not None and run is not None and run.seq in _worker.cancelled
+
+
+# Worker plugins (worker/setup.py registers them): called with (key, start, finish) around each
+# run, and at a clean exit. Empty unless a plugin is registered: one truth test a run.
+watchers: list = []           #: callables (key, start, finish)
+closing: list = []            #: callables (), run once when the worker exits cleanly
+
+
+def notify(key: str, start: str, finish: str) -> None:
+    """Each watcher hears of a run's transition; one that raises is logged, the run goes on."""
+    for watch in list(watchers):
+        try:
+            watch(key, start, finish)
+        except Exception:  # noqa: BLE001 - a plugin's error must not fail the task
+            import logging
+            logging.getLogger("localcluster.worker").exception("a worker plugin's transition(%r, %r, %r) raised",
+                                                                key, start, finish)
+
+
+def close() -> None:
+    """The worker exits cleanly: each closing call runs (a plugin's teardown), errors logged."""
+    for call in list(closing):
+        try:
+            call()
+        except Exception:  # noqa: BLE001 - the exit goes on
+            import logging
+            logging.getLogger("localcluster.worker").exception("a worker plugin's teardown raised")

@@ -42,7 +42,7 @@ from ..system.cgroup import SharedAllowance
 from ..wire.channel import BlockingChannel, Incoming, encode
 from ..system.machine import open_statm, rss, rss_of
 from ..system.spin import poll_for
-from . import calls
+from . import calls, context
 from .context import here
 from .store import Store, StoreError
 from .transfers import Transfers
@@ -100,7 +100,8 @@ class Worker:
         self._poller = select.poll()
         self._poller.register(self.chan.fileno(), select.POLLIN)
         self.parked: dict[int, tuple] = {}          # seq -> (run, missing deps)
-        self.fns: dict[int, Any] = {}
+        self.fns: dict[int, bytes] = {}             # fn id -> the function pickled, as sent once
+        self.loaded: dict[int, Any] = {}    # unpickled at its first run; emptied by an upload (setup.py)
         self.cancelled: set = set()
         self.pending: set = set()    # seqs received and not yet answered
         self._out: list = []
@@ -148,6 +149,15 @@ class Worker:
                 with self._lock:
                     self._reader = None
                     self._work.notify()     # the executor that became idle takes the role
+
+    def _stop(self) -> None:
+        """Exit cleanly, the worker plugins torn down first."""
+        if context.closing:
+            context.close()
+        self._flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def _main_turn(self) -> None:
         """Main thread: wait until nobody reads the channel, no executor is idle to, and the
@@ -222,10 +232,7 @@ class Worker:
             threading.Thread(target=self._call, args=(msg,), name=f"localcluster-run-{msg.request}",
                              daemon=True).start()
         elif isinstance(msg, P.Stop):
-            self._flush()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            self._stop()
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
@@ -499,6 +506,8 @@ class Worker:
                 self._look_at_memory()
             board.start(row, ident, run.seq)
             here.seceded = here.rejoined = False
+            if context.watchers:
+                context.notify(run.key, "ready", "executing")
             reply = self._run(run, row)
             seceded = here.seceded
             if not seceded:         # a seceded run left the row to the executor that took its place
@@ -507,6 +516,8 @@ class Worker:
                 self.cancelled.discard(run.seq)
                 self.store.free_made_by(run.key, run.seq)     # not a newer run's result
             self._reply(reply)
+            if context.watchers:
+                context.notify(run.key, "executing", "memory" if type(reply) is P.Finished else "error")
             if seceded:
                 self._seceded_run_over()
                 return
@@ -544,9 +555,9 @@ class Worker:
         start = time.time()
         t0 = time.perf_counter()
         try:
-            fn = self.fns[run.fn_id]
-            if isinstance(fn, bytes):
-                fn = self.fns[run.fn_id] = pickle.loads(fn)
+            fn = self.loaded.get(run.fn_id)
+            if fn is None:
+                fn = self.loaded[run.fn_id] = pickle.loads(self.fns[run.fn_id])
             step = "unpickling the arguments"
             # only a task with dependencies has placeholders to resolve (the plain loads is faster)
             try:

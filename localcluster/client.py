@@ -671,6 +671,19 @@ class Client:
         """Tear the plugin ``name`` down on every worker; workers started later no longer run it."""
         return self._dask.unregister_worker_plugin(name)
 
+    def retire_workers(self, workers: Optional[list] = None, close_workers: bool = True, **kwargs: Any) -> dict:
+        """Let these workers go (names, as in cluster.workers): each takes no new task, finishes
+        what it runs, hands the data only it holds to the others (nothing is computed again),
+        then exits; the cluster is that much smaller. Returns {name: its scheduler_info entry}
+        once they are gone."""
+        return self._dask.retire_workers(workers, close_workers, kwargs)
+
+    def restart_workers(self, workers: list, timeout: Any = 60.0, raise_for_error: bool = True) -> dict:
+        """Restart these workers: each exits now and a fresh one (a new name: names are never
+        reused) takes its place; what it held is computed again where needed, as after a death,
+        with no blame. Returns {old name: "OK"} once the new ones are up."""
+        return self._dask.restart_workers(workers, timeout)
+
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
         """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
         return self._dask.get_worker_logs(n, workers)

@@ -261,6 +261,26 @@ class DaskCalls:
     def _dump_logs(self) -> dict:
         return self._client.cluster.get_logs(_DUMP_LOG_LINES)
 
+    def retire_workers(self, workers: Any, close_workers: bool, kwargs: dict) -> dict:
+        self._check()
+        if workers is None:
+            raise ValueError("retire_workers() names the workers to let go (workers=[...], names as in "
+                             "cluster.workers); cluster.scale(n) lets the cluster choose which")
+        if not close_workers:
+            raise NotImplementedError("retire_workers(close_workers=False): a localcluster worker that takes no "
+                                      "work has no use here; it exits once its data is handed on")
+        names = self._client.gateway.check_worker_names(workers)
+        info = self.scheduler_info(-1)["workers"]
+        self._client.gateway.retire(names, float(kwargs.get("timeout") or 60.0))
+        return {name: info.get(name, {"name": name}) for name in sorted(names)}
+
+    def restart_workers(self, workers: Any, timeout: Any) -> dict:
+        self._check()
+        names = self._client.gateway.check_worker_names(workers)
+        seconds = check_duration(timeout, "restart_workers", "timeout") if isinstance(timeout, str) else timeout
+        self._client.gateway.restart_workers(names, float(seconds))
+        return {name: "OK" for name in sorted(names)}
+
     # --- what every worker runs, those started later too (worker/setup.py) ----------------------
 
     def _steps(self, change: Callable[[list], list]) -> None:

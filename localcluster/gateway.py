@@ -269,6 +269,19 @@ class Gateway:
             return why
         return f"task {key!r} is queued: {stall}" if where.state == "ready" else f"{why}; {stall}"
 
+    def retire(self, names: frozenset, timeout: float) -> None:
+        """retire_workers: these workers hand their data on, then exit; returns once they are gone."""
+        names = sorted(names)
+        self._loop.call(lambda: self._supervisor.retire(names)).result()
+        self._supervisor.wait_gone(names, timeout)
+
+    def restart_workers(self, names: frozenset, timeout: float) -> None:
+        """restart_workers: these workers exit and as many fresh ones start; returns once they are up."""
+        names = sorted(names)
+        self._loop.call(lambda: self._supervisor.restart_some(names)).result()
+        self._supervisor.wait_gone(names, timeout)
+        self._supervisor.wait_for(self._supervisor.target, timeout)
+
     def worker_versions(self) -> dict[str, dict]:
         return self._supervisor.versions()
 

@@ -379,3 +379,35 @@ def test_a_replacement_worker_runs_the_plugins_and_uploads(tmp_path):
         last = cluster.deaths[-1]
         assert last.cause == "exception" and "worker plugin's setup" in last.message
         assert any("this plugin refuses the new worker" in line for line in last.log_tail)
+
+
+# --- retire_workers, restart_workers ---------------------------------------------------------
+
+def large(i):
+    return str(i) * 300_000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_retire_hands_the_data_on_and_restart_recomputes_it():
+    with LocalCluster(n_workers=3, forward_logs=False) as cluster, Client(cluster) as client:
+        first, second, third = sorted(cluster.workers)
+        made = client.map(large, range(6), workers=[first])     # kept on the worker, not in this process
+        client.gather(made)
+        scattered = client.scatter(bytes(300_000), workers=[first])
+        runs = len(client.get_task_stream())
+        retired = client.retire_workers(workers=[first])
+        assert list(retired) == [first] and retired[first]["name"] == first
+        assert sorted(cluster.workers) == [second, third] and cluster.deaths[-1].cause == "requested"
+        assert client.gather(made) == [large(i) for i in range(6)] and scattered.result(30) == bytes(300_000)
+        assert len(client.get_task_stream()) == runs          # handed on: nothing was computed again
+        assert set(client.who_has(made + [scattered]).values()) <= {(second,), (third,)}
+        holder = client.who_has([made[0]])[made[0].key][0]
+        assert client.restart_workers([holder]) == {holder: "OK"}
+        assert holder not in cluster.workers and len(cluster.workers) == 2
+        assert cluster.deaths[-1].cause == "requested" and cluster.deaths[-1].worker == holder
+        assert client.gather(made) == [large(i) for i in range(6)]     # what it held is computed again
+        with pytest.raises(ValueError, match="names the workers to let go"):
+            client.retire_workers()
+        with pytest.raises(ValueError, match="no running worker is called"):
+            client.restart_workers([first])

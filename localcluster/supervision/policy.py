@@ -295,6 +295,27 @@ class Policy:
                 out += self._leave(s, "requested", now)
         return out
 
+    def retire(self, names: list, now: float) -> list:
+        """retire_workers: these workers leave, their data handed on first, and the cluster's
+        size shrinks by as many (adapting, if on, goes on)."""
+        out: list = []
+        for name in names:
+            s = self.slots.get(name)
+            if s is not None and s.state != "stopping":
+                self.target = max(0, self.target - 1)
+                out += self._leave(s, "requested", now)
+        return out
+
+    def restart(self, names: list, now: float) -> list:
+        """restart_workers: these workers exit now and as many fresh ones start (names are never
+        reused); what they held is computed again where needed, as after any death."""
+        out: list = []
+        for name in names:
+            s = self.slots.get(name)
+            if s is not None and s.state != "stopping":
+                out += [Spawn()] + self._stop(s, "requested", now)
+        return out
+
     def stop_all(self, now: float) -> list:
         """Close or restart: every worker is asked to exit, and killed if it does not."""
         out: list = []

@@ -241,6 +241,29 @@ class Supervisor:
         self._decide(lambda: self.policy.adapting(now, self._scheduler.demand(a.maximum * threads), threads,
                                                   self._scheduler.holding, self._idleness))
 
+    def retire(self, names: list) -> None:
+        """retire_workers (scheduler thread): these leave, their data handed on first."""
+        self._decide(lambda: self.policy.retire(names, time.monotonic()))
+
+    def restart_some(self, names: list) -> None:
+        """restart_workers (scheduler thread): these exit, as many fresh ones start."""
+        self._decide(lambda: self.policy.restart(names, time.monotonic()))
+
+    def wait_gone(self, names: list, timeout: float) -> None:
+        """User thread: until none of ``names`` is a worker any more (its death recorded)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                if self._life.error is not None:
+                    raise self._life.error
+                left = [n for n in names if n in self.policy.slots]
+                if not left:
+                    return
+                if deadline - time.monotonic() <= 0:
+                    raise TimeoutError(f"{', '.join(left)} still running after {timeout:g} s (a task they run "
+                                       f"holds them: retiring waits for it, as dask's does)")
+                self._changed.wait(deadline - time.monotonic())
+
     def stop_all(self) -> None:
         """Ask every worker to exit (restart); each is killed if it does not."""
         self._decide(lambda: self.policy.stop_all(time.monotonic()))

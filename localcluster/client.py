@@ -123,6 +123,39 @@ class Client:
             raise ValueError("no running localcluster Client in this process: create one with Client()")
         return client  # type: ignore[return-value]  # the Owner a Client of this process registered: itself
 
+    @contextlib.contextmanager
+    def as_current(self) -> Iterator["Client"]:
+        """Within the block (this thread, this asyncio task), this client is the current one:
+        ``get_client()``, ``Client.current()`` and dask's default scheduler use it."""
+        token = _future.as_current(self)
+        try:
+            yield self
+        finally:
+            _future.as_current(None, token)
+
+    asynchronous = False        #: dask's: this client's calls block and return values, never awaitables
+
+    @property
+    def dashboard_link(self) -> None:
+        """None: there is no dashboard server (nothing outside the process tree can connect);
+        ``cluster.dashboard()`` shows one in Jupyter, ``localcluster.report()`` writes a page."""
+        return None
+
+    def futures_of(self, futures: Any) -> list:
+        """The Futures in ``futures`` (lists, dicts, a persisted collection): localcluster.futures_of."""
+        return _future.futures_of(futures)
+
+    def start(self, **kwargs: Any) -> None:
+        """Nothing to do: a Client runs from its creation (dask's asynchronous start)."""
+
+    def register_worker_callbacks(self, setup: Optional[Callable] = None) -> dict:
+        """Run ``setup()`` on every worker and every worker started later (dask's older form of
+        register_plugin; a ``dask_worker`` parameter is given the worker)."""
+        if setup is None:
+            return {}
+        from .worker.setup import CallbackPlugin
+        return self.register_plugin(CallbackPlugin(setup))
+
     # --- bookkeeping of futures -------------------------------------------------------
 
     def track(self, fut: Future) -> bool:
@@ -729,6 +762,75 @@ class Client:
         from .integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
 
+    # --- dask's calls that have no meaning on one machine: each says what to use instead ------
+
+    @property
+    def amm(self) -> Any:
+        raise _not_here("Client.amm", "there is no Active Memory Manager: each worker spills to disk past "
+                        "memory_target and the cluster replaces a worker killed for memory; client.replicate() "
+                        "keeps copies, retire_workers() hands data on")
+
+    @property
+    def loop(self) -> Any:
+        raise _not_here("Client.loop", "this client runs no event loop: its calls block, and a Future is "
+                        "awaitable in any asyncio loop (await future)")
+
+    def sync(self, func: Callable, *args: Any, asynchronous: Any = None, callback_timeout: Any = None,
+             **kwargs: Any) -> Any:
+        raise _not_here("Client.sync", "there is no event loop of the client's to run a coroutine on: call the "
+                        "function yourself (asyncio.run for a coroutine)")
+
+    def benchmark_hardware(self) -> dict:
+        raise _not_here("Client.benchmark_hardware", "every worker shares this machine's memory, disk and no "
+                        "network: time your own code with cluster.insights() or localcluster.report()")
+
+    def call_stack(self, futures: Any = None, keys: Any = None) -> dict:
+        raise _not_here("Client.call_stack", "client.dump_stacks() gives every thread's live stack on each "
+                        "worker, client.processing() the keys each one runs")
+
+    def profile(self, key: Any = None, start: Any = None, stop: Any = None, workers: Any = None,
+                merge_workers: bool = True, plot: Any = False, filename: Any = None, server: bool = False,
+                scheduler: bool = False) -> Any:
+        raise _not_here("Client.profile", "there is no sampling profiler: cluster.insights() tells where each "
+                        "worker's time went and the slowest tasks; run a task under cProfile in it for more")
+
+    def forward_logging(self, logger_name: Any = None, level: int = 0) -> None:
+        raise _not_here("Client.forward_logging", "the workers' log records are forwarded already, to the "
+                        "'localcluster.worker' logger here (LocalCluster(forward_logs=...), silence_logs=)")
+
+    def unforward_logging(self, logger_name: Any = None) -> None:
+        raise _not_here("Client.unforward_logging", "LocalCluster(forward_logs=False) forwards nothing")
+
+    def get_scheduler_logs(self, n: Optional[int] = None) -> list:
+        raise _not_here("Client.get_scheduler_logs", "the scheduler is this process: it logs to the "
+                        "'localcluster' logger here; client.story(key) tells what happened to a task")
+
+    def get_metadata(self, keys: Any, default: Any = None) -> Any:
+        raise _not_here("Client.get_metadata", "use publish_dataset / get_dataset, or a localcluster.Variable, "
+                        "which every client and task of the cluster sees")
+
+    def set_metadata(self, key: Any, value: Any) -> None:
+        raise _not_here("Client.set_metadata", "use publish_dataset / get_dataset, or a localcluster.Variable, "
+                        "which every client and task of the cluster sees")
+
+    def normalize_collection(self, collection: Any) -> Any:
+        raise _not_here("Client.normalize_collection", "persist() the collection and use what it returns: its "
+                        "graph is the futures of the keys computed")
+
+    def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
+        raise _not_here("Client.rebalance", "every worker's memory is this machine's, so moving data between "
+                        "them frees none; a worker over memory_target spills to disk, retire_workers() hands a "
+                        "worker's data to the others, replicate() keeps copies")
+
+    def unregister_scheduler_plugin(self, name: str) -> None:
+        raise _not_here("Client.unregister_scheduler_plugin", "there are no scheduler plugins here "
+                        "(register_plugin refuses a SchedulerPlugin, saying why)")
+
+    def write_scheduler_file(self, scheduler_file: str) -> None:
+        raise _not_here("Client.write_scheduler_file", "no process outside this one can connect to the "
+                        "scheduler (it listens on no socket): pass the Client, or submit from tasks with "
+                        "get_client()")
+
     def after_fork(self) -> None:
         """In a child forked from this process: inert (its cluster is in Phase.FORKED; lifecycle.py). The
         lock is new: a thread of the parent may have held it at the fork."""
@@ -776,6 +878,11 @@ class Client:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Optional[dict]:
         """In a Jupyter kernel with ipywidgets: the cluster's live dashboard."""
         return self.cluster._repr_mimebundle_(include, exclude)
+
+
+def _not_here(call: str, why: str) -> NotImplementedError:
+    return NotImplementedError(f"{call} is dask.distributed's and has no localcluster counterpart: {why} "
+                               f"(docs/dask-api.md lists every name).")
 
 
 _SKIP = object()

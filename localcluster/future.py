@@ -15,6 +15,7 @@ declared here, so this module never imports client.py (which sits above it).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import functools
 import os
 import threading
@@ -96,9 +97,25 @@ def client_by_id(client_id: str) -> Optional[Owner]:
     return _clients.get(client_id)
 
 
+# Client.as_current(): the client that is current in this context, whichever was made last
+_as_current: "contextvars.ContextVar[Optional[Owner]]" = contextvars.ContextVar("localcluster_current", default=None)
+
+
+def as_current(client: Optional[Owner], token: Any = None) -> Any:
+    """Client.as_current: make ``client`` current here (returns the token to undo it), or
+    (``token``) undo it."""
+    if token is not None:
+        _as_current.reset(token)
+        return None
+    return _as_current.set(client)
+
+
 def latest_client() -> Optional[Owner]:
-    """The most recently created Client of this process that is still running and may be
-    the default one, if any."""
+    """The client made current by ``Client.as_current()`` here, else the most recently created
+    Client of this process that is still running and may be the default one, if any."""
+    chosen = _as_current.get()
+    if chosen is not None and chosen.status == "running":
+        return chosen
     for client in reversed(list(_clients.values())):
         if client.set_as_default and client.status == "running":
             return client
@@ -407,6 +424,21 @@ class Future(cf.Future):
         if not self._released:
             self._released = True
             self.client.untrack(self.key)
+
+    @property
+    def executor(self) -> Owner:
+        """The client that runs this future's task (dask's name for it, as concurrent.futures')."""
+        return self.client
+
+    def bind_client(self, client: Any) -> None:
+        raise NotImplementedError("Future.bind_client is dask.distributed's: a localcluster Future is bound to "
+                                  "its client from the start, and one unpickled in this process comes back to "
+                                  "its client by itself (docs/dask-api.md lists every name).")
+
+    def substitute(self, subs: dict, key: Any = None) -> Any:
+        raise NotImplementedError("Future.substitute is dask's graph machinery (a Future as a TaskRef): a "
+                                  "localcluster Future in a dask graph is handled by client.compute / persist "
+                                  "(docs/dask-api.md lists every name).")
 
     def cancel(self) -> bool:
         """Cancel the task for every holder of its key (as ``Client.cancel``); True once cancelled."""

@@ -411,3 +411,28 @@ def test_retire_hands_the_data_on_and_restart_recomputes_it():
             client.retire_workers()
         with pytest.raises(ValueError, match="no running worker is called"):
             client.restart_workers([first])
+
+
+# --- the smaller names ----------------------------------------------------------------------
+
+def mark_worker(folder, dask_worker):
+    open(os.path.join(folder, dask_worker.name), "w").close()
+
+
+def test_as_current_register_worker_callbacks_and_the_rest(shared, tmp_path):
+    import functools
+    from localcluster import get_client
+    other = Client(shared.cluster)          # made last: the current one
+    try:
+        assert get_client() is other and Client.current() is other
+        with shared.as_current() as same:
+            assert same is shared and get_client() is shared and Client.current() is shared
+        assert get_client() is other
+    finally:
+        other.close()
+    shared.register_worker_callbacks(functools.partial(mark_worker, str(tmp_path)))
+    assert sorted(os.listdir(tmp_path)) == sorted(shared.cluster.workers)
+    assert shared.register_worker_callbacks() == {}
+    fut = shared.submit(inc, 1)
+    assert shared.futures_of([fut, {"x": fut}]) == [fut] and fut.executor is shared
+    assert shared.start() is None and shared.asynchronous is False and shared.dashboard_link is None

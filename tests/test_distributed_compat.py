@@ -40,7 +40,11 @@ FROM_KWARGS = {"submit": {"fifo_timeout", "actor", "actors"},
                "persist": {"resources", "fifo_timeout", "actors"}}
 METHODS = ["submit", "map", "scatter", "gather", "cancel", "replicate", "restart", "wait_for_workers",
            "get_worker_logs", "run", "compute", "persist", "who_has", "scheduler_info", "nthreads", "ncores",
-           "has_what", "processing", "run_on_scheduler", "story", "shutdown"]
+           "has_what", "processing", "run_on_scheduler", "story", "shutdown", "retry", "publish_dataset",
+           "get_dataset", "list_datasets", "unpublish_dataset", "log_event", "get_events", "subscribe_topic",
+           "unsubscribe_topic", "get_task_stream", "dump_cluster_state", "nbytes", "upload_file", "register_plugin",
+           "unregister_worker_plugin", "retire_workers", "restart_workers", "register_worker_callbacks",
+           "as_current", "futures_of"]
 AS_COMPLETED = ["add", "update", "count", "is_empty", "has_ready", "next_batch", "batches", "clear"]
 
 

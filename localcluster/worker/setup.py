@@ -48,6 +48,26 @@ class WorkerPlugin:
         "executing", then "executing" to "memory" or "error"."""
 
 
+class CallbackPlugin(WorkerPlugin):
+    """``register_worker_callbacks(setup)``: ``setup()`` as a plugin's setup (``setup(dask_worker=
+    worker)`` if it takes that parameter, as dask's does)."""
+
+    def __init__(self, setup: Any):
+        self.callback = setup
+        self.name = f"worker-callback-{getattr(setup, '__name__', 'setup')}-{os.urandom(4).hex()}"
+
+    def setup(self, worker: Any) -> None:
+        import inspect
+        try:
+            takes = "dask_worker" in inspect.signature(self.callback).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            self.callback(dask_worker=worker)
+        else:
+            self.callback()
+
+
 def run_steps(steps: list) -> None:
     """At a worker's start: every step the cluster has taken so far, in order."""
     for step in steps:

@@ -19,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
 RESOURCES = SCRIPT.parent / "resources.py"
 TASKS = SCRIPT.parent / "tasks.py"
 COORDINATION = SCRIPT.parent / "coordination.py"
+DASK_API = SCRIPT.parent / "dask_api.py"
 
 # dask keywords of the portable methods that localcluster does not take, each with why
 # (README, "When one machine is not enough"). The test fails when this list goes stale.
@@ -118,6 +119,19 @@ def test_coordination_means_the_same_under_both():
                     "Queue: from the tasks: [0, 1, 4, 9] left: 0", "Variable: set by a task: 42",
                     "Lock: taken here: True by someone else in 0.1 s: False"]
     assert ours == theirs
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.slow
+def test_the_rest_of_the_client_means_the_same_under_both():
+    """examples/dask_api.py: Future.retry / traceback / type / release, datasets between clients
+    and from a task, events and a subscription, the task stream, upload_file twice, a worker
+    plugin, retire_workers, under either backend."""
+    pytest.importorskip("distributed")
+    ours, theirs = run("localcluster", DASK_API), run("distributed", DASK_API)
+    assert ours[:3] == ["failed ValueError error", "traceback fails_once", "retried 43 42 finished"]
+    assert "upload 2 [2, 2, 2]" in ours and "plugin set up 3" in ours and ours[-1].startswith("retired 2 False")
+    assert len(ours) == 14 and ours == theirs
 
 
 def test_dask_local_cluster_keywords_are_taken_or_refused_saying_why():

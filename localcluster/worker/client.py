@@ -140,7 +140,10 @@ class TaskWorker:
         return f"<localcluster worker {self.name!r} pid {self.pid}>"
 
     def log_event(self, topic: Any, msg: Any) -> None:
-        """Log an event from this worker (dask's ``Worker.log_event``): ``Client.log_event``'s."""
+        """Log an event from this worker (dask's ``Worker.log_event``): ``Client.log_event``'s, a
+        dict message given the worker's name under "worker", as dask's scheduler adds its address."""
+        if isinstance(msg, dict):
+            msg = {**msg, "worker": self.name}
         get_client().log_event(topic, msg)
 
 

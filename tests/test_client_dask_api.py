@@ -155,9 +155,9 @@ def test_events_from_the_client_and_from_tasks(shared):
     finally:
         shared.unsubscribe_topic("from-tasks")
     events = shared.get_events("from-tasks")
-    [worker] = [msg.pop("worker") for _t, msg in events if isinstance(msg, dict) and "worker" in msg]
-    assert worker in shared.cluster.workers        # a worker's event names it, as dask's
-    assert [msg for _t, msg in events] == ["before", {"x": 1}, {"x": 2}, {"x": 3}]
+    worker = events[1][1]["worker"]         # a worker's event names it, as dask's
+    assert worker in shared.cluster.workers
+    assert [msg for _t, msg in events] == ["before", {"x": 1, "worker": worker}, {"x": 2}, {"x": 3}]
     assert seen == list(events[1:])
     assert all(a <= b for (a, _), (b, _) in zip(events, events[1:]))       # times, in order
     assert shared.get_events("other") == ((events[2][0], {"x": 2}),) and shared.get_events("nothing") == ()

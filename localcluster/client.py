@@ -23,13 +23,15 @@ from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_resources
 from .client_dask import DaskCalls, become_default, release_default
-from .client_specs import DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key
+from .client_specs import (DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key,
+                           name_of)
 from .engine.lifecycle import Phase
 from .future import Future
 from .published import NO_DEFAULT, Datasets
 from .future import walk as _walk
 from . import waiting as _waiting
 from .waiting import as_completed, wait  # noqa: F401 - re-exported
+from .worker import actors as _actors
 from .worker import client as _in_tasks
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
@@ -291,6 +293,12 @@ class Client:
             1024
         """
         if kwargs:
+            if kwargs.pop("actor", False) | bool(kwargs.pop("actors", False)):
+                # dask's actor: the object lives on the worker that makes it; the Future's result is its handle
+                return self.submit_call(_actors.make, (fn, args, dict(kwargs), self.id), {},
+                                        key=key or fresh_key(name_of(fn)), pure=False, retries=retries,
+                                        timeout=timeout, priority=priority, workers=workers,
+                                        allow_other_workers=allow_other_workers, resources=resources)
             dask_keywords("submit", kwargs, ("fifo_timeout",))
         return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
                                 priority=priority, workers=workers, allow_other_workers=allow_other_workers,

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from .scheduler import state as S
+from .wire import serialize
 from .engine.callbacks import CallbackThread
 from .engine.dispatch import Dispatcher, Listener
 from .engine.lifecycle import Lifecycle, Phase
@@ -174,6 +175,14 @@ class Gateway:
         call = self._scheduler.call
         return {name: self._dispatch.request(functools.partial(call, name, fn, args, f"{what} on {name!r}"))
                 for name in names}
+
+    def actor_call(self, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:
+        """An actor's method call or attribute read: ``fn(*args)`` on ``worker``, outside the task
+        slots, as an ActorFuture (KilledWorker, naming the death, once the worker has died)."""
+        from .worker.actors import ActorFuture
+        payload, _found = serialize.dumps_collecting((args, {}))
+        answers = self.run(serialize.pickle_function(fn), payload, frozenset([worker]), f"actor {key!r}: {what}")
+        return ActorFuture(answers[worker], serialize.loads, what)
 
     def coordinate(self, body: Any, timeout: Optional[float], undo: Optional[Callable[[Any], Any]] = None) -> Any:
         """A Lock, Event, Queue ... request of this process's threads (coordination.py): the

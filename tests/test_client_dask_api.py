@@ -438,3 +438,54 @@ def test_as_current_register_worker_callbacks_and_the_rest(shared, tmp_path):
     fut = shared.submit(inc, 1)
     assert shared.futures_of([fut, {"x": fut}]) == [fut] and fut.executor is shared
     assert shared.start() is None and shared.asynchronous is False and shared.dashboard_link is None
+
+
+# --- actors ---------------------------------------------------------------------------------
+
+class Counter:
+    def __init__(self, start=0):
+        self.n = start
+
+    def increment(self, by=1):
+        self.n += by
+        return self.n
+
+    def pid(self):
+        return os.getpid()
+
+
+def increment_from_a_task(counter):
+    return counter.increment(10).result()
+
+
+def test_an_actor_keeps_its_state_on_its_worker(shared):
+    fut = shared.submit(Counter, 5, actor=True)
+    counter = fut.result(30)
+    assert counter.increment().result(30) == 6
+    calls = [counter.increment(2) for _ in range(5)]        # one at a time on the live object
+    assert sorted(c.result(30) for c in calls) == [8, 10, 12, 14, 16] and counter.n == 16
+    assert shared.submit(increment_from_a_task, counter).result(30) == 26 and counter.n == 26
+    assert counter.pid().result(30) in {w.pid for w in shared.cluster.workers.values()}
+    with pytest.raises(AttributeError, match="nothing"):
+        counter.nothing        # noqa: B018 - read there, raised here
+    with pytest.raises(NotImplementedError, match="actors"):
+        shared.map(Counter, [1], actor=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_an_actors_worker_death_fails_its_calls_with_that_death():
+    import signal
+    from localcluster import KilledWorker
+    with LocalCluster(n_workers=2, forward_logs=False) as cluster, Client(cluster) as client:
+        counter = client.submit(Counter, actor=True).result(30)
+        pid = counter.pid().result(30)
+        runs = len(client.get_task_stream())
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: cluster.deaths)
+        with pytest.raises(KilledWorker, match=r"(?s)actor .*increment\(\).*signal, SIGKILL") as raised:
+            counter.increment().result(30)
+        assert raised.value.deaths == (cluster.deaths[-1],)
+        with pytest.raises(KilledWorker, match="signal, SIGKILL"):
+            counter.n       # noqa: B018
+        assert len(client.get_task_stream()) == runs        # the actor is not made again elsewhere

@@ -26,12 +26,16 @@ class Calls:
         #: request id -> (worker, what was called) of each Call sent and not answered; an entry
         #: leaves with its answer, its worker's death or ``clear``
         self.calls: dict[int, tuple] = {}
+        #: worker name -> its death, for a call to a worker that died (an actor's): KilledWorker naming it
+        self.dead: dict[str, WorkerDeath] = {}
 
     def call(self, worker: str, fn: bytes, args: P.Payload, what: str) -> tuple[int, list]:
         """Run a function on ``worker`` now (``Client.run``): (request id, actions). The answer
         is a Deliver: the result, the function's error, or KilledWorker if the worker dies first."""
         req = next(self._ids)
         ws = self._worker(worker)
+        if ws is None and worker in self.dead:
+            return req, [Deliver(req, what, error=KilledWorker(what, worker, (self.dead[worker],), 0))]
         if ws is None or ws.closing:
             why = "died" if self._gone(worker) else "is closing" if ws is not None else "is not running"
             return req, [Deliver(req, what, error=RuntimeError(
@@ -46,6 +50,7 @@ class Calls:
 
     def worker_died(self, death: WorkerDeath) -> list:
         """The calls a dead worker never answered fail with KilledWorker, naming the death."""
+        self.dead[death.worker] = death
         out: list = []
         for req, (worker, what) in list(self.calls.items()):
             if worker == death.worker:

@@ -410,6 +410,10 @@ class TaskClient:
     def get_events(self, topic: Optional[str] = None) -> Any:
         return self._published.get_events(topic)
 
+    def actor_call(self, fn: Callable, args: tuple, worker: str) -> Any:
+        """An actor's method call or attribute read from a task: ``fn(*args)`` on ``worker``."""
+        return self.run(fn, *args, workers=[worker])[worker]
+
     def _ask(self, body: Any, timeout: Optional[float]) -> Any:
         answer = self.coordinate(body, timeout)
         if isinstance(answer, BaseException):

@@ -712,6 +712,18 @@ class Client:
         """Tear the plugin ``name`` down on every worker; workers started later no longer run it."""
         return self._dask.unregister_worker_plugin(name)
 
+    def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
+        """Move data between workers so that each holds about as many bytes of it: these futures'
+        (every result held on a worker when None), over these workers (names; all when None).
+        Each value moves whole (copied, then the original let go of); returns once moved.
+        Useful where a worker nears its own memory_limit while others have room."""
+        self._check()
+        keys = None if futures is None else list(dict.fromkeys(f.key for f in _future.futures_of(futures)))
+        names = None if workers is None else self.gateway.check_worker_names(workers)
+        fs = [f for f in _walk(futures) if isinstance(f, Future)] if futures is not None else []
+        cf.wait(fs, kwargs.get("timeout"))
+        self.gateway.rebalance(keys, names, kwargs.get("timeout", 60.0))
+
     def retire_workers(self, workers: Optional[list] = None, close_workers: bool = True, **kwargs: Any) -> dict:
         """Let these workers go (names, as in cluster.workers): each takes no new task, finishes
         what it runs, hands the data only it holds to the others (nothing is computed again),
@@ -824,11 +836,6 @@ class Client:
     def normalize_collection(self, collection: Any) -> Any:
         raise _not_here("Client.normalize_collection", "persist() the collection and use what it returns: its "
                         "graph is the futures of the keys computed")
-
-    def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
-        raise _not_here("Client.rebalance", "every worker's memory is this machine's, so moving data between "
-                        "them frees none; a worker over memory_target spills to disk, retire_workers() hands a "
-                        "worker's data to the others, replicate() keeps copies")
 
     def unregister_scheduler_plugin(self, name: str) -> None:
         raise _not_here("Client.unregister_scheduler_plugin", "there are no scheduler plugins here "

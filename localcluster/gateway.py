@@ -162,6 +162,16 @@ class Gateway:
         except cf.TimeoutError:
             raise TimeoutError(f"replicate() did not finish within {timeout:g} s") from None
 
+    def rebalance(self, keys: Optional[list], names: Optional[frozenset], timeout: Optional[float]) -> None:
+        """Spread these keys' data evenly over these workers (Scheduler.rebalance); returns once moved."""
+        moves: list = []
+        fut = self._dispatch.request(lambda: self._scheduler.rebalance(keys, names, moves))
+        try:
+            fut.result(timeout)
+        except cf.TimeoutError:
+            raise TimeoutError(f"rebalance() did not finish within {timeout:g} s") from None
+        self._dispatch.event(self._scheduler.drop_copies, moves)
+
     def fetch(self, keys: list) -> list[cf.Future]:
         """Futures for the data (Payloads) of ``keys``, however far away it is."""
         return [self._dispatch.request(functools.partial(self._scheduler.fetch, key)) for key in keys]

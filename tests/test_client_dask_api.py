@@ -489,3 +489,18 @@ def test_an_actors_worker_death_fails_its_calls_with_that_death():
         with pytest.raises(KilledWorker, match="signal, SIGKILL"):
             counter.n       # noqa: B018
         assert len(client.get_task_stream()) == runs        # the actor is not made again elsewhere
+
+
+def test_rebalance_spreads_the_data_evenly(shared):
+    first, second = sorted(shared.cluster.workers)
+    made = shared.map(large, range(6), workers=[first])
+    shared.gather(made)
+    before = shared.who_has(made)
+    assert set(before.values()) == {(first,)}
+    shared.rebalance(made)
+    after = shared.who_has(made)
+    held = [names[0] for names in after.values()]
+    assert all(len(names) == 1 for names in after.values()) and sorted(held).count(first) == 3
+    assert shared.gather(made) == [large(i) for i in range(6)]
+    shared.rebalance(made, workers=[second])        # over one worker: nothing to move
+    assert shared.who_has(made) == after

@@ -322,6 +322,48 @@ class Scheduler:
         actions). The request is answered by a Deliver once every copy is stored."""
         return self.transfers.replicate(keys, n)
 
+    def rebalance(self, keys: Optional[list], names: Optional[frozenset], moves: list) -> tuple[int, list]:
+        """``Client.rebalance``: the data of ``keys`` (every key held on workers when None) spread
+        over ``names`` (every open worker when None) so that each holds about as many bytes of it:
+        each move from the fullest worker to the emptiest, largest values first, while it brings
+        both nearer the mean. The moves are appended to ``moves`` as (key, from, to); this copies,
+        ``drop_copies`` (once the copies are stored) lets go of the originals."""
+        open_ = [ws for ws in self.workers.values() if not ws.closing and (names is None or ws.name in names)]
+        found = (self.tasks.get(k) for k in keys) if keys is not None else self.tasks.values()
+        held = [ts for ts in found if ts is not None and ts.state == "memory" and ts.data is None
+                and len(ts.who_has) == 1 and next(iter(ts.who_has)) in {ws.name for ws in open_}]
+        load = {ws.name: 0 for ws in open_}
+        for ts in held:
+            load[next(iter(ts.who_has))] += ts.nbytes
+        mean = sum(load.values()) / max(1, len(load))
+        pairs = []
+        for ts in sorted(held, key=lambda t: -t.nbytes):
+            src = next(iter(ts.who_has))
+            dst = min(load, key=lambda w: (load[w], w))
+            if load[src] - ts.nbytes >= mean - ts.nbytes / 2 and load[dst] + ts.nbytes <= mean + ts.nbytes / 2 \
+                    and dst != src:
+                load[src] -= ts.nbytes
+                load[dst] += ts.nbytes
+                moves.append((ts.key, src, dst))
+                pairs.append((ts, self.workers[dst]))
+        return self.transfers.copies(pairs)
+
+    def drop_copies(self, moves: list) -> list:
+        """After ``rebalance``'s copies: each original copy let go of, where the new one is stored,
+        nothing sent to its worker needs it and no transfer reads it."""
+        out: list = []
+        for key, src, dst in moves:
+            ts, ws = self.tasks.get(key), self.workers.get(src)
+            if ts is None or ws is None or dst not in ts.who_has or src not in ts.who_has:
+                continue
+            if self.transfers.holding(src) or any(
+                    k is not None and key in self.tasks[k].deps for k in ws.processing.values() if k in self.tasks):
+                continue
+            ws.has.discard(key)
+            ts.drop_holder(src)
+            out.append(Send(src, P.Free((key,))))
+        return out
+
     def stored(self, ack: int) -> list:
         """A worker acknowledged a Put: a copy that ``replicate`` waits for exists."""
         return self.transfers.stored(ack)

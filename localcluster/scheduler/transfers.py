@@ -189,6 +189,22 @@ class Transfers:
             out.append(Deliver(req, ""))
         return req, out
 
+    def copies(self, pairs: list) -> tuple[int, list]:
+        """A copy of each ``(Task, WorkerState)``'s data on that worker (rebalance): (request id,
+        actions), answered by a Deliver once every copy is stored, as ``replicate``."""
+        req = next(self._ids)
+        out: list = []
+        pending = self.replicas[req] = set()
+        for ts, ws in pairs:
+            if ts.state != "memory" or ws.name in ts.who_has or (ts.key, ws.name) in self.relaying:
+                continue
+            pending.add((ts.key, ws.name))
+            out += self.relay(ts, ws)
+        if not pending:
+            del self.replicas[req]
+            out.append(Deliver(req, ""))
+        return req, out
+
     def worker_died(self, dead: str) -> list:
         """Copies on their way to ``dead`` will not arrive; data asked of it is asked again
         of another holder, or the fetch waits for the recompute, or fails."""

@@ -504,3 +504,23 @@ def test_rebalance_spreads_the_data_evenly(shared):
     assert shared.gather(made) == [large(i) for i in range(6)]
     shared.rebalance(made, workers=[second])        # over one worker: nothing to move
     assert shared.who_has(made) == after
+
+
+def test_a_plugin_of_distributeds_is_taken_and_its_scheduler_plugin_refused(shared, tmp_path):
+    distributed = pytest.importorskip("distributed")
+
+    class Marks(distributed.WorkerPlugin):
+        name = "dask-marks"
+
+        def __init__(self, folder):
+            self.folder = folder
+
+        def setup(self, worker):
+            open(os.path.join(self.folder, worker.name), "w").close()
+    shared.register_plugin(Marks(str(tmp_path)))
+    try:
+        assert sorted(os.listdir(tmp_path)) == sorted(shared.cluster.workers)
+    finally:
+        shared.unregister_worker_plugin("dask-marks")
+    with pytest.raises(NotImplementedError, match="SchedulerPlugin.*own state machine"):
+        shared.register_plugin(distributed.SchedulerPlugin())

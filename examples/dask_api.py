@@ -102,8 +102,9 @@ def events(client):
         if arrived.wait(1):
             break
     client.unsubscribe_topic("mine")
-    print("events", [msg for _t, msg in client.get_events("mine")][:1], seen[-1] in [m for _t, m in
-          client.get_events("mine")], [(list(msg["saw"]), "worker" in msg) for _t, msg in client.get_events("from-tasks")])
+    mine = [msg for _t, msg in client.get_events("mine")]
+    from_tasks = [(list(msg["saw"]), "worker" in msg) for _t, msg in client.get_events("from-tasks")]
+    print("events", mine[:1], seen[-1] in mine, from_tasks)
 
 
 def task_stream(client):

@@ -148,7 +148,8 @@ class Subscription:
         self.topic = topic
         self._handler = handler
         self._stop = threading.Event()
-        self._seen = published.next_events(topic, -1, None)[0]     # how many were logged before
+        logged = published.next_events(topic, -1, None)       # answered at once: how many were logged before
+        self._seen = logged[0] if logged is not None else 0
         self._thread = threading.Thread(target=self._run, name=f"localcluster-topic-{topic}", daemon=True)
         self._thread.start()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import localcluster
-from localcluster import Client, Future
+from localcluster import Client
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "dask-api.md"
 STATUSES = {"works", "differs", "not on one machine"}

@@ -412,7 +412,9 @@ class TaskClient:
 
     def actor_call(self, fn: Callable, args: tuple, worker: str) -> Any:
         """An actor's method call or attribute read from a task: ``fn(*args)`` on ``worker``."""
-        return self.run(fn, *args, workers=[worker])[worker]
+        answers = self.run(fn, *args, workers=[worker])
+        assert answers is not None      # wait=True: the answers are at hand
+        return answers[worker]
 
     def _ask(self, body: Any, timeout: Optional[float]) -> Any:
         answer = self.coordinate(body, timeout)

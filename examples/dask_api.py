@@ -1,5 +1,5 @@
 """The rest of dask's Client API: Future.retry / traceback / type / release, datasets, events,
-the task stream, upload_file, worker plugins and retire_workers.
+the task stream, upload_file, worker plugins, actors, rebalance and retire_workers.
 localcluster by default, dask.distributed with CLUSTER_BACKEND=distributed; only the import
 block differs, and both print the same (tests/test_distributed_compat.py).
 
@@ -127,7 +127,28 @@ def uploads_and_plugins(client, folder):
     print("plugin set up", len([n for n in os.listdir(folder) if n.startswith("setup-")]))
 
 
+class Counter:
+    n = 0       # dask's actors read an attribute the class declares
+
+    def __init__(self, start):
+        self.n = start
+
+    def increment(self, by=1):
+        self.n += by
+        return self.n
+
+
+def actors(client):
+    counter = client.submit(Counter, 10, actor=True).result()
+    calls = [counter.increment(by) for by in (1, 2, 3)]
+    print("actor", [c.result() for c in calls], counter.n)
+
+
 def workers(client):
+    spread = client.map(str, range(6), pure=False)
+    client.gather(spread)
+    client.rebalance(spread)
+    print("rebalanced", client.gather(spread))
     names = sorted(client.scheduler_info()["workers"])
     made = client.map(str, range(4), workers=[names[0]])
     client.gather(made)
@@ -144,6 +165,7 @@ def main():
         events(client)
         task_stream(client)
         uploads_and_plugins(client, folder)
+        actors(client)
         workers(client)
     sys.stdout.flush()
 

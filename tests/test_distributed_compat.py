@@ -126,12 +126,13 @@ def test_coordination_means_the_same_under_both():
 def test_the_rest_of_the_client_means_the_same_under_both():
     """examples/dask_api.py: Future.retry / traceback / type / release, datasets between clients
     and from a task, events and a subscription, the task stream, upload_file twice, a worker
-    plugin, retire_workers, under either backend."""
+    plugin, an actor, rebalance and retire_workers, under either backend."""
     pytest.importorskip("distributed")
     ours, theirs = run("localcluster", DASK_API), run("distributed", DASK_API)
     assert ours[:3] == ["failed ValueError error", "traceback fails_once", "retried 43 42 finished"]
     assert "upload 2 [2, 2, 2]" in ours and "plugin set up 3" in ours and ours[-1].startswith("retired 2 False")
-    assert len(ours) == 14 and ours == theirs
+    assert "actor [11, 13, 16] 16" in ours
+    assert len(ours) == 16 and ours == theirs
 
 
 def test_dask_local_cluster_keywords_are_taken_or_refused_saying_why():

@@ -26,6 +26,7 @@ _WHERE = {
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
     "report": "views.report", "live": "views.live", "previous_runs": "runs",
     "get_task_stream": "client_dask", "WorkerPlugin": "worker.setup",
+    "JournalError": "journal",
 }
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
     "wait", "as_completed", "fire_and_forget", "futures_of", "progress", "report", "live", "config", "__version__",
     "get_client", "worker_client", "secede", "rejoin", "get_worker",
     "Lock", "Semaphore", "Event", "Queue", "Variable", "previous_runs", "get_task_stream",
-    "WorkerPlugin",
+    "WorkerPlugin", "JournalError",
 ]
 
 

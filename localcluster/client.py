@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import gc
 import itertools
 import threading
@@ -23,8 +24,10 @@ from .wire import serialize
 from .cluster import LocalCluster
 from .config import check_int, check_resources
 from .client_dask import DaskCalls, become_default, release_default
-from .client_specs import (DEFAULT_OPTIONS, PREFIX, Options, Specs, check_submit_options, dask_keywords, fresh_key,
-                           name_of)
+from .client_specs import (DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, check_submit_options, dask_keywords,
+                           fresh_key, name_of, new_fn_id)
+from . import journal as _journal
+from .scheduler.records import Terms
 from .engine.lifecycle import Phase
 from .future import Future
 from .published import NO_DEFAULT, Datasets
@@ -101,6 +104,10 @@ class Client:
         self._refs_lock = threading.RLock()
         self._specs = Specs(self.id)                  # functions pickled once, arguments, keys
         self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
+        self._journal = self.gateway.journal          # the cluster's journal.Keeper, or None
+        #: key -> the Spec of a task this client's futures finished from the journal, not given
+        #: to the scheduler (until a task needs it as an input, or its entry is damaged)
+        self._held: dict = {}
         self._dask = DaskCalls(self, self._check, self._specs, self._options)    # run, compute, who_has...
         _future.register_client(self)
         if set_as_default:      # dask's default scheduler while open, as distributed's Client
@@ -218,6 +225,8 @@ class Client:
                 self._futures[key] = held - 1
                 return
             self._futures.pop(key, None)
+        if self._held:
+            self._held.pop(key, None)
         self.gateway.release(key)
 
     def resolve(self, key: str, status: str, value: Any) -> None:
@@ -316,6 +325,10 @@ class Client:
             raise TypeError(f"key must be a string, got {type(key).__name__}")
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "submit"))
+        if self._journal is not None and (opts.pure or key is not None):
+            journaled = self._journaled(fn, [tuple(args)], dict(kwargs or {}), [key], opts)
+            if journaled is not None:
+                return journaled[0]
         spec = self._specs.spec(fn, tuple(args), dict(kwargs or {}), key, opts)
         return self._submit([spec], opts.resources)[0]
 
@@ -349,6 +362,10 @@ class Client:
                 keys = [None] * len(items)
             else:
                 raise TypeError("map(key=...) takes a list of keys, or a string prefix")
+            if self._journal is not None and (opts.pure or isinstance(key, (list, tuple))):
+                journaled = self._journaled(fn, items, kwargs, keys, opts, key if isinstance(key, str) else None)
+                if journaled is not None:
+                    return journaled
             how = self._specs.how(fn, opts.pure)
             specs = self._specs.many(items, opts, how) if key is None and not kwargs else None
             if specs is not None:
@@ -383,7 +400,86 @@ class Client:
             futures = [Future(s.key, self, track=False) for s in specs]
             again.update(self.track_many(futures))
             return futures
-        return self.gateway.submit(specs, track, again)
+        # inputs finished from the journal go to the scheduler first: their workers read them
+        inputs = self._unheld(specs) if self._held else []
+        return self.gateway.submit(inputs + specs if inputs else specs, track, again)
+
+    def _unheld(self, specs: list) -> list:
+        """The Specs of the inputs of ``specs`` this client finished from the journal, taken
+        out of ``_held``: the scheduler counts this client once for each, as its futures hold it."""
+        held, out = self._held, []
+        for spec in specs:
+            for d in spec.deps:
+                got = held.pop(d, None)
+                if got is not None:
+                    out.append(got)
+        return out
+
+    # --- the journal (journal.py) ---------------------------------------------------------
+
+    def _journaled(self, fn: Callable, items: list, kwargs: dict, keys: list, opts: Options,
+                   prefix: Optional[str] = None) -> Optional[list[Future]]:
+        """``fn``'s tasks with the journal: a pure one keyed by the fingerprint of ``fn`` and a
+        token of its arguments, each run as a Journaled; those whose entry is there finished
+        at once (``_submit_journaled``). None when ``fn`` has no fingerprint (unjournaled)."""
+        keeper = self._journal
+        how = self._specs.how(fn, False)
+        fp = keeper.fingerprint(fn, how.name)
+        if fp is None:
+            return None
+        fn_id, data = keeper.wrapped(how.fn_id, how.fn_bytes, fp, new_fn_id)
+        wrapped = Function(fn_id, data, how.name, None, Terms(fn_id, data))
+        specs, entries, plain = [], [], None
+        for args, k in zip(items, keys):
+            if k is None:
+                tok = _journal.token((args, kwargs))
+                if tok is None:
+                    keeper.warn_unjournaled(how.name, "an argument has no deterministic token (" +
+                                            _journal.why_untokenizable((args, kwargs)) + ")")
+                    plain = plain or self._specs.how(fn, opts.pure)
+                    spec = self._specs.spec(fn, args, kwargs, None, opts, plain)
+                    specs.append(spec if prefix is None else spec.with_key(f"{prefix}-{spec.key.rsplit('-', 1)[-1]}"))
+                    entries.append(None)
+                    continue
+                k = f"{prefix or how.name}-{_journal.pure_key(fp, tok)}"
+            specs.append(self._specs.spec(fn, args, kwargs, k, opts, wrapped))
+            entries.append(_journal.entry_id(k, fp))
+        return self._submit_journaled(specs, entries, opts.resources)
+
+    def _submit_journaled(self, specs: list, entries: list, resources: Optional[tuple]) -> list[Future]:
+        """Futures of ``specs``: those whose entry (``entries``) the journal holds finished at
+        once, their results read when asked for; the others submitted."""
+        keeper = self._journal
+        found = keeper.lookup([e for e in entries if e is not None])
+        held, futures = self._held, self._futures
+        hit = [e in found and (s.key in held or s.key not in futures) for s, e in zip(specs, entries)]
+        if not any(hit):
+            return self._submit(specs, resources)
+        submitted = iter(self._submit([s for s, h in zip(specs, hit) if not h], resources))
+        reused = [Future(s.key, self, track=False) for s, h in zip(specs, hit) if h]
+        self.track_many(reused)
+        out, reuse = [], iter(reused)
+        for spec, entry, h in zip(specs, entries, hit):
+            if not h:
+                out.append(next(submitted))
+                continue
+            fut = next(reuse)
+            held[spec.key] = spec
+            fut.settle("finished", _journal.InJournal(keeper, entry, functools.partial(self._again, spec.key)))
+            out.append(fut)
+        keeper.count_reused(len(reused))
+        return out
+
+    def _again(self, key: str) -> Any:
+        """The value of ``key`` computed again (its journal entry was damaged or gone)."""
+        spec = self._held.pop(key, None)
+        if spec is not None:
+            return self._submit([spec])[0].result()
+        fut = self.gateway.acquire(key, lambda: self.adopt(key))      # a dependent had it made meanwhile
+        if fut is None:
+            raise RuntimeError(f"the journal entry of task {key!r} is damaged, and the task is no longer known "
+                               f"to the cluster: submit it again to compute it")
+        return fut.result()
 
     def fail_pending(self, exc: BaseException) -> None:
         """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""

@@ -30,6 +30,11 @@ FN_CACHE = 512                       # functions each Client keeps pickled
 _DASK_REFUSED = {"actor": "actors", "actors": "actors"}
 
 
+def new_fn_id() -> int:
+    """A function id never given before in this process (a task function wrapped anew)."""
+    return next(_fn_ids)
+
+
 def fresh_key(name: str) -> str:
     """A key never made before in any process: ``name``, this process's prefix, a number."""
     return f"{name}-{PREFIX}{next(_unique):x}"

@@ -49,6 +49,7 @@ from .supervision.stallwatch import StallWatch
 from .supervision.supervisor import Supervisor, WorkerInfo, WorkerSettings
 from .engine.watchdog import Watchdog
 from .runs import RunRecorder, tell_previous
+from .journal import Journal, Keeper, open_journal
 from .scheduler.forgetting import PENDING
 
 __all__ = ["LocalCluster", "WorkerInfo"]
@@ -135,7 +136,7 @@ class LocalCluster:
         # before anything is made: a number of workers that cannot fit is refused with the figures
         self._refuse_beyond(f"LocalCluster(n_workers={self.n_workers})", self.n_workers, 0,
                             "auto" if cfg["memory_limit"] == "auto" else limit)
-        self.local_directory, self._directory_lock, removed = _make_directory(cfg["local_directory"])
+        self._keeper, (self.local_directory, self._directory_lock, removed) = _journal_and_directory(cfg)
         # Built bottom up, each part handed what it calls by name; nothing is bound later.
         self._life = life = Lifecycle()
         self.scheduler = S.Scheduler(cfg["allowed_failures"], cfg["resources"])
@@ -151,8 +152,10 @@ class LocalCluster:
                                       self._loop, self.history, life)
         self._stall = StallWatch(self._lock, self.scheduler, self._supervisor, self.history, cfg, self.memory_limit)
         self._callbacks = CallbackThread()
+        #: the journal of finished work (``journal=``), or None
+        self.journal: Optional[Journal] = Journal(self._keeper) if self._keeper is not None else None
         self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
-                                self._callbacks, self._loop)
+                                self._callbacks, self._loop, self._keeper)
         self._runs = self._record_run(cfg["run_registry"], removed)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
@@ -391,6 +394,8 @@ class LocalCluster:
         shutil.rmtree(self.local_directory, ignore_errors=True)
         if self._runs is not None:
             self._runs.closed()
+        if self._keeper is not None:
+            self._keeper.close()
         os.close(self._directory_lock)          # after the removal: nobody else may purge it half-way
         _live_clusters.pop(self, None)
         self._life.to(Phase.CLOSED)
@@ -479,6 +484,18 @@ def _make_directory(parent: Optional[str]) -> tuple[str, int, list]:
     except OSError as e:
         raise _unusable_directory(e, parent, base) from None
     return (*made, removed)
+
+
+def _journal_and_directory(cfg: dict) -> tuple:
+    """(the journal's Keeper or None, ``_make_directory``'s answer): the journal first, so that
+    a journal= that is refused leaves no folder behind."""
+    keeper = open_journal(cfg["journal"], os.urandom(8).hex()) if cfg["journal"] else None
+    try:
+        return keeper, _make_directory(cfg["local_directory"])
+    except BaseException:
+        if keeper is not None:
+            keeper.close()
+        raise
 
 
 def _what_was_lost(held: dict) -> str:

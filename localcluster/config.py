@@ -321,6 +321,15 @@ def _directory(value: Any) -> Any:
     return os.fspath(value)
 
 
+def _journal(value: Any) -> Any:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise _bad("journal", value, "a folder's path (str or os.PathLike) to keep finished results in, "
+                   "or None for no journal")
+    return os.fspath(value)
+
+
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "n_workers": _int("n_workers", 0, allow_none=True),
     "threads_per_worker": _int("threads_per_worker", 1),
@@ -343,6 +352,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "resources": _resources,
     "spin_wait": _seconds("spin_wait", allow_none=True, zero_is_none=True),
     "run_registry": _bool("run_registry"),
+    "journal": _journal,
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -367,6 +377,7 @@ DEFAULTS: dict[str, Any] = {
     "resources": None,            # every worker's abstract resources, {"MEM": 2, "GPU": 1}: submit(resources=)
     "spin_wait": 0.0002,          # a thread waiting for a reply polls that long before it sleeps, if the machine is calm (spin.py)
     "run_registry": True,         # each run recorded in the user's cache dir; the next says how one ended unclosed (runs.py)
+    "journal": None,              # a folder keeping finished results for later runs (journal.py)
 }
 
 _lock = threading.Lock()

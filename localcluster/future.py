@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 import weakref
 
 from .death import TransferError
+from .journal import InJournal
 from .wire import protocol as P, remote, serialize
 
 __all__ = ["Future", "fire_and_forget"]
@@ -137,8 +138,8 @@ class _Boxed:
 
 
 def _stored(result: Any) -> bool:
-    """Whether ``_result`` is still to be unpickled (or fetched)."""
-    return type(result) is P.Payload or result is ON_WORKER
+    """Whether ``_result`` is still to be unpickled (or fetched, or read from the journal)."""
+    return type(result) is P.Payload or result is ON_WORKER or type(result) is InJournal
 
 
 # Guards the first making of a Future's Condition, and a resolution that finds none.
@@ -338,17 +339,23 @@ class Future(cf.Future):
                 if isinstance(e, LostDataError):
                     self._lost = e
                 raise
+        if type(payload) is InJournal:     # read here; computed again if its entry is damaged
+            value = payload.load()
+        else:
+            value = self._unpickled(payload)
+        with _MAKING:     # finished: only this swap writes _result now; the lock makes it once
+            if self._result is stored:
+                self._result = _Boxed(value) if _stored(value) else value
+            return self._result
+
+    def _unpickled(self, payload: Any) -> Any:
         try:
-            value = serialize.loads(payload)
+            return serialize.loads(payload)
         except TransferError as e:      # checked as it landed here: a bug of this process's
             raise TransferError(self.key, "kept for the client", e.detail) from None
         except Exception as e:
             step = f"unpickling the result of task {self.key!r} in the client failed"
             raise serialize.restate(e, step) from None
-        with _MAKING:     # finished: only this swap writes _result now; the lock makes it once
-            if self._result is stored:
-                self._result = _Boxed(value) if _stored(value) else value
-            return self._result
 
     def add_done_callback(self, fn: Callable) -> None:
         """As concurrent.futures, except that a callback is never run on the scheduler

@@ -30,6 +30,7 @@ from .engine.dispatch import Dispatcher, Listener
 from .engine.lifecycle import Lifecycle, Phase
 from .engine.loop import EventLoop
 from .scheduler.records import Spec
+from .journal import Keeper
 from .views.stall import Stall
 from .supervision.stallwatch import StallWatch
 from .supervision.supervisor import Supervisor
@@ -39,7 +40,8 @@ logger = logging.getLogger("localcluster")
 
 class Gateway:
     def __init__(self, life: Lifecycle, lock: threading.Lock, scheduler: S.Scheduler, dispatch: Dispatcher,
-                 supervisor: Supervisor, stall: StallWatch, callbacks: CallbackThread, loop: EventLoop):
+                 supervisor: Supervisor, stall: StallWatch, callbacks: CallbackThread, loop: EventLoop,
+                 journal: Optional[Keeper] = None):
         self._life = life
         self._lock = lock
         self._scheduler = scheduler
@@ -51,6 +53,7 @@ class Gateway:
         self._owner_pid = os.getpid()          # a forked child sees another pid
         self._said_no_worker = False           #: the no-worker warning is given (submit); any thread
         self.started = time.time()             #: when the cluster was made (scheduler_info)
+        self.journal = journal                 #: the cluster's journal (journal.py), or None
 
     @property
     def phase(self) -> Phase:

@@ -1,0 +1,261 @@
+"""A journal's entries on disk, and the task that writes them (``Journaled``): one file per
+result, written by the worker that computed it as it finishes, beside a SQLite index of
+what is there. The parent's side (which tasks to journal, what to reuse) is journal.py.
+
+An entry is named by its id: the hash of the task's key and of its code's fingerprint
+(``entry_id``), so a worker knows the name from the key it runs, and a changed function
+never finds an older entry. A file appears whole or not at all (written to a temporary
+name, then ``rename``); a worker killed while writing leaves only a temporary file, which
+a later cluster removes. Each file carries a CRC-32 of everything after its first 16 bytes
+and its own id: a file damaged on disk, cut short or put under another name is never
+read as a value (a ValueError saying what is wrong), and its task is computed again.
+
+File: ``MAGIC`` | u32 CRC-32 of the rest | u64 length of the rest | rest, where rest is
+u16 id length | id | u32 parts | parts x (u64 size, u8 read-only) | the pickle stream |
+its out-of-band buffers.
+
+The index (``index.sqlite3``, WAL) has a row per entry: its id, key, size, the run that
+wrote it and when. It is what the parent looks up before placing a task; the files are
+the truth, so a row whose file is gone or damaged costs a recomputation, never a wrong
+value. Any thread of any process: each process has its own connection.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import sqlite3
+import struct
+import threading
+import time
+import zlib
+from typing import Any, Optional
+
+from ..wire import serialize
+from ..wire.protocol import Payload
+from . import context
+
+__all__ = ["Journaled", "connect", "discard", "disconnect", "entry_id", "entry_path", "index", "read_entry",
+           "write_entry"]
+
+logger = logging.getLogger("localcluster.journal")
+
+MAGIC = b"LCJRNL01"
+INDEX = "index.sqlite3"
+RESULTS = "results"
+_HEAD = struct.Struct("<8sIQ")       # magic, crc of the rest, length of the rest
+_PART = struct.Struct("<QB")
+SCHEMA = ("CREATE TABLE IF NOT EXISTS entries (id TEXT PRIMARY KEY, key TEXT NOT NULL, size INTEGER NOT NULL, "
+          "run TEXT NOT NULL, written REAL NOT NULL)",
+          "CREATE TABLE IF NOT EXISTS runs (run TEXT PRIMARY KEY, record TEXT NOT NULL)",
+          "CREATE TABLE IF NOT EXISTS notes (run TEXT NOT NULL, what TEXT NOT NULL, at REAL NOT NULL)")
+
+
+class _Damaged(ValueError):
+    """An entry's file is not what was written (damaged on disk, cut short, another's)."""
+
+
+def entry_id(key: str, fingerprint: str) -> str:
+    """The id of the entry of task ``key`` made by the code of ``fingerprint``."""
+    return hashlib.sha1(f"{key}\0{fingerprint}".encode("utf-8", "surrogatepass"),
+                        usedforsecurity=False).hexdigest()
+
+
+def entry_path(folder: str, entry: str) -> str:
+    return os.path.join(folder, RESULTS, entry[:2], entry)
+
+
+# --- the files ------------------------------------------------------------------------------
+
+def write_entry(folder: str, entry: str, payload: Payload) -> int:
+    """Write ``payload`` as entry ``entry``, whole or not at all; its size on disk. OSError
+    when it cannot be written (nothing is left behind then)."""
+    meta = payload.meta.raw() if isinstance(payload.meta, pickle.PickleBuffer) else memoryview(payload.meta)
+    parts = [meta] + [pb.raw() for pb in payload.buffers]
+    name = entry.encode()
+    head = struct.pack("<H", len(name)) + name + struct.pack("<I", len(parts)) + \
+        b"".join(_PART.pack(p.nbytes, p.readonly) for p in parts)
+    crc = zlib.crc32(head)
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    length = len(head) + sum(p.nbytes for p in parts)
+    path = entry_path(folder, entry)
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_HEAD.pack(MAGIC, crc, length))
+            f.write(head)
+            for p in parts:
+                f.write(p)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return _HEAD.size + length
+
+
+def read_entry(folder: str, entry: str) -> Payload:
+    """Entry ``entry`` as written; FileNotFoundError when there is none, a ValueError (saying
+    what is wrong) when the file is not what was written."""
+    path = entry_path(folder, entry)
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        n = f.readinto(data)
+    view = memoryview(data)[:n]
+    if n < _HEAD.size:
+        raise _Damaged(f"{path}: {n} bytes, shorter than an entry's header")
+    magic, crc, length = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise _Damaged(f"{path}: not a journal entry (it begins {bytes(view[:8])!r})")
+    if length != n - _HEAD.size:
+        raise _Damaged(f"{path}: {n - _HEAD.size} bytes after the header where {length} were written")
+    rest = view[_HEAD.size:]
+    if zlib.crc32(rest) != crc:
+        raise _Damaged(f"{path}: its CRC-32 is not the one written (its bytes changed on disk)")
+    try:
+        return _parts(rest, entry, path)
+    except _Damaged:
+        raise
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise _Damaged(f"{path}: {e}") from None
+
+
+def _parts(rest: memoryview, entry: str, path: str) -> Payload:
+    (size,) = struct.unpack_from("<H", rest)
+    name = bytes(rest[2:2 + size]).decode()
+    if name != entry:
+        raise _Damaged(f"{path}: it holds entry {name!r}")
+    at = 2 + size
+    (count,) = struct.unpack_from("<I", rest, at)
+    at += 4
+    sizes = [_PART.unpack_from(rest, at + i * _PART.size) for i in range(count)]
+    at += count * _PART.size
+    parts = []
+    for nbytes, readonly in sizes:
+        part = rest[at:at + nbytes]
+        parts.append(part.toreadonly() if readonly else part)
+        at += nbytes
+    if at != len(rest) or not parts:
+        raise _Damaged(f"{path}: its parts do not add up to its length")
+    meta = bytes(parts[0])
+    return Payload(meta, tuple(pickle.PickleBuffer(p) for p in parts[1:]), at)
+
+
+# --- the index ------------------------------------------------------------------------------
+
+_connections: dict = {}          # (pid, folder) -> connection: one a process
+_connecting = threading.Lock()
+
+
+def connect(folder: str, create: bool = False) -> sqlite3.Connection:
+    """This process's connection to ``folder``'s index (WAL; one writer at a time, others
+    wait up to 30 s). ``create``: the tables are made if missing. sqlite3.Error when the
+    index cannot be opened."""
+    with _connecting:
+        conn = _connections.get((os.getpid(), folder))
+        if conn is None:
+            conn = sqlite3.connect(os.path.join(folder, INDEX), timeout=30, check_same_thread=False,
+                                   isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                if create:
+                    for statement in SCHEMA:
+                        conn.execute(statement)
+            except BaseException:
+                conn.close()
+                raise
+            _connections[(os.getpid(), folder)] = conn
+        return conn
+
+
+def disconnect(folder: str) -> None:
+    """Close this process's connection to ``folder``'s index (the cluster closed)."""
+    with _connecting:
+        conn = _connections.pop((os.getpid(), folder), None)
+    if conn is not None:
+        conn.close()
+
+
+_index_lock = threading.Lock()     # one statement at a time on a process's shared connection
+
+
+def index(folder: str, sql: str, args: tuple = ()) -> list:
+    """Run one statement on ``folder``'s index; its rows."""
+    conn = connect(folder)
+    with _index_lock:
+        return conn.execute(sql, args).fetchall()
+
+
+# --- the task -------------------------------------------------------------------------------
+
+_off: set = set()       # journals this process stopped writing to (their disk refused)
+
+
+class Journaled:
+    """A task's function as the journal runs it, on the worker: the entry of the task's key
+    read if it is there and whole (another process wrote it since the parent looked, or a
+    dependent needs a result the parent reused), else the function called and its result
+    written as an entry (never an error: an exception passes through, nothing written)."""
+    __slots__ = ("folder", "run", "fingerprint", "fn_bytes", "_fn")
+
+    def __init__(self, folder: str, run: str, fingerprint: str, fn_bytes: bytes):
+        self.folder, self.run, self.fingerprint, self.fn_bytes = folder, run, fingerprint, fn_bytes
+        self._fn: Any = None
+
+    def __reduce__(self) -> tuple:
+        return (Journaled, (self.folder, self.run, self.fingerprint, self.fn_bytes))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = context.current()[1]
+        key = run.key if run is not None else None
+        entry = entry_id(key, self.fingerprint) if key is not None else None
+        if entry is not None:
+            try:
+                return serialize.loads(read_entry(self.folder, entry))
+            except FileNotFoundError:
+                pass
+            except (ValueError, OSError) as e:     # damaged, or unreadable
+                discard(self.folder, entry, e)
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = pickle.loads(self.fn_bytes)
+        value = fn(*args, **kwargs)
+        if entry is not None and self.folder not in _off:
+            self._keep(key, entry, value)
+        return value
+
+    def _keep(self, key: str, entry: str, value: Any) -> None:
+        try:
+            size = write_entry(self.folder, entry, serialize.dumps(value))
+            index(self.folder, "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)",
+                  (entry, key, size, self.run, time.time()))
+        except (OSError, sqlite3.Error) as e:
+            _off.add(self.folder)
+            logger.warning("localcluster: the journal in %s cannot be written (%s); this worker goes on without "
+                           "it: its results are computed and returned as usual, but no longer kept for a "
+                           "later run. Free some space, or give journal= a folder this user may write to",
+                           self.folder, e)
+        except Exception as e:    # noqa: BLE001 - a result pickle cannot keep is returned, unkept
+            logger.warning("localcluster: the result of task %r is not kept in the journal: it cannot be "
+                           "pickled (%s: %s)", key, type(e).__name__, e)
+
+
+def discard(folder: str, entry: str, why: Exception) -> None:
+    """A damaged entry: removed (file and row), and its task computed again."""
+    logger.warning("localcluster: a journal entry is damaged and was not used (%s); its task is computed "
+                   "again", why)
+    try:
+        os.unlink(entry_path(folder, entry))
+    except OSError:
+        pass
+    try:
+        index(folder, "DELETE FROM entries WHERE id = ?", (entry,))
+    except sqlite3.Error:
+        pass

@@ -1,0 +1,200 @@
+"""The journal of finished work (issue 49, parts 1 and 4): ``LocalCluster(journal=PATH)`` keeps
+each deterministic task's result, written by its worker, and a later cluster on the same
+folder reuses it instead of running the task; a changed function is a new entry; a damaged
+entry is computed again, never served. The processes killed mid-run are in
+test_journal_runs.py."""
+from __future__ import annotations
+
+import logging
+import os
+import textwrap
+
+import pytest
+
+import localcluster
+from localcluster import Client, LocalCluster, journal as journal_module
+from localcluster.worker import journal as J
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def inc(x):
+    return x + 1
+
+
+def total(*xs):
+    return sum(xs)
+
+
+def made(source: str, name: str = "f"):
+    """A function of a module that is not importable (as a script's or a notebook's are):
+    each ``made`` is another module, so a function of the same name can change its body."""
+    ns = {"__name__": "journal_case"}
+    exec(textwrap.dedent(source), ns)
+    return ns[name]
+
+
+def run(path, fn, *iterables, **kwargs):
+    """``client.map(fn, ...)`` on a fresh one-worker cluster on the journal ``path``:
+    (results, reused, stored)."""
+    with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+        values = client.gather(client.map(fn, *iterables, **kwargs))
+        return values, cluster.journal.reused, cluster.journal.stored
+
+
+def test_a_later_cluster_reuses_what_an_earlier_one_computed(tmp_path):
+    path = tmp_path / "journal"
+    assert run(path, inc, range(30)) == ([x + 1 for x in range(30)], 0, 30)
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+        futures = client.map(inc, range(30))
+        assert all(f.done() for f in futures)           # finished at once, without running
+        assert cluster.journal.reused == 30 and cluster.journal.stored == 0
+        # inputs that were only in the journal, read by the worker that needs them
+        assert client.submit(total, *futures).result() == sum(range(1, 31))
+        assert client.submit(inc, 100, key="explicit").result() == 101
+        assert cluster.journal.stored == 2 and cluster.journal.bytes > 0
+        assert [f.result() for f in futures] == [x + 1 for x in range(30)]
+    with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(inc, 100, key="explicit").result() == 101
+        assert cluster.journal.reused == 1
+        cluster.journal.clear()
+        assert cluster.journal.bytes == 0
+        assert client.submit(inc, 7).result() == 8 and cluster.journal.reused == 1
+
+
+def test_a_changed_body_recomputes_and_a_shifted_range_reuses_the_overlap(tmp_path):
+    path = tmp_path / "journal"
+    one = made("def f(x):\n    return x * 2\n")
+    assert run(path, one, range(20)) == ([x * 2 for x in range(20)], 0, 20)
+    same = made("def f(x):\n    return x * 2\n")        # another process's copy of the same code
+    assert run(path, same, range(10, 30)) == ([x * 2 for x in range(10, 30)], 10, 10)
+    changed = made("def f(x):\n    return x * 3\n")
+    assert run(path, changed, range(20)) == ([x * 3 for x in range(20)], 0, 20)
+
+
+def test_a_changed_helper_of_the_same_module_recomputes(tmp_path):
+    path = tmp_path / "journal"
+    source = "def helper(x):\n    return x {op} 1\n\ndef f(x):\n    return helper(x) * 10\n"
+    assert run(path, made(source.format(op="+")), range(5)) == ([(x + 1) * 10 for x in range(5)], 0, 5)
+    assert run(path, made(source.format(op="+")), range(5))[1:] == (5, 0)
+    assert run(path, made(source.format(op="-")), range(5)) == ([(x - 1) * 10 for x in range(5)], 0, 5)
+    closure = "def outer(k):\n    def f(x):\n        return x + k\n    return f\n"
+    assert run(path, made(closure, "outer")(1), range(3)) == ([1, 2, 3], 0, 3)
+    assert run(path, made(closure, "outer")(2), range(3)) == ([2, 3, 4], 0, 3)
+
+
+class Opaque:
+    def __init__(self, n):
+        self.n = n
+
+
+def value_of(o):
+    return o.n
+
+
+def fails(x):
+    raise ValueError(f"no {x}")
+
+
+def test_what_is_never_kept(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="localcluster")
+    with LocalCluster(n_workers=1, journal=str(tmp_path / "j"), forward_logs=False) as cluster, \
+            Client(cluster) as client:
+        assert client.gather(client.map(value_of, [Opaque(1), Opaque(2)])) == [1, 2]
+        assert client.submit(inc, 1, pure=False).result() == 2
+        with pytest.raises(ValueError, match="no 3"):
+            client.submit(fails, 3).result()
+        assert cluster.journal.stored == 0
+    said = [r.getMessage() for r in caplog.records if "not kept in the journal" in r.getMessage()]
+    assert len(said) == 1 and "value_of()" in said[0] and "Opaque" in said[0], said
+
+
+def test_a_journal_that_is_not_a_folder_is_refused_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"journal=123 is not valid"):
+        LocalCluster(n_workers=0, journal=123)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"journal=.*file.*not a folder"):
+        LocalCluster(n_workers=0, journal=str(tmp_path / "file"))
+    with localcluster.config.set(journal=str(tmp_path / "from-config")):
+        with LocalCluster(n_workers=0) as cluster:
+            assert cluster.journal.path == str(tmp_path / "from-config")
+    with LocalCluster(n_workers=0) as cluster:
+        assert cluster.journal is None
+
+
+def _flip_middles(folder) -> int:
+    flipped = 0
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            p = os.path.join(root, name)
+            size = os.path.getsize(p)
+            if size:
+                with open(p, "r+b") as f:
+                    f.seek(size // 2)
+                    byte = f.read(1)
+                    f.seek(size // 2)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+                flipped += 1
+    return flipped
+
+
+def test_damaged_entries_are_computed_again_never_served(tmp_path, caplog):
+    path = tmp_path / "journal"
+    big = made("def f(x):\n    return bytes([x]) * 100_000\n")
+    expected = [bytes([x]) * 100_000 for x in range(6)]
+    assert run(path, big, range(6))[0] == expected
+    assert _flip_middles(path / J.RESULTS) == 6
+    caplog.set_level(logging.WARNING)
+    with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+        futures = client.map(big, range(6))
+        assert cluster.journal.reused == 6           # the index holds them: found damaged as they are read
+        assert client.gather(futures[:3]) == expected[:3]
+        assert client.submit(len, futures[4]).result() == 100_000      # read on the worker: damaged too
+        assert client.gather(futures) == expected
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+    assert run(path, big, range(6)) == (expected, 6, 0)     # computed again, and kept again
+
+
+def test_cut_short_and_swapped_entries_are_never_served(tmp_path):
+    path = tmp_path / "journal"
+    f = made("def f(x):\n    return [x] * 1000\n")
+    run(path, f, range(4))
+    files = sorted(os.path.join(r, n) for r, _d, ns in os.walk(path / J.RESULTS) for n in ns)
+    with open(files[0], "r+b") as fh:
+        fh.truncate(os.path.getsize(files[0]) - 10)
+    first, second = (open(p, "rb") for p in files[1:3])
+    with first, second:
+        a, b = first.read(), second.read()
+    for p, data in ((files[1], b), (files[2], a)):
+        with open(p, "wb") as fh:
+            fh.write(data)
+    assert run(path, f, range(4))[0] == [[x] * 1000 for x in range(4)]
+
+
+def test_a_damaged_index_is_made_again_from_the_files(tmp_path, caplog):
+    path = tmp_path / "journal"
+    run(path, inc, range(10))
+    index = path / J.INDEX
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(str(index) + suffix):
+            os.unlink(str(index) + suffix)
+    index.write_bytes(b"this is not a database" * 100)
+    caplog.set_level(logging.WARNING, logger="localcluster")
+    values, reused, stored = run(path, inc, range(10))
+    assert values == [x + 1 for x in range(10)] and reused == 10 and stored == 0
+    said = [r.getMessage() for r in caplog.records if "index of the journal" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0], said
+
+
+def test_tokens_and_fingerprints_are_values_not_identities():
+    import numpy as np
+    t = journal_module.token
+    assert t((1, "a", {"k": [1.5, None]}, {3, 2})) == t((1, "a", {"k": [1.5, None]}, {2, 3}))
+    assert t((1,)) != t((True,)) != t(("1",))
+    assert t(np.arange(5)) == t(np.arange(5)) != t(np.arange(5.0))
+    assert t(Opaque(1)) is None
+    fp = journal_module.fingerprint
+    assert fp(made("def f(x):\n    return x\n")) == fp(made("def f(x):\n    return x\n"))
+    assert fp(made("def f(x):\n    return x\n")) != fp(made("def f(x):\n    return -x\n"))
+    assert fp(made("def f(x, k=1):\n    return x\n")) != fp(made("def f(x, k=2):\n    return x\n"))

@@ -207,15 +207,21 @@ class LocalCluster:
             self._loop.fail_pending()     # after the move: a command handed over later fails at once
 
     def _record_run(self, registry: bool, removed: list) -> Optional[RunRecorder]:
-        """This run's record (None: the registry is off), after telling how the last runs
-        ended: in the registry's one line (the first cluster of this process), and for the
-        folders of dead clusters just removed that it did not tell of, a line each."""
-        told = tell_previous({pid: _what_was_lost(held) for _path, pid, held in removed}) if registry else set()
+        """This run's record (None: neither the registry nor a journal keeps it), after telling
+        how the last runs ended: the journal's run, in a line of its own; the others in the
+        registry's one line (the first cluster of this process); and for the folders of dead
+        clusters just removed that neither told of, a line each."""
+        keeper = self._keeper
+        folders = {pid: _what_was_lost(held) for _path, pid, held in removed}
+        told = keeper.tell_previous(folders) if keeper is not None else frozenset()
+        told = tell_previous(folders, told) if registry else told
         for path, pid, held in removed:
             if pid not in told:
                 logger.warning("localcluster: removed %s, the folder of a cluster whose process (pid %d) ended "
                                "without closing it (killed, or crashed): %s", path, pid, _what_was_lost(held))
-        return RunRecorder(self._progress) if registry else None
+        if not registry and keeper is None:
+            return None
+        return RunRecorder(self._progress, registry, keeper.write_run if keeper is not None else None)
 
     def _progress(self) -> tuple[int, int, int]:
         """(tasks finished, tasks pending, bytes of results in memory) for the run's record, on

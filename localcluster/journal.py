@@ -28,6 +28,7 @@ import enum
 import fractions
 import functools
 import hashlib
+import json
 import logging
 import os
 import pathlib
@@ -41,8 +42,10 @@ import uuid
 import weakref
 from typing import Any, Callable, Optional
 
+from . import runs
 from .config import format_bytes
 from .runs import PreviousRun
+from .system import registry
 from .wire import serialize
 from .worker import journal as J
 
@@ -393,6 +396,64 @@ class Keeper:
 
     def close(self) -> None:
         J.disconnect(self.path)
+
+    # --- the runs on this journal (runs.py's records) ---------------------------------------
+
+    def write_run(self, record: dict) -> None:
+        """This cluster's run record (RunRecorder's), kept in the journal too; never raises."""
+        try:
+            J.change(self.path, "INSERT OR REPLACE INTO runs VALUES (?, ?)", (self.run, json.dumps(record)))
+        except (sqlite3.Error, TypeError, ValueError) as e:
+            self.warn_once("runs", "localcluster: the journal in %s cannot record this run (%s); a later run will "
+                           "not be able to say how this one ended", self.path, e)
+
+    def tell_previous(self, folders: dict) -> frozenset:
+        """As the cluster starts: the runs on this journal that ended without closing, not
+        told yet, explained (runs.judged) and claimed; the newest is ``previous``, said in one
+        WARNING line with what of its work the journal kept. Their pids."""
+        try:
+            rows = J.index(self.path, "SELECT run, record FROM runs WHERE run != ?", (self.run,))
+        except sqlite3.Error:
+            return frozenset()
+        me, log, ended = registry.identity(), [], []
+        for run, text in rows:
+            try:
+                record = json.loads(text)
+                if not isinstance(record, dict) or record.get("closed") or record.get("told"):
+                    continue
+                found = runs.judged(record, me, log)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                continue          # not as a run writes it: nothing to say of it
+            if found is None:
+                continue
+            record["told"] = True
+            try:        # of two clusters starting at once, one claims it
+                if J.change(self.path, "UPDATE runs SET record = ? WHERE run = ? AND record = ?",
+                            (json.dumps(record), run, text)) != 1:
+                    continue
+            except sqlite3.Error:
+                continue
+            ended.append((found, run))
+        if not ended:
+            return frozenset()
+        ended.sort(key=lambda fr: -fr[0].started)
+        self.previous, run = ended[0]
+        self._say(self.previous, run, folders.get(self.previous.pid))
+        return frozenset(found.pid for found, _run in ended)
+
+    def _say(self, last: PreviousRun, run: str, folder: Optional[str]) -> None:
+        try:
+            kept = J.index(self.path, "SELECT COUNT(*) FROM entries WHERE run = ?", (run,))[0][0]
+        except sqlite3.Error:
+            kept = 0
+        how = f"{last.cause}, {last.signal}" if last.signal else last.cause
+        logger.warning("localcluster: the last run on the journal %s (pid %d, %s) ended without closing its cluster "
+                       "at %s: %s%s; %d tasks had finished, %d were pending. The %d results it kept in the journal are "
+                       "reused, not computed again. cluster.journal.previous.message says more.%s", self.path, last.pid,
+                       runs.describe({"argv": last.argv, "notebook": last.notebook}), runs.clock(last.ended), how,
+                       " (out of memory)" if last.cause == "oom-killer" else "", max(last.finished, kept),
+                       last.pending, kept,
+                       f" Its cluster's folder was removed: {folder}" if folder else "")
 
 
 class Journal:

@@ -27,7 +27,8 @@ from .system import kernel_log, registry
 from .system.machine import memory_cgroups, pid_alive, rss
 from .system.oom import Kill, judge, parse_limit
 
-__all__ = ["PreviousRun", "RunRecorder", "describe", "explain", "forget_warnings", "previous_runs", "tell_previous"]
+__all__ = ["PreviousRun", "RunRecorder", "clock", "describe", "explain", "forget_warnings", "judged", "previous_runs",
+           "tell_previous"]
 
 logger = logging.getLogger("localcluster")
 
@@ -121,8 +122,11 @@ class RunRecorder:
     after the scheduler thread ended. Never raises: a record that cannot be written is one
     warning, and the cluster goes on without it."""
 
-    def __init__(self, progress: Callable[[], tuple[int, int, int]]):
+    def __init__(self, progress: Callable[[], tuple[int, int, int]], use_registry: bool = True,
+                 sink: Optional[Callable[[dict], None]] = None):
         self._progress = progress      # () -> (finished, pending, bytes of results in memory); scheduler thread
+        self._registry = use_registry   # False: the record goes to ``sink`` only
+        self._sink = sink               # given each record written too (a journal's copy); never raises
         self._folder = registry.directory()
         me = registry.identity()
         started = time.time()
@@ -137,25 +141,33 @@ class RunRecorder:
             "closed": False}
         self._next = 0.0                # monotonic: the next tick that writes
         self._write()
-        if self.record is not None:
+        if self.record is not None and self._registry:
             registry.remove_oldest(self._folder)
 
     def _write(self) -> None:
         record = self.record
         if record is None or record["pid"] != os.getpid():    # off, or a forked child's copy
             return
+        if self._sink is not None:
+            self._sink(record)
+        if not self._registry:
+            return
         t0 = time.monotonic()
         try:
             registry.write(self._folder, self._name, record)
         except OSError as e:
-            self.record = None
+            self._registry = False
+            if self._sink is None:
+                self.record = None
             _warn_once("folder", "localcluster: the run registry cannot be written (%s); this run goes on, "
                        "but a later one will not be able to say how it ended. LOCALCLUSTER_RUN_REGISTRY=0 turns "
                        "the registry off", e)
             return
         took = time.monotonic() - t0
         if took > TOO_SLOW:
-            self.record = None
+            self._registry = False
+            if self._sink is None:
+                self.record = None
             _warn_once("slow", "localcluster: writing the run registry in %s took %.1f s; it is no longer "
                        "written for this run. LOCALCLUSTER_RUN_REGISTRY=0 turns it off", self._folder, took)
 
@@ -203,13 +215,13 @@ def describe(record: dict) -> str:
     return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
-def _clock(t: float) -> str:
+def clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _work(record: dict) -> str:
     return (f"It had finished {record.get('finished', 0)} tasks, with {record.get('pending', 0)} pending, "
-            f"at its last sign of life, {_clock(record.get('seen') or record.get('started') or 0)}.")
+            f"at its last sign of life, {clock(record.get('seen') or record.get('started') or 0)}.")
 
 
 def _memory(record: dict) -> str:
@@ -226,7 +238,7 @@ def explain(record: dict, found: "Union[Kill, kernel_log.Fault, kernel_log.Unrea
             restarted: bool) -> tuple[str, Optional[str], str]:
     """(cause, signal, message) of a run that ended without closing, from what the kernel
     logged of its pid (``found``) or whether the machine restarted since."""
-    who = f"Your process (pid {record['pid']}, {describe(record)}, started {_clock(record.get('started') or 0)})"
+    who = f"Your process (pid {record['pid']}, {describe(record)}, started {clock(record.get('started') or 0)})"
     work = " " + _work(record)
     if restarted:
         return "machine-restart", None, (
@@ -323,14 +335,12 @@ def _told(record: dict) -> PreviousRun:
                        num("memory_limit"), num("held"))
 
 
-def _claim(folder: str, name: str, me: registry.Identity, log: list) -> Optional[PreviousRun]:
-    """The run in ``name`` explained and claimed as reported by this process, or None (alive,
-    closed, not ours to judge, or another process claimed it first)."""
-    record = _load(folder, name)
-    if record is None or not isinstance(record.get("pid"), int):
-        return None
-    ended = _ended(record, me)
-    if not ended:
+def judged(record: dict, me: registry.Identity, log: list) -> Optional[PreviousRun]:
+    """The run of ``record`` (a registry's or a journal's) explained, its cause, signal and
+    message added to it, when its process ended without closing; else None. ``log``: the
+    kernel log, read into it on first need. TypeError, ValueError ... for a record that is
+    not as a run writes it."""
+    if not isinstance(record.get("pid"), int) or not _ended(record, me):
         return None
     restarted = bool(record.get("boot") and me.boot and record["boot"] != me.boot)
     found = None
@@ -340,12 +350,23 @@ def _claim(folder: str, name: str, me: registry.Identity, log: list) -> Optional
         records = log[0]
         found = records if isinstance(records, kernel_log.Unreadable) else \
             kernel_log.evidence(records, record["pid"], record.get("since_boot"))
+    cause, signal, message = explain(record, found, restarted)
+    record.update(cause=cause, signal=signal, message=message)
+    return _told(record)
+
+
+def _claim(folder: str, name: str, me: registry.Identity, log: list) -> Optional[PreviousRun]:
+    """The run in ``name`` explained and claimed as reported by this process, or None (alive,
+    closed, not ours to judge, or another process claimed it first)."""
+    record = _load(folder, name)
+    if record is None or not isinstance(record.get("pid"), int):
+        return None
     try:
-        cause, signal, message = explain(record, found, restarted)
-        record.update(cause=cause, signal=signal, message=message)
-        run = _told(record)
+        run = judged(record, me, log)
     except (TypeError, ValueError, KeyError, AttributeError) as e:     # JSON, but not as a run writes it
         _load_damaged(folder, name, ValueError(f"{os.path.join(folder, name)}: {e!r}"))
+        return None
+    if run is None:
         return None
     if not registry.mark_told(folder, name):
         return None
@@ -389,21 +410,22 @@ def previous_runs(reported: bool = False) -> list:
     return out
 
 
-def tell_previous(folders: Optional[dict] = None) -> set:
+def tell_previous(folders: Optional[dict] = None, told: frozenset = frozenset()) -> set:
     """On the first cluster of this process: one WARNING line for the runs that ended
     without closing since the last look. ``folders``: pid -> what the removal of that
-    process's cluster folder lost, in words, told in the same line. The pids told."""
+    process's cluster folder lost, in words, told in the same line; ``told``: pids a line
+    of their own told already (a journal's), claimed here and not told again. The pids told."""
     if _said.is_set():
-        return set()
+        return set(told)
     _said.set()
     try:
-        runs = previous_runs()
+        runs = [r for r in previous_runs() if r.pid not in told]
     except Exception as e:        # the registry must never stop a cluster from starting
         _warn_once("read", "localcluster: the run registry in %s could not be read (%r); it is ignored",
                    registry.directory(), e)
-        return set()
+        return set(told)
     if not runs:
-        return set()
+        return set(told)
     last = runs[0]
     how = f"{last.cause}, {last.signal}" if last.signal else last.cause
     more = ""
@@ -415,5 +437,5 @@ def tell_previous(folders: Optional[dict] = None) -> set:
     logger.warning("localcluster: your previous run (pid %d, %s) ended without closing its cluster at %s: %s; "
                    "%d tasks had finished, %d were pending%s. localcluster.previous_runs(reported=True)[0].message "
                    "says more.%s", last.pid, describe({"argv": last.argv, "notebook": last.notebook}),
-                   _clock(last.ended), how, last.finished, last.pending, more, folder)
-    return {r.pid for r in runs}
+                   clock(last.ended), how, last.finished, last.pending, more, folder)
+    return {r.pid for r in runs} | told

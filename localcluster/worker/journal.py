@@ -36,7 +36,7 @@ from ..wire import serialize
 from ..wire.protocol import Payload
 from . import context
 
-__all__ = ["Journaled", "connect", "discard", "disconnect", "entry_id", "entry_path", "index", "read_entry",
+__all__ = ["Journaled", "change", "connect", "discard", "disconnect", "entry_id", "entry_path", "index", "read_entry",
            "write_entry"]
 
 logger = logging.getLogger("localcluster.journal")
@@ -191,6 +191,13 @@ def index(folder: str, sql: str, args: tuple = ()) -> list:
     conn = connect(folder)
     with _index_lock:
         return conn.execute(sql, args).fetchall()
+
+
+def change(folder: str, sql: str, args: tuple = ()) -> int:
+    """Run one statement that changes ``folder``'s index; the rows it changed."""
+    conn = connect(folder)
+    with _index_lock:
+        return conn.execute(sql, args).rowcount
 
 
 # --- the task -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from .client_dask import DaskCalls, become_default, release_default
 from .client_specs import (DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, check_submit_options, dask_keywords,
                            fresh_key, name_of, new_fn_id)
 from . import journal as _journal
-from .scheduler.records import Terms
+from .scheduler.records import Spec, Terms
 from .engine.lifecycle import Phase
 from .future import Future
 from .published import NO_DEFAULT, Datasets
@@ -105,8 +105,9 @@ class Client:
         self._specs = Specs(self.id)                  # functions pickled once, arguments, keys
         self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
         self._journal = self.gateway.journal          # the cluster's journal.Keeper, or None
-        #: key -> the Spec of a task this client's futures finished from the journal, not given
-        #: to the scheduler (until a task needs it as an input, or its entry is damaged)
+        #: key -> (the Spec that reads it, its own Spec) of a task this client's futures finished
+        #: from the journal, not given to the scheduler (until a task needs it as an input, or
+        #: its entry is damaged)
         self._held: dict = {}
         self._dask = DaskCalls(self, self._check, self._specs, self._options)    # run, compute, who_has...
         _future.register_client(self)
@@ -412,7 +413,7 @@ class Client:
             for d in spec.deps:
                 got = held.pop(d, None)
                 if got is not None:
-                    out.append(got)
+                    out.append(got[0])
         return out
 
     # --- the journal (journal.py) ---------------------------------------------------------
@@ -427,32 +428,52 @@ class Client:
         fp = keeper.fingerprint(fn, how.name)
         if fp is None:
             return None
-        fn_id, data = keeper.wrapped(how.fn_id, how.fn_bytes, fp, new_fn_id)
-        wrapped = Function(fn_id, data, how.name, None, Terms(fn_id, data))
+        wrapped: dict = {}        # fingerprint -> the Function of fn run as a Journaled of it
+
+        def run_as(fpk: str) -> Function:
+            if fpk not in wrapped:
+                fn_id, data = keeper.wrapped(how.fn_id, how.fn_bytes, fpk, new_fn_id)
+                wrapped[fpk] = Function(fn_id, data, how.name, None, Terms(fn_id, data))
+            return wrapped[fpk]
         specs, entries, plain = [], [], None
         for args, k in zip(items, keys):
-            if k is None:
-                tok = _journal.token((args, kwargs))
-                if tok is None:
-                    keeper.warn_unjournaled(how.name, "an argument has no deterministic token (" +
-                                            _journal.why_untokenizable((args, kwargs)) + ")")
-                    plain = plain or self._specs.how(fn, opts.pure)
-                    spec = self._specs.spec(fn, args, kwargs, None, opts, plain)
-                    specs.append(spec if prefix is None else spec.with_key(f"{prefix}-{spec.key.rsplit('-', 1)[-1]}"))
-                    entries.append(None)
-                    continue
-                k = f"{prefix or how.name}-{_journal.pure_key(fp, tok)}"
-            specs.append(self._specs.spec(fn, args, kwargs, k, opts, wrapped))
-            entries.append(_journal.entry_id(k, fp))
+            k, fpk, why = self._journal_key(fp, how.name, args, kwargs, k, prefix)
+            if why is not None:
+                keeper.warn_unjournaled(how.name, why)
+                plain = plain or self._specs.how(fn, opts.pure)
+                spec = self._specs.spec(fn, args, kwargs, k, opts, plain)
+                specs.append(spec if prefix is None else spec.with_key(f"{prefix}-{spec.key.rsplit('-', 1)[-1]}"))
+                entries.append(None)
+                continue
+            specs.append(self._specs.spec(fn, args, kwargs, k, opts, run_as(fpk)))
+            entries.append((_journal.entry_id(k, fpk), fpk))
         return self._submit_journaled(specs, entries, opts.resources)
+
+    @staticmethod
+    def _journal_key(fp: str, name: str, args: tuple, kwargs: dict, key: Optional[str],
+                     prefix: Optional[str]) -> tuple:
+        """(key, fingerprint, None) of a journaled task, or (its own key, None, why it cannot be
+        journaled). A pure task's key is made of its code and its arguments' token; an explicit
+        key (a dask graph's) is kept, with the code of the graph nodes among its arguments."""
+        if key is None:
+            tok = _journal.token((args, kwargs))
+            if tok is None:
+                why = _journal.why_untokenizable((args, kwargs))
+                return None, None, f"an argument has no deterministic token ({why})"
+            return f"{prefix or name}-{_journal.pure_key(fp, tok)}", fp, None
+        try:
+            return key, _journal.combined(fp, _journal.graph_code(args)), None
+        except Exception as e:  # noqa: BLE001 - any failure of the walk leaves the task unjournaled
+            return key, None, f"the code of its dask graph node has no fingerprint ({e})"
 
     def _submit_journaled(self, specs: list, entries: list, resources: Optional[tuple]) -> list[Future]:
         """Futures of ``specs``: those whose entry (``entries``) the journal holds finished at
         once, their results read when asked for; the others submitted."""
         keeper = self._journal
-        found = keeper.lookup([e for e in entries if e is not None])
+        found = keeper.lookup([e[0] for e in entries if e is not None])
         held, futures = self._held, self._futures
-        hit = [e in found and (s.key in held or s.key not in futures) for s, e in zip(specs, entries)]
+        hit = [e is not None and e[0] in found and (s.key in held or s.key not in futures)
+               for s, e in zip(specs, entries)]
         if not any(hit):
             return self._submit(specs, resources)
         submitted = iter(self._submit([s for s, h in zip(specs, hit) if not h], resources))
@@ -464,17 +485,24 @@ class Client:
                 out.append(next(submitted))
                 continue
             fut = next(reuse)
-            held[spec.key] = spec
-            fut.settle("finished", _journal.InJournal(keeper, entry, functools.partial(self._again, spec.key)))
+            # A dependent has it read by its worker: the task itself when it has no inputs (a
+            # damaged entry is computed again there), else a reader of the entry alone, since
+            # its inputs may be let go of meanwhile (a damaged entry is an error naming it)
+            reader = spec
+            if spec.deps:
+                fn_id, data = keeper.reader(entry[1], new_fn_id)
+                reader = Spec.sharing(spec.key, serialize.plain_args(()), (), Terms(fn_id, data))
+            held[spec.key] = (reader, spec)
+            fut.settle("finished", _journal.InJournal(keeper, entry[0], functools.partial(self._again, spec.key)))
             out.append(fut)
         keeper.count_reused(len(reused))
         return out
 
     def _again(self, key: str) -> Any:
         """The value of ``key`` computed again (its journal entry was damaged or gone)."""
-        spec = self._held.pop(key, None)
-        if spec is not None:
-            return self._submit([spec])[0].result()
+        held = self._held.pop(key, None)
+        if held is not None:
+            return self._submit([held[1]])[0].result()
         fut = self.gateway.acquire(key, lambda: self.adopt(key))      # a dependent had it made meanwhile
         if fut is None:
             raise RuntimeError(f"the journal entry of task {key!r} is damaged, and the task is no longer known "

@@ -50,7 +50,7 @@ from .wire import serialize
 from .worker import journal as J
 
 __all__ = ["InJournal", "Journal", "JournalError", "Keeper", "entry_id", "fingerprint", "open_journal", "pure_key",
-           "token", "why_untokenizable"]
+           "graph_code", "token", "why_untokenizable"]
 
 logger = logging.getLogger("localcluster")
 
@@ -139,7 +139,7 @@ def _feed_other(h: Any, obj: Any, t: type, seen: set) -> None:
     if hasattr(obj, "__dask_tokenize__") and not isinstance(obj, type):
         _text(h, b"d", f"{module}.{t.__qualname__}".encode())
         _feed(h, obj.__dask_tokenize__(), seen)
-    elif module == "numpy" or module.startswith("numpy."):
+    elif (module == "numpy" or module.startswith("numpy.")) and isinstance(obj, _numpy_types()):
         _numpy(h, obj, t)
     elif module.startswith("pandas."):
         _pandas(h, obj, seen)
@@ -154,10 +154,27 @@ def _feed_other(h: Any, obj: Any, t: type, seen: set) -> None:
         for f in dataclasses.fields(obj):
             _feed(h, f.name, seen)
             _feed(h, getattr(obj, f.name), seen)
-    elif callable(obj):
+    elif callable(obj) and not _library_name(module):
         _text(h, b"F", _fingerprint(obj, seen).encode())
+    elif _library_name(module):
+        _text(h, b"L", _pickled(obj, module, t))
     else:
         raise _Untokenizable(f"a {module}.{t.__qualname__}")
+
+
+def _pickled(obj: Any, module: str, t: type) -> bytes:
+    """A value of an installed package's type, as pickle writes it (its functions by name):
+    the same in another process, or at worst a different token (a miss), never a wrong hit."""
+    import pickle
+    try:
+        return f"{module}.{t.__qualname__}@{_library_name(module)}:".encode() + pickle.dumps(obj, protocol=4)
+    except Exception as e:  # noqa: BLE001 - whatever pickle refuses has no token
+        raise _Untokenizable(f"a {module}.{t.__qualname__} ({type(e).__name__}: {e})") from None
+
+
+def _numpy_types() -> tuple:
+    import numpy as np
+    return (np.ndarray, np.generic, np.dtype)
 
 
 def _numpy(h: Any, obj: Any, t: type) -> None:
@@ -210,6 +227,10 @@ def _code_of(h: Any, fn: Any, seen: set) -> None:
     elif isinstance(fn, types.MethodType):
         _code_of(h, fn.__func__, seen)
         _feed(h, fn.__self__, seen)
+    elif isinstance(fn, types.FunctionType) and _library_name(fn.__module__):
+        # an installed package's or Python's own: its code is its version's
+        _text(h, b"lib", f"{fn.__module__}.{fn.__qualname__}@{_library_name(fn.__module__)}".encode())
+        _feed(h, (fn.__defaults__, fn.__kwdefaults__), seen)
     elif isinstance(fn, types.FunctionType):
         _text(h, b"fn", f"{fn.__module__}.{fn.__qualname__}".encode())
         _code(h, fn.__code__, fn, seen)
@@ -227,6 +248,8 @@ def _code_of(h: Any, fn: Any, seen: set) -> None:
         _text(h, b"builtin", f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', fn)}".encode())
         if getattr(fn, "__self__", None) is not None and not isinstance(fn.__self__, types.ModuleType):
             _feed(h, fn.__self__, seen)
+    elif callable(fn) and _library_name(type(fn).__module__):
+        _feed(h, fn, seen)           # an installed package's callable object: its pickle
     elif callable(fn):
         _class(h, type(fn), seen)
         _feed(h, _state(fn), seen)
@@ -256,6 +279,26 @@ def _class(h: Any, cls: type, seen: set) -> None:
             _code_of(h, member, seen)
 
 
+_libraries: dict = {}      # module name -> "" (the user's) or the version of the package it is part of
+
+
+def _library_name(name: Optional[str]) -> str:
+    """For a module of an installed package or of Python: its package's version (or
+    Python's), never empty; "" for one of the user's (a script, a notebook, their own code)."""
+    if name is None:
+        return ""
+    got = _libraries.get(name)
+    if got is None:
+        module = sys.modules.get(name)
+        if module is None or not _library(module):
+            got = ""
+        else:
+            top = sys.modules.get(name.partition(".")[0])
+            got = str(getattr(top, "__version__", "") or "py%d.%d" % sys.version_info[:2])
+        _libraries[name] = got
+    return got
+
+
 def _library(module: types.ModuleType) -> bool:
     """A module of Python's or of an installed package: its code is its version's."""
     path = getattr(module, "__file__", None) or ""
@@ -277,6 +320,32 @@ def _code(h: Any, code: types.CodeType, fn: types.FunctionType, seen: set) -> No
         callee = fn.__globals__.get(name)
         if isinstance(callee, (types.FunctionType, type)) and getattr(callee, "__module__", None) == fn.__module__:
             _code_of(h, callee, seen)
+
+
+def graph_code(args: tuple) -> str:
+    """A fingerprint of the code of the dask graph nodes among ``args`` (a node's function,
+    and those of the nodes fused into it); "" when there is none. _Untokenizable when a
+    node's function has no fingerprint."""
+    nodes = [a for a in args if type(a).__module__ == "dask._task_spec"]
+    if not nodes:
+        return ""
+    found: set = set()
+    for node in nodes:
+        _node_code(node, found)
+    return hashlib.sha1("".join(sorted(found)).encode(), usedforsecurity=False).hexdigest()
+
+
+def _node_code(obj: Any, found: set) -> None:
+    if type(obj) in (tuple, list):
+        for x in obj:
+            _node_code(x, found)
+    elif type(obj) is dict:
+        for x in obj.values():
+            _node_code(x, found)
+    elif type(obj).__module__ == "dask._task_spec" and hasattr(obj, "func"):
+        found.add(fingerprint(obj.func))
+        _node_code(obj.args, found)
+        _node_code(getattr(obj, "kwargs", None) or {}, found)
 
 
 # --- the lazy value -------------------------------------------------------------------------
@@ -347,6 +416,10 @@ class Keeper:
                 data = serialize.pickle_function(J.Journaled(self.path, self.run, fp, fn_bytes))
                 got = self._wrapped[(fn_id, fp)] = (new_id(), data)
             return got
+
+    def reader(self, fp: str, new_id: Callable[[], int]) -> tuple[int, bytes]:
+        """(function id, pickled bytes) of the Journaled that only reads entries of ``fp``."""
+        return self.wrapped(-1, b"", fp, new_id)
 
     def lookup(self, entries: list) -> set:
         """The ids among ``entries`` the index holds (an empty set when it cannot be read)."""
@@ -573,6 +646,11 @@ def _rebuild(path: str, why: Exception) -> None:
 
 
 entry_id = J.entry_id
+
+
+def combined(fp: str, code: str) -> str:
+    """A task's fingerprint: its function's and that of the code in its arguments (a dask node's)."""
+    return hashlib.sha1(f"{fp}+{code}".encode(), usedforsecurity=False).hexdigest() if code else fp
 
 
 def pure_key(fp: str, tok: str) -> str:

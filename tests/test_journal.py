@@ -198,3 +198,22 @@ def test_tokens_and_fingerprints_are_values_not_identities():
     assert fp(made("def f(x):\n    return x\n")) == fp(made("def f(x):\n    return x\n"))
     assert fp(made("def f(x):\n    return x\n")) != fp(made("def f(x):\n    return -x\n"))
     assert fp(made("def f(x, k=1):\n    return x\n")) != fp(made("def f(x, k=2):\n    return x\n"))
+
+
+def test_a_dask_array_computed_twice_computes_no_block_the_second_time(tmp_path):
+    da = pytest.importorskip("dask.array")
+    import numpy as np
+    path = str(tmp_path / "journal")
+    x = da.arange(400, chunks=50).reshape(20, 20).rechunk(5) * 3
+    expected = (np.arange(400).reshape(20, 20) * 3).sum(axis=0)
+    with LocalCluster(n_workers=1, journal=path, forward_logs=False) as cluster, Client(cluster) as client:
+        assert (x.sum(axis=0).compute(scheduler=client.get) == expected).all()
+        first = cluster.journal.stored
+        assert first > 16 and cluster.journal.reused == 0
+    with LocalCluster(n_workers=1, journal=path, forward_logs=False) as cluster, Client(cluster) as client:
+        # dask's compute finalizes under a key of its own each time (a uuid): that one task
+        # runs, its inputs read by its worker; no block of x is computed
+        assert (x.sum(axis=0).compute(scheduler=client.get) == expected).all()
+        assert cluster.journal.stored == 1 and cluster.journal.reused > 16
+        assert (client.compute(x.sum(axis=0)).result() == expected).all()
+        assert cluster.journal.stored == 2

@@ -209,7 +209,8 @@ class Journaled:
     """A task's function as the journal runs it, on the worker: the entry of the task's key
     read if it is there and whole (another process wrote it since the parent looked, or a
     dependent needs a result the parent reused), else the function called and its result
-    written as an entry (never an error: an exception passes through, nothing written)."""
+    written as an entry (never an error: an exception passes through, nothing written).
+    With no function (``fn_bytes`` empty), a reader: the entry, or an error naming it."""
     __slots__ = ("folder", "run", "fingerprint", "fn_bytes", "_fn")
 
     def __init__(self, folder: str, run: str, fingerprint: str, fn_bytes: bytes):
@@ -226,10 +227,14 @@ class Journaled:
         if entry is not None:
             try:
                 return serialize.loads(read_entry(self.folder, entry))
-            except FileNotFoundError:
-                pass
+            except FileNotFoundError as e:
+                gone: Exception = e
             except (ValueError, OSError) as e:     # damaged, or unreadable
                 discard(self.folder, entry, e)
+                gone = e
+        if not self.fn_bytes:       # a reader only: the parent reused it, and has not its inputs here
+            raise RuntimeError(f"the journal entry of task {key!r} in {self.folder} could not be read ({gone}); "
+                               f"it is removed: run the computation again to compute it anew")
         fn = self._fn
         if fn is None:
             fn = self._fn = pickle.loads(self.fn_bytes)

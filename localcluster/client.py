@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import contextlib
 import functools
 import gc
+import hashlib
 import itertools
 import threading
 import time
@@ -25,7 +26,7 @@ from .cluster import LocalCluster
 from .config import check_int, check_resources
 from .client_dask import DaskCalls, become_default, release_default
 from .client_specs import (DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, check_submit_options, dask_keywords,
-                           fresh_key, name_of, new_fn_id)
+                           fresh_key, name_of, new_fn_id, terms_of)
 from . import journal as _journal
 from .scheduler.records import Spec, Terms
 from .engine.lifecycle import Phase
@@ -435,6 +436,10 @@ class Client:
                 fn_id, data = keeper.wrapped(how.fn_id, how.fn_bytes, fpk, new_fn_id)
                 wrapped[fpk] = Function(fn_id, data, how.name, None, Terms(fn_id, data))
             return wrapped[fpk]
+        if not kwargs and all(k is None for k in keys):
+            fast = self._journaled_plain(fp, f"{prefix or how.name}-", items, terms_of(run_as(fp), opts))
+            if fast is not None:
+                return self._submit_journaled(*fast, opts.resources)
         specs, entries, plain = [], [], None
         for args, k in zip(items, keys):
             k, fpk, why = self._journal_key(fp, how.name, args, kwargs, k, prefix)
@@ -448,6 +453,23 @@ class Client:
             specs.append(self._specs.spec(fn, args, kwargs, k, opts, run_as(fpk)))
             entries.append((_journal.entry_id(k, fpk), fpk))
         return self._submit_journaled(specs, entries, opts.resources)
+
+    @staticmethod
+    def _journaled_plain(fp: str, name: str, items: list, terms: Terms) -> Optional[tuple]:
+        """(Specs, entries) of pure tasks whose arguments are all plain (numbers, strings: the
+        pickle of such arguments is their token), in one loop; None if any is not."""
+        payloads = serialize.dumps_plain_many(items)
+        if payloads is None:
+            return None
+        h, entry_id, share = hashlib.sha1(fp.encode(), usedforsecurity=False), _journal.entry_id, Spec.sharing
+        specs, entries = [], []
+        for payload in payloads:
+            k = h.copy()
+            k.update(payload.meta if type(payload.meta) is bytes else payload.meta.raw())
+            key = name + k.hexdigest()
+            specs.append(share(key, payload, (), terms))
+            entries.append((entry_id(key, fp), fp))
+        return specs, entries
 
     @staticmethod
     def _journal_key(fp: str, name: str, args: tuple, kwargs: dict, key: Optional[str],
@@ -596,6 +618,8 @@ class Client:
                 error = f.stored_error()
                 if error is not None:
                     raise error
+        if self._journal is not None:      # results finished from the journal: read in one pass
+            self._journal.read_ahead(flat)
         lazy = [f for f in flat if f.needs_fetch()]
         if lazy:   # fetch all large results at once rather than one round trip each
             fetched = self.gateway.fetch([f.key for f in lazy])

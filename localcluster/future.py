@@ -590,10 +590,16 @@ class Future(cf.Future):
         return self._result is ON_WORKER
 
     def prefill(self, payload: Any) -> None:
-        """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once)."""
+        """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once),
+        or read ahead from the journal."""
         with _MAKING:
-            if self._result is ON_WORKER:
+            if self._result is ON_WORKER or type(self._result) is InJournal:
                 self._result = payload
+
+    def in_journal(self) -> Optional[InJournal]:
+        """What ``result()`` would read from the journal, if it would."""
+        result = self._result
+        return result if type(result) is InJournal and self._state == _FINISHED else None
 
 
 def walk(obj: Any) -> Any:

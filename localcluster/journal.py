@@ -444,6 +444,33 @@ class Keeper:
     def read(self, entry: str) -> Any:
         return J.read_entry(self.path, entry)
 
+    def read_ahead(self, futures: list) -> None:
+        """The results of ``futures`` kept in the index's rows, read in one pass and handed to
+        them (``Future.prefill``): a gather of many small ones without a query each. Those
+        in files, damaged or gone are left for ``result()``."""
+        waiting = {}
+        for f in futures:
+            lazy = f.in_journal()
+            if lazy is not None:
+                waiting.setdefault(lazy.entry, []).append(f)
+        if not waiting:
+            return
+        ids = list(waiting)
+        try:
+            for i in range(0, len(ids), _CHUNK):
+                chunk = ids[i:i + _CHUNK]
+                rows = J.index(self.path, f"SELECT id, crc, data FROM entries WHERE data IS NOT NULL AND id IN "
+                                          f"({','.join('?' * len(chunk))})", tuple(chunk))
+                for entry, crc, data in rows:
+                    try:
+                        payload = J.parsed_row(crc, data, entry, self.path)
+                    except ValueError:
+                        continue
+                    for f in waiting.get(entry, ()):
+                        f.prefill(payload)
+        except sqlite3.Error:
+            return
+
     def discard(self, entry: str, why: Exception) -> None:
         J.discard(self.path, entry, why)
 
@@ -603,7 +630,7 @@ def _open_index(path: str) -> None:
         ok = conn.execute("PRAGMA quick_check").fetchone()
         if ok is None or ok[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check says {ok[0] if ok else 'nothing'}")
-        conn.execute("SELECT id, key, size, run, written FROM entries LIMIT 1").fetchall()
+        conn.execute("SELECT id, key, size, run, written, crc, data FROM entries LIMIT 1").fetchall()
         conn.execute("SELECT run, record FROM runs LIMIT 1").fetchall()
     except sqlite3.OperationalError as e:
         if _unwritable(e):
@@ -634,8 +661,9 @@ def _rebuild(path: str, why: Exception) -> None:
         for sub in sorted(os.listdir(results)) if os.path.isdir(results) else ():
             for name in sorted(os.listdir(os.path.join(results, sub))):
                 if len(name) == 40 and not name.endswith(".tmp"):
-                    rows.append((name, "", os.path.getsize(os.path.join(results, sub, name)), "rebuilt", time.time()))
-        conn.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", rows)
+                    rows.append((name, "", os.path.getsize(os.path.join(results, sub, name)), "rebuilt", time.time(),
+                                 None, None))
+        conn.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
     except (OSError, sqlite3.Error) as e:
         J.disconnect(path)
         raise JournalError(f"journal={path!r}: its index is damaged ({why}) and could not be made again ({e}). "

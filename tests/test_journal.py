@@ -158,7 +158,7 @@ def test_damaged_entries_are_computed_again_never_served(tmp_path, caplog):
 
 def test_cut_short_and_swapped_entries_are_never_served(tmp_path):
     path = tmp_path / "journal"
-    f = made("def f(x):\n    return [x] * 1000\n")
+    f = made("def f(x):\n    return [x] * 50_000\n")
     run(path, f, range(4))
     files = sorted(os.path.join(r, n) for r, _d, ns in os.walk(path / J.RESULTS) for n in ns)
     with open(files[0], "r+b") as fh:
@@ -169,22 +169,24 @@ def test_cut_short_and_swapped_entries_are_never_served(tmp_path):
     for p, data in ((files[1], b), (files[2], a)):
         with open(p, "wb") as fh:
             fh.write(data)
-    assert run(path, f, range(4))[0] == [[x] * 1000 for x in range(4)]
+    assert run(path, f, range(4))[0] == [[x] * 50_000 for x in range(4)]
 
 
 def test_a_damaged_index_is_made_again_from_the_files(tmp_path, caplog):
     path = tmp_path / "journal"
-    run(path, inc, range(10))
+    big = made("def f(x):\n    return bytes([x]) * 100_000\n")       # a file each
+    run(path, big, range(4))
+    run(path, inc, range(10))           # small: kept in the index's rows
     index = path / J.INDEX
     for suffix in ("-wal", "-shm"):
         if os.path.exists(str(index) + suffix):
             os.unlink(str(index) + suffix)
     index.write_bytes(b"this is not a database" * 100)
     caplog.set_level(logging.WARNING, logger="localcluster")
-    values, reused, stored = run(path, inc, range(10))
-    assert values == [x + 1 for x in range(10)] and reused == 10 and stored == 0
+    assert run(path, big, range(4)) == ([bytes([x]) * 100_000 for x in range(4)], 4, 0)
     said = [r.getMessage() for r in caplog.records if "index of the journal" in r.getMessage()]
-    assert len(said) == 1 and str(path) in said[0], said
+    assert len(said) == 1 and str(path) in said[0] and "4 results" in said[0], said
+    assert run(path, inc, range(10)) == ([x + 1 for x in range(10)], 0, 10)     # lost with the index
 
 
 def test_tokens_and_fingerprints_are_values_not_identities():

@@ -10,6 +10,9 @@ a later cluster removes. Each file carries a CRC-32 of everything after its firs
 and its own id: a file damaged on disk, cut short or put under another name is never
 read as a value (a ValueError saying what is wrong), and its task is computed again.
 
+A small result (one whose pickle holds all of it: under 64 KiB) is kept in its row of the index
+instead, with a CRC-32 of its id and pickle: a file's creation costs more than a small task.
+
 File: ``MAGIC`` | u32 CRC-32 of the rest | u64 length of the rest | rest, where rest is
 u16 id length | id | u32 parts | parts x (u64 size, u8 read-only) | the pickle stream |
 its out-of-band buffers.
@@ -36,7 +39,7 @@ from ..wire import serialize
 from ..wire.protocol import Payload
 from . import context
 
-__all__ = ["Journaled", "change", "connect", "discard", "disconnect", "entry_id", "entry_path", "index", "read_entry",
+__all__ = ["Journaled", "change", "parsed_row", "connect", "discard", "disconnect", "entry_id", "entry_path", "index", "read_entry",
            "write_entry"]
 
 logger = logging.getLogger("localcluster.journal")
@@ -47,7 +50,7 @@ RESULTS = "results"
 _HEAD = struct.Struct("<8sIQ")       # magic, crc of the rest, length of the rest
 _PART = struct.Struct("<QB")
 SCHEMA = ("CREATE TABLE IF NOT EXISTS entries (id TEXT PRIMARY KEY, key TEXT NOT NULL, size INTEGER NOT NULL, "
-          "run TEXT NOT NULL, written REAL NOT NULL)",
+          "run TEXT NOT NULL, written REAL NOT NULL, crc INTEGER, data BLOB)",
           "CREATE TABLE IF NOT EXISTS runs (run TEXT PRIMARY KEY, record TEXT NOT NULL)",
           "CREATE TABLE IF NOT EXISTS notes (run TEXT NOT NULL, what TEXT NOT NULL, at REAL NOT NULL)")
 
@@ -68,28 +71,44 @@ def entry_path(folder: str, entry: str) -> str:
 
 # --- the files ------------------------------------------------------------------------------
 
+_CHUNK = 8 << 20      # bytes checksummed and written at a time: each still in the CPU's cache when written
+_made: set = set()    # the folders of results this process made already
+
+
 def write_entry(folder: str, entry: str, payload: Payload) -> int:
-    """Write ``payload`` as entry ``entry``, whole or not at all; its size on disk. OSError
-    when it cannot be written (nothing is left behind then)."""
+    """Write ``payload`` as the file of entry ``entry``, whole or not at all (a temporary
+    file, then ``rename``); its size. One pass over the data: each chunk checksummed, then
+    written; the header, with the checksum, written last at the file's start. OSError when
+    it cannot be written (nothing is left behind then)."""
     meta = payload.meta.raw() if isinstance(payload.meta, pickle.PickleBuffer) else memoryview(payload.meta)
-    parts = [meta] + [pb.raw() for pb in payload.buffers]
+    parts = [meta] + [pb.raw().cast("B") for pb in payload.buffers]
     name = entry.encode()
     head = struct.pack("<H", len(name)) + name + struct.pack("<I", len(parts)) + \
         b"".join(_PART.pack(p.nbytes, p.readonly) for p in parts)
-    crc = zlib.crc32(head)
-    for p in parts:
-        crc = zlib.crc32(p, crc)
-    length = len(head) + sum(p.nbytes for p in parts)
     path = entry_path(folder, entry)
     tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        sub = os.path.dirname(path)
+        if sub not in _made:
+            os.makedirs(sub, mode=0o700, exist_ok=True)
+            _made.add(sub)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_HEAD.pack(MAGIC, crc, length))
-            f.write(head)
+        try:
+            _write_all(fd, memoryview(bytes(_HEAD.size) + head))
+            crc, length = zlib.crc32(head), len(head)
             for p in parts:
-                f.write(p)
+                for at in range(0, p.nbytes, _CHUNK):
+                    chunk = p[at:at + _CHUNK]
+                    crc = zlib.crc32(chunk, crc)
+                    _write_all(fd, chunk)
+                length += p.nbytes
+            os.pwrite(fd, _HEAD.pack(MAGIC, crc, length), 0)
+            if hasattr(os, "posix_fadvise"):
+                # written out now and its pages let go of once clean, as a spill file's: dirty
+                # page cache counts against the worker's memory cgroup
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
         os.rename(tmp, path)
     except BaseException:
         try:
@@ -100,14 +119,40 @@ def write_entry(folder: str, entry: str, payload: Payload) -> int:
     return _HEAD.size + length
 
 
+def _write_all(fd: int, view: memoryview) -> None:
+    while view.nbytes:
+        view = view[os.write(fd, view):]
+
+
 def read_entry(folder: str, entry: str) -> Payload:
-    """Entry ``entry`` as written; FileNotFoundError when there is none, a ValueError (saying
-    what is wrong) when the file is not what was written."""
+    """Entry ``entry`` as written (its row's bytes, or its file); FileNotFoundError when there
+    is none, a ValueError (saying what is wrong) when it is not what was written."""
+    rows = index(folder, "SELECT crc, data FROM entries WHERE id = ?", (entry,))
+    if rows and rows[0][1] is not None:
+        return parsed_row(rows[0][0], rows[0][1], entry, folder)
     path = entry_path(folder, entry)
     with open(path, "rb") as f:
         data = bytearray(os.fstat(f.fileno()).st_size)
         n = f.readinto(data)
-    view = memoryview(data)[:n]
+    return _parsed(memoryview(data)[:n], entry, path)
+
+
+def row_crc(entry: str, meta: bytes) -> int:
+    """The CRC-32 of a small result kept in its row: of its id and its pickle."""
+    return zlib.crc32(meta, zlib.crc32(entry.encode()))
+
+
+def parsed_row(crc: Any, data: Any, entry: str, folder: str) -> Payload:
+    """The small result kept in its row of the index (its pickle, ``data``, and ``crc``); a
+    ValueError when it is not what was written."""
+    if type(data) is not bytes or row_crc(entry, data) != crc:
+        raise _Damaged(f"the row of entry {entry} in {folder}'s index is damaged (its CRC-32 is not the one "
+                       f"written)")
+    return Payload(data, (), len(data))
+
+
+def _parsed(view: memoryview, entry: str, path: str) -> Payload:
+    n = view.nbytes
     if n < _HEAD.size:
         raise _Damaged(f"{path}: {n} bytes, shorter than an entry's header")
     magic, crc, length = _HEAD.unpack_from(view)
@@ -164,7 +209,9 @@ def connect(folder: str, create: bool = False) -> sqlite3.Connection:
                                    isolation_level=None)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
+                # a commit is not synced: a crash of the machine may cost the last results (or
+                # damage the index, which is made again from the files); a process's never does
+                conn.execute("PRAGMA synchronous=OFF")
                 if create:
                     for statement in SCHEMA:
                         conn.execute(statement)
@@ -245,9 +292,15 @@ class Journaled:
 
     def _keep(self, key: str, entry: str, value: Any) -> None:
         try:
-            size = write_entry(self.folder, entry, serialize.dumps(value))
-            index(self.folder, "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)",
-                  (entry, key, size, self.run, time.time()))
+            payload = serialize.dumps_result(value)
+            data, crc = None, None
+            if not payload.buffers and type(payload.meta) is bytes:     # small: in the row
+                data = payload.meta
+                crc, size = row_crc(entry, data), len(data)
+            else:
+                size = write_entry(self.folder, entry, payload)
+            index(self.folder, "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  (entry, key, size, self.run, time.time(), crc, data))
         except (OSError, sqlite3.Error) as e:
             _off.add(self.folder)
             logger.warning("localcluster: the journal in %s cannot be written (%s); this worker goes on without "

@@ -608,6 +608,9 @@ def open_journal(path: str, run: str) -> Optional[Keeper]:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         _check_writable(path)
+        os.makedirs(os.path.join(path, J.RESULTS), mode=0o700, exist_ok=True)
+        # SQLite makes its -wal and -shm files with the index's own mode
+        os.close(os.open(os.path.join(path, J.INDEX), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         _open_index(path)
     except OSError as e:
         logger.warning("localcluster: the journal %s cannot be used (%s); this run goes on without it: "

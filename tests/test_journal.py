@@ -34,10 +34,10 @@ def made(source: str, name: str = "f"):
     return ns[name]
 
 
-def run(path, fn, *iterables, **kwargs):
+def run(path, fn, *iterables, forward_logs=False, **kwargs):
     """``client.map(fn, ...)`` on a fresh one-worker cluster on the journal ``path``:
     (results, reused, stored)."""
-    with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+    with LocalCluster(n_workers=1, journal=str(path), forward_logs=forward_logs) as cluster, Client(cluster) as client:
         values = client.gather(client.map(fn, *iterables, **kwargs))
         return values, cluster.journal.reused, cluster.journal.stored
 
@@ -46,6 +46,8 @@ def test_a_later_cluster_reuses_what_an_earlier_one_computed(tmp_path):
     path = tmp_path / "journal"
     assert run(path, inc, range(30)) == ([x + 1 for x in range(30)], 0, 30)
     assert os.stat(path).st_mode & 0o777 == 0o700
+    assert os.stat(path / J.RESULTS).st_mode & 0o777 == 0o700
+    assert os.stat(path / J.INDEX).st_mode & 0o777 == 0o600
     with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
         futures = client.map(inc, range(30))
         assert all(f.done() for f in futures)           # finished at once, without running
@@ -73,6 +75,7 @@ def test_a_changed_body_recomputes_and_a_shifted_range_reuses_the_overlap(tmp_pa
     assert run(path, changed, range(20)) == ([x * 3 for x in range(20)], 0, 20)
 
 
+@pytest.mark.slow
 def test_a_changed_helper_of_the_same_module_recomputes(tmp_path):
     path = tmp_path / "journal"
     source = "def helper(x):\n    return x {op} 1\n\ndef f(x):\n    return helper(x) * 10\n"
@@ -97,6 +100,7 @@ def fails(x):
     raise ValueError(f"no {x}")
 
 
+@pytest.mark.slow
 def test_what_is_never_kept(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="localcluster")
     with LocalCluster(n_workers=1, journal=str(tmp_path / "j"), forward_logs=False) as cluster, \
@@ -156,6 +160,7 @@ def test_damaged_entries_are_computed_again_never_served(tmp_path, caplog):
     assert run(path, big, range(6)) == (expected, 6, 0)     # computed again, and kept again
 
 
+@pytest.mark.slow
 def test_cut_short_and_swapped_entries_are_never_served(tmp_path):
     path = tmp_path / "journal"
     f = made("def f(x):\n    return [x] * 50_000\n")
@@ -172,6 +177,7 @@ def test_cut_short_and_swapped_entries_are_never_served(tmp_path):
     assert run(path, f, range(4))[0] == [[x] * 50_000 for x in range(4)]
 
 
+@pytest.mark.slow
 def test_a_damaged_index_is_made_again_from_the_files(tmp_path, caplog):
     path = tmp_path / "journal"
     big = made("def f(x):\n    return bytes([x]) * 100_000\n")       # a file each
@@ -202,6 +208,7 @@ def test_tokens_and_fingerprints_are_values_not_identities():
     assert fp(made("def f(x, k=1):\n    return x\n")) != fp(made("def f(x, k=2):\n    return x\n"))
 
 
+@pytest.mark.slow
 def test_a_dask_array_computed_twice_computes_no_block_the_second_time(tmp_path):
     da = pytest.importorskip("dask.array")
     import numpy as np
@@ -219,3 +226,67 @@ def test_a_dask_array_computed_twice_computes_no_block_the_second_time(tmp_path)
         assert cluster.journal.stored == 1 and cluster.journal.reused > 16
         assert (client.compute(x.sum(axis=0)).result() == expected).all()
         assert cluster.journal.stored == 2
+
+
+@pytest.mark.slow
+def test_bytes_flipped_in_every_file_of_the_journal_never_give_a_wrong_value(tmp_path):
+    path = tmp_path / "journal"
+    source = "def f(x):\n    return bytes([x]) * (100_000 if x % 2 else 100)\n"
+    expected = [bytes([x]) * (100_000 if x % 2 else 100) for x in range(12)]
+    assert run(path, made(source), range(12)) == (expected, 0, 12)        # 6 files, 6 rows
+    assert _flip_middles(path) >= 7                                      # the files and the index
+    try:
+        with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+            futures = client.map(made(source), range(12))
+            assert client.submit(total, *[client.submit(len, f) for f in futures]).result() == \
+                sum(map(len, expected))
+            assert client.gather(futures) == expected
+    except localcluster.JournalError as e:
+        assert str(path) in str(e)
+    assert run(path, made(source), range(12))[0] == expected
+
+
+def _mounted(folder, options: str):
+    """A tmpfs at ``folder`` (root only: else the test is skipped); the undo."""
+    import subprocess
+    os.makedirs(folder, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    return lambda: subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
+    disk = tmp_path / "small"
+    undo = _mounted(disk, "size=1m,mode=0700")
+    try:
+        caplog.set_level(logging.WARNING)
+        f = made("def f(x):\n    return bytes([x]) * 200_000\n")
+        # the worker's warning, as its other log records, reaches the console with forward_logs
+        values, _reused, stored = run(disk / "journal", f, range(12), forward_logs=True)
+        assert values == [bytes([x]) * 200_000 for x in range(12)]
+        assert stored < 12
+        said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+        assert len(said) == 1 and str(disk / "journal") in said[0], said
+    finally:
+        undo()
+
+
+@pytest.mark.slow
+def test_a_read_only_journal_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
+    import subprocess
+    disk = tmp_path / "ro"
+    undo = _mounted(disk, "size=4m,mode=0700")
+    try:
+        run(disk / "journal", inc, range(3))
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        caplog.set_level(logging.WARNING, logger="localcluster")
+        with LocalCluster(n_workers=1, journal=str(disk / "journal"), forward_logs=False) as cluster, \
+                Client(cluster) as client:
+            assert cluster.journal is None
+            assert client.gather(client.map(inc, range(5))) == [1, 2, 3, 4, 5]
+        said = [r.getMessage() for r in caplog.records if "cannot be used" in r.getMessage()]
+        assert len(said) == 1 and str(disk / "journal") in said[0], said
+    finally:
+        undo()

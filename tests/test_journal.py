@@ -290,3 +290,24 @@ def test_a_read_only_journal_is_one_warning_and_the_run_goes_on(tmp_path, caplog
         assert len(said) == 1 and str(disk / "journal") in said[0], said
     finally:
         undo()
+
+
+@pytest.mark.slow
+def test_progress_the_live_view_and_the_report_show_reused_tasks(tmp_path, monkeypatch):
+    import io
+    import re
+    import sys
+    from localcluster.views.live import status_lines
+    from localcluster.views.progress import progress
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)       # the text bar, whatever is installed
+    path = tmp_path / "journal"
+    run(path, inc, range(8))
+    with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
+        out = io.StringIO()
+        with localcluster.report(tmp_path / "report.html"):
+            futures = client.map(inc, range(10))
+            assert progress(futures, file=out, interval=0.01) == (10, 0)
+            assert "10/10 done (8 reused from the journal)" in out.getvalue()
+            assert ", 8 reused" in " ".join(status_lines([cluster]))
+    text = re.sub(r"<[^>]+>", "|", (tmp_path / "report.html").read_text())
+    assert "tasks reused from the journal (not run)||8|" in text

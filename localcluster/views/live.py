@@ -41,13 +41,19 @@ def status_lines(clusters: list, extra: Optional[Callable[[], str]] = None) -> l
         state = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
         head = f"localcluster: {_count(len(workers), 'worker')}" + (f" ({state})" if state else "")
         lines += _wrapped([head, f"memory {format_bytes(memory)}" + (f" of {format_bytes(limit)}" if limit else ""),
-                           f"tasks {c.history.done} done, {running} running, {c.history.failed} failed"])
+                           f"tasks {c.history.done} done, {running} running, {c.history.failed} failed"
+                           + _reused(getattr(c, "journal", None))])
         deaths = c.deaths
         if deaths:
             lines.append(_fit("  last death: " + deaths[-1].headline().removeprefix("localcluster: ")))
     if extra is not None:
         lines.append(_fit(extra()))
     return lines or ["localcluster: no cluster open"]
+
+
+def _reused(journal: Any) -> str:
+    """The tasks a cluster's journal served, when it has one and served any."""
+    return f", {journal.reused} reused" if journal is not None and journal.reused else ""
 
 
 def _count(n: int, thing: str) -> str:

@@ -20,7 +20,8 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
 
     With tqdm installed the bar is ``tqdm.auto``'s: a widget in Jupyter, a text bar in a
     terminal, with ``failed=N`` beside it once a future fails. Without tqdm it is a line
-    ``[#####     ] 5/10 done, 1 failed | 2.3 s`` redrawn on ``file`` (stderr by default).
+    ``[#####     ] 5/10 done, 1 failed | 2.3 s`` redrawn on ``file`` (stderr by default);
+    futures finished from the journal (``LocalCluster(journal=)``), not run, are said beside.
     Failures are counted apart from successes and never stop the wait; nothing is raised
     for them: read the futures (or ``client.gather``) for the errors themselves.
 
@@ -45,6 +46,8 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
     check_seconds(interval, "progress", "interval", none=False)
     fs = [f for group in futures for f in walk(group)]
     counts = _Counts(len(fs))
+    # finished from the journal (journal.py), not run: said beside the count
+    counts.reused = sum(1 for f in fs if getattr(f, "in_journal", None) is not None and f.in_journal() is not None)
     for f in fs:
         cf.Future.add_done_callback(f, counts.done)      # the count only: no need to leave the thread
     if live:
@@ -70,6 +73,7 @@ class _Counts:
         self.total = total
         self.finished = 0
         self.failed = 0
+        self.reused = 0        # of them finished from the journal, not run
         self.lock = threading.Lock()
         self.all_done = threading.Event()
         if total == 0:
@@ -97,8 +101,9 @@ def _tqdm(tqdm: Any, counts: _Counts, file: Optional[TextIO], interval: float) -
         while True:
             last = counts.all_done.wait(interval)
             done, failed = counts.read()
-            if failed:
-                bar.set_postfix(failed=failed, refresh=False)
+            if failed or counts.reused:
+                bar.set_postfix(**({"reused": counts.reused} if counts.reused else {}),
+                                **({"failed": failed} if failed else {}), refresh=False)
             bar.update(done - shown)
             shown = done
             if last:
@@ -115,6 +120,8 @@ def _text(counts: _Counts, out: TextIO, interval: float, width: int) -> None:
         total = counts.total
         filled = int(width * done / total) if total else width
         line = f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} done"
+        if counts.reused:
+            line += f" ({counts.reused} reused from the journal)"
         if failed:
             line += f", {failed} failed"
         out.write(f"{line} | {time.monotonic() - start:.1f} s" + ("\n" if last else ""))

@@ -119,7 +119,8 @@ def _cluster_section(cluster: LocalCluster, number: int, span: tuple) -> tuple:
     counts = Counter(r.status for r in records)
     facts = {"tasks": counts, "workers": len(workers), "deaths": Counter(d.cause for d in deaths),
              "submitted": Counter(r.submitter for r in records if r.submitter is not None),
-             "busy": sum(r.stop - max(r.start, t0) for r in records), "threads": len(lanes) or 1}
+             "busy": sum(r.stop - max(r.start, t0) for r in records), "threads": len(lanes) or 1,
+             "reused": cluster.journal.reused if cluster.journal is not None else 0}
     return "".join(parts), facts
 
 
@@ -151,6 +152,7 @@ def _summary(facts: list, span: tuple) -> str:
     busy = sum(f["busy"] for f in facts)
     causes = ", ".join(f"{n} {c}" for c, n in deaths.most_common()) or "none"
     rows = [["tasks finished", str(tasks["finished"])], ["tasks failed", str(tasks["error"])],
+            ["tasks reused from the journal (not run)", str(sum(f.get("reused", 0) for f in facts))],
             ["tasks lost with a worker", str(tasks["lost"])],
             ["runs of tasks submitted by tasks", _submitted(submitted)], ["clusters", str(len(facts))],
             ["workers", str(sum(f["workers"] for f in facts))],

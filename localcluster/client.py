@@ -510,10 +510,12 @@ class Client:
             # A dependent has it read by its worker: the task itself when it has no inputs (a
             # damaged entry is computed again there), else a reader of the entry alone, since
             # its inputs may be let go of meanwhile (a damaged entry is an error naming it)
-            reader = spec
             if spec.deps:
                 fn_id, data = keeper.reader(entry[1], new_fn_id)
                 reader = Spec.sharing(spec.key, serialize.plain_args(()), (), Terms(fn_id, data))
+            else:
+                fn_id, data = keeper.reader(entry[1], new_fn_id, spec.terms)
+                reader = Spec.sharing(spec.key, spec.kept, (), Terms(fn_id, data))
             held[spec.key] = (reader, spec)
             fut.settle("finished", _journal.InJournal(keeper, entry[0], functools.partial(self._again, spec.key)))
             out.append(fut)

@@ -29,6 +29,7 @@ import fractions
 import functools
 import hashlib
 import json
+from pickle import loads as pickle_loads
 import logging
 import os
 import pathlib
@@ -408,18 +409,25 @@ class Keeper:
             logger.warning("localcluster: tasks of %s() are not kept in the journal: %s. They run as usual, each "
                            "time (said once)", name, why)
 
-    def wrapped(self, fn_id: int, fn_bytes: bytes, fp: str, new_id: Callable[[], int]) -> tuple[int, bytes]:
+    def wrapped(self, fn_id: int, fn_bytes: bytes, fp: str, new_id: Callable[[], int],
+                load_first: bool = False) -> tuple[int, bytes]:
         """(function id, pickled bytes) of ``fn`` run as a Journaled, made once."""
         with self._lock:
-            got = self._wrapped.get((fn_id, fp))
+            got = self._wrapped.get((fn_id, fp, load_first))
             if got is None:
-                data = serialize.pickle_function(J.Journaled(self.path, self.run, fp, fn_bytes))
-                got = self._wrapped[(fn_id, fp)] = (new_id(), data)
+                data = serialize.pickle_function(J.Journaled(self.path, self.run, fp, fn_bytes, load_first))
+                got = self._wrapped[(fn_id, fp, load_first)] = (new_id(), data)
             return got
 
-    def reader(self, fp: str, new_id: Callable[[], int]) -> tuple[int, bytes]:
-        """(function id, pickled bytes) of the Journaled that only reads entries of ``fp``."""
-        return self.wrapped(-1, b"", fp, new_id)
+    def reader(self, fp: str, new_id: Callable[[], int], terms: Any = None) -> tuple[int, bytes]:
+        """(function id, pickled bytes) of the Journaled that reads the entries of ``fp``: of
+        the function of ``terms`` (computed again if an entry is damaged), else of none."""
+        if terms is None:
+            return self.wrapped(-1, b"", fp, new_id)
+        got = self._wrapped.get((terms.fn_id, fp, True))
+        if got is not None:
+            return got
+        return self.wrapped(terms.fn_id, pickle_loads(terms.fn).fn_bytes, fp, new_id, load_first=True)
 
     def lookup(self, entries: list) -> set:
         """The ids among ``entries`` the index holds (an empty set when it cannot be read)."""

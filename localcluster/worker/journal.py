@@ -253,25 +253,27 @@ _off: set = set()       # journals this process stopped writing to (their disk r
 
 
 class Journaled:
-    """A task's function as the journal runs it, on the worker: the entry of the task's key
-    read if it is there and whole (another process wrote it since the parent looked, or a
-    dependent needs a result the parent reused), else the function called and its result
-    written as an entry (never an error: an exception passes through, nothing written).
-    With no function (``fn_bytes`` empty), a reader: the entry, or an error naming it."""
-    __slots__ = ("folder", "run", "fingerprint", "fn_bytes", "_fn")
+    """A task's function as the journal runs it, on the worker: the function called and its
+    result written as the entry of the task's key (never an error: an exception passes
+    through, nothing written). ``load_first``: the entry read instead if it is there and whole
+    (a dependent needs a result the parent reused). With no function (``fn_bytes`` empty), a
+    reader: the entry, or an error naming it."""
+    __slots__ = ("folder", "run", "fingerprint", "fn_bytes", "load_first", "_fn")
 
-    def __init__(self, folder: str, run: str, fingerprint: str, fn_bytes: bytes):
+    def __init__(self, folder: str, run: str, fingerprint: str, fn_bytes: bytes, load_first: bool = False):
         self.folder, self.run, self.fingerprint, self.fn_bytes = folder, run, fingerprint, fn_bytes
+        self.load_first = load_first or not fn_bytes
         self._fn: Any = None
 
     def __reduce__(self) -> tuple:
-        return (Journaled, (self.folder, self.run, self.fingerprint, self.fn_bytes))
+        return (Journaled, (self.folder, self.run, self.fingerprint, self.fn_bytes, self.load_first))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run = context.current()[1]
         key = run.key if run is not None else None
         entry = entry_id(key, self.fingerprint) if key is not None else None
-        if entry is not None:
+        gone: Exception = LookupError("no task key")
+        if entry is not None and self.load_first:
             try:
                 return serialize.loads(read_entry(self.folder, entry))
             except FileNotFoundError as e:

@@ -10,6 +10,10 @@ from typing import Any, Optional
 #: per executor thread: ``run`` (the Run it executes, or None), ``row``, ``seceded``, ``rejoined``
 here = threading.local()
 _worker: Optional[Any] = None        # this process's Worker, once boot.py made it
+#: called (any thread, never raising) before the worker sends the replies it has gathered:
+#: what a reply's result left to finish (a journal's rows) is finished first. Empty unless a
+#: task ran with a journal.
+before_reply: list = []
 _in_worker = False
 
 

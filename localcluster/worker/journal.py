@@ -301,17 +301,55 @@ class Journaled:
                 crc, size = row_crc(entry, data), len(data)
             else:
                 size = write_entry(self.folder, entry, payload)
-            index(self.folder, "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
-                  (entry, key, size, self.run, time.time(), crc, data))
+            _rows.append((self.folder, (entry, key, size, self.run, time.time(), crc, data)))
+            if commit_rows not in context.before_reply:
+                context.before_reply.append(commit_rows)
         except (OSError, sqlite3.Error) as e:
-            _off.add(self.folder)
-            logger.warning("localcluster: the journal in %s cannot be written (%s); this worker goes on without "
-                           "it: its results are computed and returned as usual, but no longer kept for a "
-                           "later run. Free some space, or give journal= a folder this user may write to",
-                           self.folder, e)
+            _refused(self.folder, e)
         except Exception as e:    # noqa: BLE001 - a result pickle cannot keep is returned, unkept
             logger.warning("localcluster: the result of task %r is not kept in the journal: it cannot be "
                            "pickled (%s: %s)", key, type(e).__name__, e)
+
+
+_rows: list = []        # (folder, row) written as results finished, committed before their replies go
+_committing = threading.Lock()
+
+
+def commit_rows() -> None:
+    """The rows of the results written since the last call, in one transaction a journal,
+    before the worker sends those results' replies (``context.before_reply``): a result the
+    parent has seen is in the index, and a row costs a fraction of a commit. Never raises:
+    a journal that refuses them is one warning, and no longer written."""
+    with _committing:
+        if not _rows:
+            return
+        taken = _rows[:]
+        del _rows[:len(taken)]
+        by_folder: dict = {}
+        for folder, row in taken:
+            by_folder.setdefault(folder, []).append(row)
+        for folder, rows in by_folder.items():
+            try:
+                conn = connect(folder)
+                with _index_lock:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        conn.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+            except sqlite3.Error as e:
+                _refused(folder, e)
+
+
+def _refused(folder: str, e: Exception) -> None:
+    if folder not in _off:
+        _off.add(folder)
+        logger.warning("localcluster: the journal in %s cannot be written (%s); this worker goes on without "
+                       "it: its results are computed and returned as usual, but no longer kept for a "
+                       "later run. Free some space, or give journal= a folder this user may write to",
+                       folder, e)
 
 
 def discard(folder: str, entry: str, why: Exception) -> None:

@@ -43,7 +43,7 @@ from ..wire.channel import BlockingChannel, Incoming, encode
 from ..system.machine import open_statm, rss, rss_of
 from ..system.spin import poll_for
 from . import calls, context
-from .context import here
+from .context import before_reply, here
 from .store import Store, StoreError
 from .transfers import Transfers
 from .turn import MainTurn
@@ -608,6 +608,8 @@ class Worker:
     def _flush(self) -> None:
         with self._out_lock:
             out, self._out = self._out, []
+        for hook in before_reply:      # after the swap: whatever these replies' results left is done
+            hook()
         if self._drops:
             keys = []
             while self._drops:

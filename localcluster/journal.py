@@ -501,6 +501,7 @@ class Keeper:
     def clear(self) -> None:
         J.index(self.path, "DELETE FROM entries")
         shutil.rmtree(os.path.join(self.path, J.RESULTS), ignore_errors=True)
+        os.makedirs(os.path.join(self.path, J.RESULTS), mode=0o700, exist_ok=True)
 
     def close(self) -> None:
         J.disconnect(self.path)

@@ -60,9 +60,13 @@ def test_a_later_cluster_reuses_what_an_earlier_one_computed(tmp_path):
     with LocalCluster(n_workers=1, journal=str(path), forward_logs=False) as cluster, Client(cluster) as client:
         assert client.submit(inc, 100, key="explicit").result() == 101
         assert cluster.journal.reused == 1
+        big = made("def f(x):\n    return bytes([x]) * 100_000\n")
+        assert client.submit(big, 1).result() == bytes([1]) * 100_000        # a file
         cluster.journal.clear()
         assert cluster.journal.bytes == 0
         assert client.submit(inc, 7).result() == 8 and cluster.journal.reused == 1
+        assert client.submit(big, 2).result() == bytes([2]) * 100_000        # its folder made again
+        assert cluster.journal.stored == 2
 
 
 def test_a_changed_body_recomputes_and_a_shifted_range_reuses_the_overlap(tmp_path):

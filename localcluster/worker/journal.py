@@ -92,7 +92,12 @@ def write_entry(folder: str, entry: str, payload: Payload) -> int:
         if sub not in _made:
             os.makedirs(sub, mode=0o700, exist_ok=True)
             _made.add(sub)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileNotFoundError:       # the journal was cleared since: its folders go with it
+            os.makedirs(sub, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, flags, 0o600)
         try:
             _write_all(fd, memoryview(bytes(_HEAD.size) + head))
             crc, length = zlib.crc32(head), len(head)

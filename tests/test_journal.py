@@ -315,3 +315,41 @@ def test_progress_the_live_view_and_the_report_show_reused_tasks(tmp_path, monke
             assert ", 8 reused" in " ".join(status_lines([cluster]))
     text = re.sub(r"<[^>]+>", "|", (tmp_path / "report.html").read_text())
     assert "tasks reused from the journal (not run)||8|" in text
+
+
+WRITER = """
+import sys
+import numpy as np
+from localcluster.wire import serialize
+from localcluster.worker import journal as J
+J.write_entry(sys.argv[1], "ab" * 20, serialize.dumps_result(np.ones(100_000_000)))    # 800 MB
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_writing_an_entry_leaves_none_visible(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    folder = tmp_path / "journal"
+    (folder / J.RESULTS / "ab").mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)],
+                            env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
+    try:
+        deadline = time.monotonic() + 30
+        while not any(n.endswith(".tmp") and os.path.getsize(folder / J.RESULTS / "ab" / n) > 1 << 20
+                      for n in os.listdir(folder / J.RESULTS / "ab")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the writer ended before it was killed"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert not os.path.exists(J.entry_path(str(folder), "ab" * 20))       # only its temporary file is left
+    J.connect(str(folder), create=True)
+    try:
+        with pytest.raises(FileNotFoundError):
+            J.read_entry(str(folder), "ab" * 20)
+    finally:
+        J.disconnect(str(folder))

@@ -56,9 +56,18 @@ def script(folder, name: str, body: str) -> str:
     return name
 
 
+def _own_tmp(folder) -> dict:
+    """env() with a temporary folder of the test's own: a killed run's cluster folder is
+    removed, and said, by the next process of the test, never first by a cluster of another
+    test (or another suite) on the machine."""
+    tmp = os.path.join(str(folder), "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    return dict(env(), TMPDIR=tmp)
+
+
 def spawn(folder, name: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, name, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env(), cwd=folder)
+                            stderr=subprocess.PIPE, text=True, env=_own_tmp(folder), cwd=folder)
 
 
 def end(proc: subprocess.Popen, kill: bool = True) -> None:
@@ -89,4 +98,4 @@ def kill_mid_map(folder, registry, finished: int) -> subprocess.Popen:
 
 def next_process(folder) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, script(folder, "next.py", NEXT)], capture_output=True, text=True,
-                          env=env(), cwd=folder, timeout=30)
+                          env=_own_tmp(folder), cwd=folder, timeout=30)

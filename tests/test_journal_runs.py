@@ -49,12 +49,7 @@ MAPPER = """
 
 
 def mapper(tmp_path, *args: str) -> subprocess.Popen:
-    # a temporary folder of the test's own: the dead run's cluster folder is removed by the
-    # next run, not by another test's cluster on this machine first
-    (tmp_path / "tmp").mkdir(exist_ok=True)
-    return subprocess.Popen([sys.executable, script(tmp_path, "mapper.py", MAPPER), str(tmp_path / "journal"), *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(env(), TMPDIR=str(tmp_path / "tmp")), cwd=tmp_path)
+    return spawn(tmp_path, script(tmp_path, "mapper.py", MAPPER), str(tmp_path / "journal"), *args)
 
 
 def again(tmp_path) -> tuple[dict, str]:

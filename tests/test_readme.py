@@ -84,7 +84,7 @@ def _run(path: Path, cwd: Path, timeout: float = 100) -> subprocess.CompletedPro
 # The blocks the tests here (and tests/test_dask_diagnosis.py: dask's plain KilledWorker and
 # localcluster.dask's) compare with what their code prints.
 KNOWN = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError",
-         "Attempted to run task", "DaskKilledWorker", "your previous run")
+         "Attempted to run task", "DaskKilledWorker", "your previous run", "the last run on the journal")
 
 
 def test_every_printed_block_of_the_readme_has_its_test():

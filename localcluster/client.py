@@ -328,7 +328,7 @@ class Client:
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "submit"))
         if self._journal is not None and (opts.pure or key is not None):
-            journaled = self._journaled(fn, [tuple(args)], dict(kwargs or {}), [key], opts)
+            journaled = self._journaled(self._journal, fn, [tuple(args)], dict(kwargs or {}), [key], opts)
             if journaled is not None:
                 return journaled[0]
         spec = self._specs.spec(fn, tuple(args), dict(kwargs or {}), key, opts)
@@ -365,7 +365,8 @@ class Client:
             else:
                 raise TypeError("map(key=...) takes a list of keys, or a string prefix")
             if self._journal is not None and (opts.pure or isinstance(key, (list, tuple))):
-                journaled = self._journaled(fn, items, kwargs, keys, opts, key if isinstance(key, str) else None)
+                journaled = self._journaled(self._journal, fn, items, kwargs, keys, opts,
+                                            key if isinstance(key, str) else None)
                 if journaled is not None:
                     return journaled
             how = self._specs.how(fn, opts.pure)
@@ -419,12 +420,11 @@ class Client:
 
     # --- the journal (journal.py) ---------------------------------------------------------
 
-    def _journaled(self, fn: Callable, items: list, kwargs: dict, keys: list, opts: Options,
-                   prefix: Optional[str] = None) -> Optional[list[Future]]:
+    def _journaled(self, keeper: _journal.Keeper, fn: Callable, items: list, kwargs: dict, keys: list,
+                   opts: Options, prefix: Optional[str] = None) -> Optional[list[Future]]:
         """``fn``'s tasks with the journal: a pure one keyed by the fingerprint of ``fn`` and a
         token of its arguments, each run as a Journaled; those whose entry is there finished
         at once (``_submit_journaled``). None when ``fn`` has no fingerprint (unjournaled)."""
-        keeper = self._journal
         how = self._specs.how(fn, False)
         fp = keeper.fingerprint(fn, how.name)
         if fp is None:
@@ -439,8 +439,10 @@ class Client:
         if not kwargs and all(k is None for k in keys):
             fast = self._journaled_plain(fp, f"{prefix or how.name}-", items, terms_of(run_as(fp), opts))
             if fast is not None:
-                return self._submit_journaled(*fast, opts.resources)
-        specs, entries, plain = [], [], None
+                return self._submit_journaled(keeper, fast[0], fast[1], opts.resources)
+        specs: list = []
+        entries: list = []          # (entry id, fingerprint) of each spec, None for one not journaled
+        plain = None
         for args, k in zip(items, keys):
             k, fpk, why = self._journal_key(fp, how.name, args, kwargs, k, prefix)
             if why is not None:
@@ -452,7 +454,7 @@ class Client:
                 continue
             specs.append(self._specs.spec(fn, args, kwargs, k, opts, run_as(fpk)))
             entries.append((_journal.entry_id(k, fpk), fpk))
-        return self._submit_journaled(specs, entries, opts.resources)
+        return self._submit_journaled(keeper, specs, entries, opts.resources)
 
     @staticmethod
     def _journaled_plain(fp: str, name: str, items: list, terms: Terms) -> Optional[tuple]:
@@ -488,10 +490,10 @@ class Client:
         except Exception as e:  # noqa: BLE001 - any failure of the walk leaves the task unjournaled
             return key, None, f"the code of its dask graph node has no fingerprint ({e})"
 
-    def _submit_journaled(self, specs: list, entries: list, resources: Optional[tuple]) -> list[Future]:
+    def _submit_journaled(self, keeper: _journal.Keeper, specs: list, entries: list,
+                          resources: Optional[tuple]) -> list[Future]:
         """Futures of ``specs``: those whose entry (``entries``) the journal holds finished at
         once, their results read when asked for; the others submitted."""
-        keeper = self._journal
         found = keeper.lookup([e[0] for e in entries if e is not None])
         held, futures = self._held, self._futures
         hit = [e is not None and e[0] in found and (s.key in held or s.key not in futures)

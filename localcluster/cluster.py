@@ -49,7 +49,7 @@ from .supervision.stallwatch import StallWatch
 from .supervision.supervisor import Supervisor, WorkerInfo, WorkerSettings
 from .engine.watchdog import Watchdog
 from .runs import RunRecorder, tell_previous
-from .journal import Journal, Keeper, open_journal
+from .journal import Journal, open_journal
 from .scheduler.forgetting import PENDING
 
 __all__ = ["LocalCluster", "WorkerInfo"]

@@ -247,8 +247,9 @@ def _code_of(h: Any, fn: Any, seen: set) -> None:
     elif isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                          types.WrapperDescriptorType, types.MethodDescriptorType)):
         _text(h, b"builtin", f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', fn)}".encode())
-        if getattr(fn, "__self__", None) is not None and not isinstance(fn.__self__, types.ModuleType):
-            _feed(h, fn.__self__, seen)
+        bound = getattr(fn, "__self__", None)
+        if bound is not None and not isinstance(bound, types.ModuleType):
+            _feed(h, bound, seen)
     elif callable(fn) and _library_name(type(fn).__module__):
         _feed(h, fn, seen)           # an installed package's callable object: its pickle
     elif callable(fn):
@@ -456,7 +457,7 @@ class Keeper:
         """The results of ``futures`` kept in the index's rows, read in one pass and handed to
         them (``Future.prefill``): a gather of many small ones without a query each. Those
         in files, damaged or gone are left for ``result()``."""
-        waiting = {}
+        waiting: dict = {}
         for f in futures:
             lazy = f.in_journal()
             if lazy is not None:
@@ -524,7 +525,9 @@ class Keeper:
             rows = J.index(self.path, "SELECT run, record FROM runs WHERE run != ?", (self.run,))
         except sqlite3.Error:
             return frozenset()
-        me, log, ended = registry.identity(), [], []
+        me = registry.identity()
+        log: list = []            # the kernel log, read once if a run needs it
+        ended: list = []
         for run, text in rows:
             try:
                 record = json.loads(text)

@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any
 
 from ..wire import serialize
 from ..wire.protocol import Payload
@@ -282,7 +282,7 @@ class Journaled:
             try:
                 return serialize.loads(read_entry(self.folder, entry))
             except FileNotFoundError as e:
-                gone: Exception = e
+                gone = e
             except (ValueError, OSError) as e:     # damaged, or unreadable
                 discard(self.folder, entry, e)
                 gone = e
@@ -293,7 +293,7 @@ class Journaled:
         if fn is None:
             fn = self._fn = pickle.loads(self.fn_bytes)
         value = fn(*args, **kwargs)
-        if entry is not None and self.folder not in _off:
+        if entry is not None and key is not None and self.folder not in _off:
             self._keep(key, entry, value)
         return value
 

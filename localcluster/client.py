@@ -327,7 +327,7 @@ class Client:
             raise TypeError(f"key must be a string, got {type(key).__name__}")
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "submit"))
-        if self._journal is not None and (opts.pure or key is not None):
+        if self._journal is not None and opts.pure:      # never pure=False (an actor's making among them)
             journaled = self._journaled(self._journal, fn, [tuple(args)], dict(kwargs or {}), [key], opts)
             if journaled is not None:
                 return journaled[0]
@@ -364,7 +364,7 @@ class Client:
                 keys = [None] * len(items)
             else:
                 raise TypeError("map(key=...) takes a list of keys, or a string prefix")
-            if self._journal is not None and (opts.pure or isinstance(key, (list, tuple))):
+            if self._journal is not None and opts.pure:
                 journaled = self._journaled(self._journal, fn, items, kwargs, keys, opts,
                                             key if isinstance(key, str) else None)
                 if journaled is not None:

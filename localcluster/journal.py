@@ -1,7 +1,8 @@
 """The journal of finished work (``LocalCluster(journal=PATH)``): the parent's side.
 
-Which tasks are kept: those with a deterministic key (``submit``/``map`` with pure=True,
-an explicit ``key=``, a dask graph's keys), never ``pure=False`` ones, never errors. An
+Which tasks are kept: those with a deterministic key (``submit``/``map`` with pure=True, the
+default, their key made or given; a dask graph's keys), never ``pure=False`` ones (an actor's
+making is one), never errors. An
 entry is valid for a key and a fingerprint of the code that made it (``fingerprint``):
 the function's bytecode, constants, nested functions, defaults and closure values, and
 the code of the functions and classes of its own module that it names. A pure task's key

@@ -353,3 +353,23 @@ def test_a_process_killed_while_writing_an_entry_leaves_none_visible(tmp_path):
             J.read_entry(str(folder), "ab" * 20)
     finally:
         J.disconnect(str(folder))
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, k):
+        self.n += k
+        return self.n
+
+
+@pytest.mark.slow
+def test_an_actor_and_an_impure_task_with_a_key_are_never_kept(tmp_path):
+    path = str(tmp_path / "journal")
+    for _ in range(2):
+        with LocalCluster(n_workers=1, journal=path, forward_logs=False) as cluster, Client(cluster) as client:
+            counter = client.submit(Counter, actor=True, key="the-counter").result()
+            assert counter.add(2).result() == 2          # a new object each run, never a stale handle
+            assert client.submit(inc, 1, key="impure", pure=False).result() == 2
+            assert cluster.journal.stored == 0 and cluster.journal.reused == 0

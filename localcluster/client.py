@@ -852,12 +852,17 @@ class Client:
         replaces it (reloaded), so tasks see the new version."""
         self._dask.upload_file(filename, load)
 
-    def register_plugin(self, plugin: Any, name: Optional[str] = None) -> dict:
+    def register_plugin(self, plugin: Any, name: Optional[str] = None) -> Any:
         """Run a worker plugin (dask's ``WorkerPlugin`` protocol: ``setup(worker)``,
         ``teardown(worker)``, ``transition(key, start, finish)``) on every worker and every worker
         started later, a replacement of a dead one included. ``name`` (else ``plugin.name``):
         a plugin of that name is torn down and replaced. A ``setup`` that raises here raises; at a
-        new worker's start it is that worker's start-up failure, told with its traceback."""
+        new worker's start it is that worker's start-up failure, told with its traceback.
+
+        A scheduler plugin (dask's ``SchedulerPlugin`` protocol: ``start(scheduler)``,
+        ``transition(key, start, finish, stimulus_id=...)``, ``add_worker``, ``remove_worker``,
+        ``close()``) runs in this process, where the scheduler is, told in order on the callbacks
+        thread (never under the cluster's lock); returns "OK"."""
         return self._dask.register_plugin(plugin, name)
 
     def unregister_worker_plugin(self, name: str, nanny: Any = None) -> dict:
@@ -990,8 +995,8 @@ class Client:
                         "graph is the futures of the keys computed")
 
     def unregister_scheduler_plugin(self, name: str) -> None:
-        raise _not_here("Client.unregister_scheduler_plugin", "there are no scheduler plugins here "
-                        "(register_plugin refuses a SchedulerPlugin, saying why)")
+        """Remove the scheduler plugin ``name`` (its ``close()`` runs); ValueError if there is none."""
+        self._dask.unregister_scheduler_plugin(name)
 
     def write_scheduler_file(self, scheduler_file: str) -> None:
         raise _not_here("Client.write_scheduler_file", "no process outside this one can connect to the "

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
+from .engine.plugins import is_scheduler_plugin
 from .wire import serialize
 from .config import check_duration, check_int, check_resources
 from .client_specs import Options, Specs, dask_keywords, name_of
@@ -311,13 +312,16 @@ class DaskCalls:
         self._steps(lambda steps: [s for s in steps if s[:2] != step[:2]] + [step])
         self.run(setup.apply_upload, (target, bool(load)), {}, None, True, False, "raise")
 
-    def register_plugin(self, plugin: Any, name: Any) -> dict:
+    def register_plugin(self, plugin: Any, name: Any) -> Any:
         self._check()
-        _refuse_other_plugins(plugin)
         if name is None:
             name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{os.urandom(8).hex()}"
         if not isinstance(name, str):
             raise TypeError(f"register_plugin(name={name!r}): expected a str")
+        if is_scheduler_plugin(plugin):         # in this process, where the scheduler is
+            self._client.gateway.scheduler_plugins.add(name, plugin)
+            return "OK"
+        _refuse_other_plugins(plugin)
         try:
             data = serialize.pickle_function(plugin)
         except Exception as e:
@@ -328,6 +332,11 @@ class DaskCalls:
         self._steps(lambda steps: [s for s in steps if s[:2] != step[:2]] + [step])
         done = self.run(setup.add_plugin, (name, data), {}, None, True, False, "raise") or {}
         return {worker: {"status": "OK"} for worker in done}
+
+    def unregister_scheduler_plugin(self, name: str) -> None:
+        self._check()
+        if not self._client.gateway.scheduler_plugins.remove(name):
+            raise ValueError(f"unregister_scheduler_plugin({name!r}): no scheduler plugin of that name is registered")
 
     def unregister_worker_plugin(self, name: str) -> dict:
         self._check()
@@ -394,12 +403,8 @@ _steps_lock = threading.Lock()      # one writer of a cluster's setup steps at a
 
 
 def _refuse_other_plugins(plugin: Any) -> None:
-    """A scheduler or nanny plugin of dask's has nothing to attach to here: say so."""
+    """A nanny plugin of dask's has nothing to attach to here: say so."""
     mod = sys.modules.get("distributed.diagnostics.plugin")
-    if mod is not None and isinstance(plugin, mod.SchedulerPlugin):
-        raise NotImplementedError("register_plugin(a SchedulerPlugin): localcluster's scheduler is its own state "
-                                  "machine in this process, with no dask Scheduler to extend; subscribe_topic and "
-                                  "the cluster's deaths (cluster.deaths) tell what a scheduler plugin would see")
     if mod is not None and isinstance(plugin, mod.NannyPlugin):
         raise NotImplementedError("register_plugin(a NannyPlugin): a localcluster nanny is a thread of this "
                                   "process; a WorkerPlugin's setup runs in every worker, replacements included")

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 from . import config as _config
 from .scheduler import state as S
 from .engine.callbacks import CallbackThread
+from .engine.plugins import SchedulerPlugins, SchedulerView
 from .config import check_duration, check_int, check_seconds, format_bytes
 from .death import ClusterClosed, ClusterRestarted, WorkerDeath
 from .engine.dispatch import Dispatcher, Listener
@@ -152,10 +153,15 @@ class LocalCluster:
                                       self._loop, self.history, life)
         self._stall = StallWatch(self._lock, self.scheduler, self._supervisor, self.history, cfg, self.memory_limit)
         self._callbacks = CallbackThread()
+        sched = self.scheduler
+        view = SchedulerView(self._lock, lambda: {k: ts.state for k, ts in sched.tasks.items()},
+                             lambda: sorted(sched.workers))
+        self._plugins = SchedulerPlugins(self._lock, sched.transitions, lambda: sorted(sched.workers),
+                                         self._callbacks, view)
         #: the journal of finished work (``journal=``), or None
         self.journal: Optional[Journal] = Journal(self._keeper) if self._keeper is not None else None
         self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
-                                self._callbacks, self._loop, self._keeper)
+                                self._callbacks, self._loop, self._keeper, self._plugins)
         self._runs = self._record_run(cfg["run_registry"], removed)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
@@ -194,6 +200,7 @@ class LocalCluster:
             self._dispatch.trim()
             self._supervisor.tick(now)
             self._stall.tick(now)      # a stall_warning with no task ending: one WARNING saying why
+            self._plugins.tick()       # scheduler plugins: what happened, told on the callbacks thread
             if self._runs is not None:
                 self._runs.tick(now)       # the run's record: at most once a second
         try:
@@ -395,6 +402,9 @@ class LocalCluster:
             self._dispatch.post(post)
         self._dispatch.fail_requests(ClusterClosed("the cluster was closed"))
         self._supervisor.reap_all()
+        if self._plugins:           # the last transitions told, then each plugin's close(), in that order
+            self._plugins.tick()
+            self._callbacks.run(lambda _: self._plugins.close(), None)
         self._callbacks.close(timeout)
         self._loop.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)

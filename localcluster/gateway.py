@@ -29,6 +29,7 @@ from .engine.callbacks import CallbackThread
 from .engine.dispatch import Dispatcher, Listener
 from .engine.lifecycle import Lifecycle, Phase
 from .engine.loop import EventLoop
+from .engine.plugins import SchedulerPlugins
 from .scheduler.records import Spec
 from .journal import Keeper
 from .views.stall import Stall
@@ -41,7 +42,7 @@ logger = logging.getLogger("localcluster")
 class Gateway:
     def __init__(self, life: Lifecycle, lock: threading.Lock, scheduler: S.Scheduler, dispatch: Dispatcher,
                  supervisor: Supervisor, stall: StallWatch, callbacks: CallbackThread, loop: EventLoop,
-                 journal: Optional[Keeper] = None):
+                 journal: Optional[Keeper] = None, plugins: Optional[SchedulerPlugins] = None):
         self._life = life
         self._lock = lock
         self._scheduler = scheduler
@@ -54,6 +55,7 @@ class Gateway:
         self._said_no_worker = False           #: the no-worker warning is given (submit); any thread
         self.started = time.time()             #: when the cluster was made (scheduler_info)
         self.journal = journal                 #: the cluster's journal (journal.py), or None
+        self.scheduler_plugins = plugins       #: the cluster's scheduler plugins (engine/plugins.py)
 
     @property
     def phase(self) -> Phase:

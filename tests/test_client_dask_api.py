@@ -506,7 +506,7 @@ def test_rebalance_spreads_the_data_evenly(shared):
     assert shared.who_has(made) == after
 
 
-def test_a_plugin_of_distributeds_is_taken_and_its_scheduler_plugin_refused(shared, tmp_path):
+def test_a_plugin_of_distributeds_is_taken_and_its_nanny_plugin_refused(shared, tmp_path):
     distributed = pytest.importorskip("distributed")
 
     class Marks(distributed.WorkerPlugin):
@@ -522,5 +522,5 @@ def test_a_plugin_of_distributeds_is_taken_and_its_scheduler_plugin_refused(shar
         assert sorted(os.listdir(tmp_path)) == sorted(shared.cluster.workers)
     finally:
         shared.unregister_worker_plugin("dask-marks")
-    with pytest.raises(NotImplementedError, match="SchedulerPlugin.*own state machine"):
-        shared.register_plugin(distributed.SchedulerPlugin())
+    with pytest.raises(NotImplementedError, match="NannyPlugin.*a thread of this"):
+        shared.register_plugin(distributed.NannyPlugin())

@@ -182,7 +182,7 @@ class Transitions:
     a pending task may cost the parent in all (benchmarks/README.md). The hot path (submit, run, finish,
     release: four transitions a task) pays two dict lookups and three list stores each, and
     allocates nothing: ``apply`` is a closure over the table and a ring of three lists."""
-    __slots__ = ("apply", "_read", "length")
+    __slots__ = ("apply", "_read", "_since", "length")
 
     def __init__(self, length: int = STORY_LENGTH):
         length = 1 << max(0, length - 1).bit_length()      # a power of two: the ring wraps with a mask
@@ -191,7 +191,13 @@ class Transitions:
         #: says why, for the story. A pair TRANSITIONS does not list raises AssertionError with
         #: the story (a bug in localcluster: the cluster breaks with ClusterBroken). Called under
         #: the cluster's lock by whichever thread brings the event; the ring is written only here.
-        self.apply, self._read = _ring(length, self.story)
+        self.apply, self._read, self._since = _ring(length, self.story)
+
+    def since(self, mark: Optional[int]) -> tuple[list, int, int]:
+        """The transitions made after ``mark`` (None: from now on), oldest first, as
+        ``events`` gives them; the mark to pass next; and how many were lost (more than the
+        ring holds were made since)."""
+        return self._since(mark)
 
     def events(self) -> list:
         """The transitions kept, oldest first: [(key, old, new, event)]."""
@@ -215,11 +221,12 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
     steps: list = [None] * length        # the table's own (old, new) tuples: shared, not made
     events: list = [None] * length
     at = 0
+    laps = 0                             # times the ring wrapped: (laps, at) is a mark that never repeats
     mask = length - 1
     table = _STEPS
 
     def apply(ts: Task, new: str, event: str) -> None:
-        nonlocal at
+        nonlocal at, laps
         try:
             step = table[ts.state][new]
         except KeyError:
@@ -230,12 +237,22 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
         steps[at] = step
         events[at] = event
         at = (at + 1) & mask
+        if not at:
+            laps += 1
 
     def read() -> list:
         order = range(at) if keys[at] is None else [*range(at, length), *range(at)]   # not yet full: no wrap
         return [(keys[i], *steps[i], events[i]) for i in order]
 
-    return apply, read
+    def since(mark: Optional[int]) -> tuple[list, int, int]:
+        now = laps * length + at
+        if mark is None or mark >= now:
+            return [], now, 0
+        lost = max(0, now - mark - length)
+        first = mark + lost
+        return [(keys[i & mask], *steps[i & mask], events[i & mask]) for i in range(first, now)], now, lost
+
+    return apply, read, since
 
 
 # The shared empty value of a Task's sets until the first element: three empty sets cost

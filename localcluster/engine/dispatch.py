@@ -65,7 +65,7 @@ from ..wire.serialize import as_exception, dumps_exception
 
 logger = logging.getLogger("localcluster")
 
-_RELEASE_CHUNK = 5000      # keys let go under the lock at once (~20 µs each)
+_RELEASE_CHUNK = 5000      # keys let go under the lock at once: a short hold of the lock
 _RELEASE_TURN = 0.05       # seconds of releasing per wake-up, then the loop's other work
 BURST = 0.0002             # seconds: a submit this soon after the last, with no wait between, is deferred
 BATCH = 64                 # submits deferred at most: the submitting thread admits them then
@@ -125,7 +125,7 @@ def copy_located(pid: int, worker: str, m: P.Located,
     ``pid`` into memory here (``fresh(n)``: recycle.py's take), as the Data it stands for
     (or Data carrying the error). None when the process is gone (its memory with it): as if
     it had died before answering, its death sends the request to another holder, or has
-    the value made again (a soak found a relay failing its dependents instead). A copy that
+    the value made again (rather than failing the dependents of a relay). A copy that
     is not what the holder sealed becomes a Damaged from that worker: the scheduler drops
     the holder's copy and gets the value again."""
     try:
@@ -175,7 +175,7 @@ class Dispatcher:
         self._life = life
         self._outlets: dict[str, Outlet] = {}      #: worker -> Outlet, for every connected worker; under the lock
         # Weak references to the Clients: a tuple replaced whole on attach (under the lock), read
-        # without it. Not a WeakSet: iterating one costs ~5 µs a round trip. Dead ones are
+        # without it. Not a WeakSet: iterating one is dear on every round trip. Dead ones are
         # skipped, and dropped on the next attach.
         self._listeners: tuple = ()
         self._requests: dict[int, Future] = {}     #: fetch / replicate answers, by request id; under the lock
@@ -378,8 +378,8 @@ class Dispatcher:
         """In chunks, so that neither a submit waiting for the lock nor close() waits behind
         200,000 keys let go at once (a big map's futures dropped together); and for at most
         ``_RELEASE_TURN`` seconds a call, so that the scheduler thread goes back to its
-        workers' messages between turns (a million keys let go at once took it 30 s under
-        load, which the watchdog took for a stuck thread). True: keys are left for the
+        workers' messages between turns (a million keys let go at once would hold it long
+        enough for the watchdog to take it for a stuck thread). True: keys are left for the
         next turn, and the caller should wake the loop for it."""
         released = self._released
         end = time.monotonic() + _RELEASE_TURN

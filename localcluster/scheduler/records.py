@@ -171,7 +171,7 @@ TRANSITIONS: frozenset = frozenset({
 # old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record
 _STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _new in TRANSITIONS}
 
-STORY_LENGTH = 1 << 14      # transitions kept, of all keys together: 3 lists of 16,384 slots, ~400 KB
+STORY_LENGTH = 1 << 14      # transitions kept, of all keys together: 3 preallocated lists of that length
 
 
 class Transitions:

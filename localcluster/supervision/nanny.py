@@ -92,8 +92,8 @@ class Nanny:
         self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
         self.ceiling: Optional[int] = None        # its kernel limit, bytes, once the worker is accepted
         self.in_group = False                     # a member of it at the last look (something may move it out)
-        # Moving a process into a cgroup waits for the kernel (an RCU grace period, 10-15 ms
-        # here on cgroup v1), so a thread does it: the loop thread, which respawns a dead
+        # Moving a process into a cgroup waits for the kernel (an RCU grace period, long on
+        # cgroup v1), so a thread does it: the loop thread, which respawns a dead
         # worker while the dead one's tasks run again elsewhere, does not wait. Joined
         # (``_joined``) before anything reads the membership, and before the worker is
         # accepted, so every task runs in the group.
@@ -370,8 +370,8 @@ def join_groups(nannies: list[Nanny]) -> None:
     """Move just-started workers into their cgroups, from one short-lived thread, once all
     of them are started: a move waits for an RCU grace period, and a fork (the next
     worker's) waits with it on the kernel's cgroup_threadgroup_rwsem; so a cluster's
-    workers are spawned back to back and moved after (the second of two spawns waited
-    6-14 ms, when each worker was moved from its own thread as it started)."""
+    workers are spawned back to back and moved after (moved from its own thread as it
+    started, each worker made the next one's spawn wait)."""
     grouped = [n for n in nannies if n.group is not None]
     if not grouped:
         return

@@ -481,8 +481,8 @@ class Policy:
                 return [GiveUp(WorkerStartupError(tuple(self.startup_failures)))]
             self.respawn_at.append(now + BACKOFF * 2 ** (len(self.startup_failures) - 1))
             return []
-        # On the next tick, not now: starting a process holds the scheduler thread 2-5 ms,
-        # while the dead worker's tasks, just sent elsewhere, come back in about 1.
+        # On the next tick, not now: starting a process holds the scheduler thread longer
+        # than the dead worker's tasks, just sent elsewhere, take to come back.
         self.respawn_at.append(now)
         return []
 

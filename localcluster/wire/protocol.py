@@ -2,11 +2,11 @@
 
 A message travels as a pickle (protocol 5) of the instance; user data inside it
 is a :class:`Payload` whose large buffers leave the pickle stream and cross as
-memfd file descriptors (see ``channel.py``), so a 100 MB array is never copied
-through the socket. A lone Run or Finished with small data, the two messages of every
+memfd file descriptors, or are copied by the parent (``channel.py``), so a large array
+is never copied through the socket. A lone Run or Finished with small data, the two messages of every
 round trip, travels in a fixed layout instead (:func:`pack_lone`), and so do the other
 messages of a task's way there and back (Failed, Skipped, Cancel, Free): each pickle call
-costs ~3 µs of fixed overhead that a batch of runs shares and a lone message pays alone.
+costs a fixed overhead that a batch of runs shares and a lone message pays alone.
 
 Task identity on the wire is ``seq``, a number the parent gives each assignment:
 a task that is re-run after a death gets a new ``seq``, so a late message about
@@ -46,8 +46,8 @@ def _dc(cls: type[_C]) -> type[_C]:
     (later ones may have defaults), equality and hash by value, a repr, and a pickle
     of ``(cls, (field, ...))``: one C-level attrgetter call per message.
 
-    Not ``dataclasses.dataclass(frozen=True, slots=True)``: making the 19 classes with it
-    took ~10 of the ~45 ms a worker spent importing before it could say Ready (each class is
+    Not ``dataclasses.dataclass(frozen=True, slots=True)``: making the classes with it was
+    a large part of what a worker spent importing before it could say Ready (each class is
     made twice, with half a dozen generated methods). The ``__init__`` is the one dataclasses
     writes, written at the class's first instance (``_first_init``)."""
     names = tuple(cls.__annotations__)       # in definition order
@@ -72,8 +72,8 @@ def _dc(cls: type[_C]) -> type[_C]:
 
 def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
     """A message class's ``__init__`` until its first instance, which writes the real one:
-    compiling it is ~80 µs, 4 of the ~9 ms of this module's import for all 51 classes, of
-    which a worker makes a handful before its first result."""
+    compiling it for every class at import would be most of this module's import, and a
+    worker makes a handful of them before its first result."""
     cls = type(self)
     names, defaults = cls.fields, cls.field_defaults
     params = ", ".join(f"{n}=_d_{n}" if n in defaults else n for n in names)
@@ -547,7 +547,7 @@ class Info:
 # --- the fixed layout of a lone Run, Finished, Failed, Skipped, Cancel or Free ----------
 #
 # The messages of a task's way there and back, one per frame when nothing else is queued:
-# a pickle's fixed cost (~3 µs a call, hot) is most of what framing one of them costs.
+# a pickle's fixed cost is most of what framing one of them costs.
 # Tag byte first: a pickle starts with PROTO (0x80), so the receiver tells them apart.
 # Strings are UTF-8 with surrogatepass (any str comes back as it was). Only what the layout
 # holds exactly is packed; anything else (dependencies, buffers, a value out of range, a

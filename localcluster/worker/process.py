@@ -9,7 +9,7 @@ Threads::
                      at an idle worker is executed by the thread that read it: no thread hop
                      (a GIL hand-off between threads costs more than a process round trip).
                      The main thread reads only while every executor is busy, called once
-                     nobody has read for 2 ms (turn.py: a kernel timer, not a wake-up per
+                     nobody has read for a moment (turn.py: a kernel timer, not a wake-up per
                      run), and is nudged off the socket (a self-pipe) as soon as one becomes idle.
     executor x N     take runs from the run queue, mark the status board, run, reply
     flusher          sends results that executors batched while more runs were queued
@@ -51,8 +51,8 @@ from .turn import MainTurn
 FLUSH_DELAY = 0.002
 # A worker that answered polls for the next run this many times as long as the parent's
 # thread waits for a reply: the next run comes only once the parent handled the reply, the
-# user's code went on and submitted again (~200 µs a round trip on a slow VM, where a window
-# of spin_wait missed one run in three, and each miss cost a wake-up).
+# user's code went on and submitted again (a window of spin_wait alone missed runs on a
+# slow VM, and each miss cost a wake-up).
 SPIN_AFTER_REPLY = 4
 # A task waiting for other tasks' results gives its slot back if the answer is not there by
 # then: results already done come back within a round trip, with no secession to pay for.
@@ -84,7 +84,7 @@ class Worker:
         self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
         # Under _lock: the run queue, the reader role, the idle count. A wake-up goes to the one
         # thread that has something to do: a run queued wakes one idle executor (not every
-        # thread: with 4 executors that herd cost ~60 µs a round trip), and the main thread is
+        # thread: a herd of executors costs every round trip), and the main thread is
         # called only once nobody has read the channel for a while (turn.py).
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)     # idle executors wait here
@@ -125,8 +125,8 @@ class Worker:
 
     def serve(self, versions: dict, before_tasks: Callable[[], None]) -> None:
         """Say Ready (with ``versions``: boot.py's); while the parent answers, call
-        ``before_tasks`` and start the threads (each start waits for the new thread to run:
-        1-5 ms in all while the other workers start too); then read until the end. A
+        ``before_tasks`` and start the threads (each start waits for the new thread to run,
+        longer while the other workers start too); then read until the end. A
         message that comes meanwhile waits in the socket."""
         self.chan.send(P.Ready(os.getpid(), versions))
         before_tasks()

@@ -89,3 +89,15 @@ def test_the_check_catches_a_name_that_is_not_there():
     assert not any(_exists(n, classes, names) for n in fake)
     real, _ = cited("`Dispatcher.event`, Future.settle, `Lifecycle`, `classify()`, `_MAKING`")
     assert all(_exists(n, classes, names) for n in real), real
+
+
+def test_each_package_docstring_names_each_of_its_modules():
+    """A package's docstring is its table of contents: every module in it is named there."""
+    missing = {}
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [m.name for m in sorted(init.parent.glob("*.py")) if m.name != "__init__.py"]
+        left = [n for n in names if f"``{n}``" not in doc]
+        if left:
+            missing[init.parent.name] = left
+    assert not missing, f"modules not named in their package's docstring: {missing}"

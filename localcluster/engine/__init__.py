@@ -6,4 +6,6 @@ threads that bring events.
 - ``lifecycle.py``: ``Lifecycle``, the cluster's one shutdown state and its table of moves.
 - ``callbacks.py``: users' done-callbacks, kept off the scheduler thread.
 - ``watchdog.py``: breaks the cluster loudly when the scheduler thread is stuck.
+- ``selector.py``: the loop's selector, which can pause one channel while a user thread borrows it.
+- ``plugins.py``: scheduler plugins (dask's ``SchedulerPlugin``), told on the callbacks thread.
 """

@@ -5,4 +5,6 @@
 - ``joblib.py``: the ``localcluster`` joblib backend (public path ``localcluster.joblib``).
 - ``pytest_plugin.py``: the ``localcluster_client`` fixture (public path ``localcluster.pytest_plugin``).
 - ``replay.py``: ``client.recreate_error_locally``, a failed task run again here.
+- ``dask_client.py``: the client's side of ``localcluster.dask.install`` on a dask.distributed cluster.
+- ``dask_nanny.py``: what ``localcluster.dask.install`` runs in dask's nannies and workers.
 """

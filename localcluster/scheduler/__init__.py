@@ -11,4 +11,5 @@
   ``forgetting.py`` (what is let go of), ``roster.py`` (what workers could run, when a closing
   one may go), ``calls.py`` (``Client.run``), ``asking.py`` (tasks that submit tasks).
 - ``invariants.py``: ``validate()``, run after every event in the tests.
+- ``coordination.py``: Lock, Semaphore, Event, Queue and Variable, kept by the scheduler.
 """

@@ -6,4 +6,11 @@
 - ``calls.py``: ``Client.run``'s function, run on a thread of its own and answered.
 - ``store.py``: the results it holds, spilled to disk past ``memory_target``.
 - ``logs.py``: its ``logging`` records, forwarded to the parent's ``localcluster.worker`` logger.
+- ``client.py``: tasks that submit tasks (``get_client``, ``secede``, ``rejoin``, ``get_worker``).
+- ``context.py``: what a task's thread knows about where it runs.
+- ``turn.py``: when the main thread takes its turn at reading the channel.
+- ``transfers.py``: the large values the parent copies into and out of this process.
+- ``setup.py``: uploaded files and worker plugins, for the workers running and those to come.
+- ``actors.py``: actors (``submit(Cls, actor=True)``), objects living on this worker.
+- ``journal.py``: a journal's entries, written by the worker that computed them.
 """

@@ -105,3 +105,15 @@ def test_the_initializer_and_every_task_hold_the_parents_authkey(initializer):
         for name in c.workers:
             seen = cl.submit(authkeys, workers=[name], pure=False).result(30)
             assert seen == ([key] if initializer else [], key)
+
+
+def test_a_workers_command_line_names_it_and_holds_none_of_its_settings(tmp_path):
+    """ps shows '# localcluster worker-0 (parent <pid>)' first; the settings (the parent's
+    sys.path, the spill folder, the cgroup) come over the channel, not argv."""
+    with LocalCluster(n_workers=1, local_directory=str(tmp_path), forward_logs=False) as c, Client(c) as client:
+        assert client.submit(int, "7").result(30) == 7
+        (name, info), = c.workers.items()
+        args = psutil.Process(info.pid).cmdline()
+        assert args[1] == "-c" and args[2].startswith(f"# localcluster {name} (parent {os.getpid()})\n")
+        shown = " ".join(args)
+        assert str(tmp_path) not in shown and len(shown) < 1000

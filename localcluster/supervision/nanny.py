@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..worker import logs
 from ..wire.board import Board
@@ -34,7 +34,7 @@ from ..system.machine import descendants, open_statm, rss_of
 from ..system.machine import rss as read_rss
 from ..system.oom import OomWatch
 from .output import OutputStream
-from ..worker.boot import boot_argv
+from ..worker.boot import boot_argv, settings_frame
 
 logger = logging.getLogger("localcluster")
 
@@ -114,11 +114,12 @@ class Nanny:
     def spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            # Before any message, the key only the worker can read (not argv: SECURITY.md).
+            # Before any message, the settings, then the key only the worker can read (neither
+            # in argv, which ps shows to every user: SECURITY.md).
             key = bytes(multiprocessing.current_process().authkey)
-            parent_sock.sendall(len(key).to_bytes(4, "big") + key)
             self.board = Board(self.nthreads)
-            self.proc = self._launch(child_sock.fileno())
+            self.proc = self._launch(child_sock.fileno(),
+                                     lambda frame: parent_sock.sendall(frame + len(key).to_bytes(4, "big") + key))
         except BaseException:       # nothing of a worker that did not start is left open
             parent_sock.close()
             if self.board is not None:
@@ -144,7 +145,7 @@ class Nanny:
         self.statm = open_statm(self.pid)
         self.oom = OomWatch(self.pid, (self.group.path, self.group.version) if self.group is not None else None)
 
-    def _launch(self, sock_fd: int) -> subprocess.Popen:
+    def _launch(self, sock_fd: int, preamble: Callable[[bytes], None]) -> subprocess.Popen:
         cfg = {
             "name": self.name, "nthreads": self.nthreads, "parent_pid": os.getpid(),
             "sock_fd": sock_fd, "board_fd": self.board.fd,
@@ -165,6 +166,7 @@ class Nanny:
         if self.spill_dir:
             os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
         self._make_group(cfg)
+        preamble(settings_frame(cfg))
         return subprocess.Popen(boot_argv(cfg), pass_fds=(sock_fd, self.board.fd), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
 

@@ -50,15 +50,37 @@ def _read_exact(fd: int, n: int) -> bytes:
     return out
 
 
-# The settings cross as marshal (built in: json's import would be part of every start),
-# after the worker's name, which is all ``ps`` needs to show.
-BOOT = ("import sys, marshal; cfg = marshal.loads(bytes.fromhex(sys.argv[2])); sys.path[:] = cfg['sys_path']; "
-        "from localcluster.worker.boot import main; main(cfg)")
+# The settings cross as marshal (built in: json's import would be part of every start), over
+# the channel before anything else, not in argv: ``ps`` shows the worker's first line, a
+# comment naming it, instead of kilobytes of hex. Read before localcluster is importable (the
+# settings hold the parent's sys.path), so with nothing but os.
+BOOT = ("import os, sys, marshal\n"
+        "def _take(n, fd=int(sys.argv[1])):\n"
+        "    got = b''\n"
+        "    while len(got) < n:\n"
+        "        more = os.read(fd, n - len(got))\n"
+        "        if not more:\n"
+        "            raise SystemExit(0)\n"        # the parent is gone before we started
+        "        got += more\n"
+        "    return got\n"
+        "cfg = marshal.loads(_take(int.from_bytes(_take(4), 'big')))\n"
+        "del _take\n"
+        "sys.path[:] = cfg['sys_path']\n"
+        "from localcluster.worker.boot import main; main(cfg)\n")
 
 
 def boot_argv(cfg: dict) -> list:
-    """The worker's command line: ``cfg`` holds plain values only (str, numbers, None, lists, dicts)."""
-    return [sys.executable, "-c", BOOT, cfg["name"], marshal.dumps(cfg).hex()]
+    """The worker's command line: what ``ps`` shows of it is its first line, a comment naming
+    it; its settings (``settings_frame``) come over the channel."""
+    title = f"# localcluster {cfg['name']} (parent {cfg['parent_pid']})\n"
+    return [sys.executable, "-c", title + BOOT, str(cfg["sock_fd"])]
+
+
+def settings_frame(cfg: dict) -> bytes:
+    """What the parent writes on the channel before anything else: ``cfg`` (plain values only:
+    str, numbers, None, lists, dicts), marshalled, after its length."""
+    data = marshal.dumps(cfg)
+    return len(data).to_bytes(4, "big") + data
 
 
 def _die_with_parent(parent_pid: int) -> None:

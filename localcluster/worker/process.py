@@ -79,7 +79,7 @@ class Worker:
         # past this RSS, warm memory nobody uses goes back at once (the memory limit's first line)
         self.trim_at = min((x for x in (self.spill_at, self.pause_at) if x), default=limit // 2 if limit else None)
         self._next_look = 0.0           # monotonic time of the next look at RSS before a run
-        self._statm = open_statm(os.getpid())   # kept open: a look is one pread (~1.5 µs, not ~10)
+        self._statm = open_statm(os.getpid())   # kept open: a look is one pread, not an open, read and close
         self._pressed = False           # said Pressure, and RSS has not fallen below the line since
         self.store = Store(cfg.get("spill_dir"), self.spill_at, self.board.set_store)
         # Under _lock: the run queue, the reader role, the idle count. A wake-up goes to the one

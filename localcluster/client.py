@@ -667,14 +667,32 @@ class Client:
     def retry(self, futures: Any, asynchronous: Any = None) -> None:
         """Run these futures' failed tasks again (and first the failed inputs they failed
         with); every future of those keys is pending until its new run ends (dask's ``retry``).
-        Futures that did not fail are left as they are."""
+        Futures that did not fail are left as they are.
+
+        Args:
+            futures: a Future, or (nested) lists, tuples and dicts of them.
+            asynchronous: dask's; accepted and ignored (this call returns at once anyway).
+
+        Raises:
+            RuntimeError: this client, or its cluster, is closed.
+        """
         self._check()
         keys = [f.key for f in _walk(futures) if isinstance(f, Future) and f.status == "error"]
         if keys:
             self.gateway.retry(list(dict.fromkeys(keys)))
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
-        """Keep copies of these futures' data on ``n`` workers (all when None); returns when they exist."""
+        """Keep copies of these futures' data on ``n`` workers; returns when they exist.
+
+        Args:
+            futures: a Future, or (nested) lists, tuples and dicts of them; waited for first.
+            n: how many workers hold a copy (at least 1); None: every worker.
+            timeout: seconds to wait for the copies (None: no limit).
+
+        Raises:
+            TimeoutError: the copies were not made within ``timeout``.
+            RuntimeError: this client, or its cluster, is closed.
+        """
         check_int(n, "replicate", "n", lo=1, none="for every worker")
         self._check()
         fs = [f for f in _walk(futures) if isinstance(f, Future)]
@@ -683,24 +701,59 @@ class Client:
 
     def cancel(self, futures: Any, force: bool = False) -> None:
         """Cancel these futures' tasks and release their data. Always what dask calls
-        ``force=True``: the keys are cancelled for every client that holds them."""
+        ``force=True``: the keys are cancelled for every client that holds them.
+
+        Args:
+            futures: a Future, or (nested) lists, tuples and dicts of them.
+            force: dask's; accepted and ignored (always ``True`` here).
+        """
         self.gateway.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
 
     def restart(self, timeout: float = 60.0, wait_for_workers: bool = True) -> "Client":
         """Stop every worker, forget every task (pending futures fail with ClusterRestarted),
-        and return when fresh workers are up (also with dask's ``wait_for_workers=False``)."""
+        and return when fresh workers are up (also with dask's ``wait_for_workers=False``).
+
+        Args:
+            timeout: seconds to wait for the fresh workers.
+            wait_for_workers: dask's; accepted and ignored (this call always waits).
+
+        Returns:
+            This client.
+
+        Raises:
+            TimeoutError: the fresh workers were not up within ``timeout``.
+            RuntimeError: this client, or its cluster, is closed.
+        """
         self._check()
         self.cluster.restart(timeout)
         return self
 
     def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
-        """Return when at least ``n_workers`` workers are up (dask's name and meaning)."""
+        """Return when at least ``n_workers`` workers are up (dask's name and meaning).
+
+        Args:
+            n_workers: how many; None: as many as the cluster keeps.
+            timeout: seconds (None: no limit).
+
+        Raises:
+            TimeoutError: fewer workers were up after ``timeout`` seconds.
+            RuntimeError: this client, or its cluster, is closed.
+        """
         self._check()
         self.cluster.wait_for_workers(n_workers, timeout)
 
     def get_versions(self, check: bool = False) -> dict:
-        """The versions of Python and of localcluster's packages here and on each worker;
-        ``check=True``: a ValueError if they differ."""
+        """The versions of Python and of localcluster's packages here and on each worker.
+
+        Args:
+            check: compare them (numpy only where both sides have it).
+
+        Returns:
+            ``{"client": {package: version}, "workers": {worker name: {package: version}}}``.
+
+        Raises:
+            ValueError: with ``check=True``, a version differs; the message lists each one.
+        """
         return self._dask.get_versions(check)
 
     def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
@@ -710,12 +763,40 @@ class Client:
         Returns ``{worker name: result}``. A worker's error is raised as itself (``on_error=
         "raise"``), put in the dict (``"return"``), or left out (``"ignore"``); a worker that
         dies meanwhile gives KilledWorker, naming the death. An async function is run to its
-        end there. ``wait=False``: return None at once, the calls go on (dask's meaning)."""
+        end there. ``wait=False``: return None at once, the calls go on (dask's meaning).
+
+        Args:
+            function: what to call; its arguments may not hold Futures.
+            workers: a worker name or a list of names (as in ``cluster.workers``); None: all.
+            wait: wait for the results (else return None at once).
+            nanny: dask's; ``True`` raises NotImplementedError (the nanny is no process here).
+            on_error: ``"raise"``, ``"return"`` or ``"ignore"``, as above.
+
+        Raises:
+            ValueError: ``on_error`` is none of the three, or ``workers`` names no running worker.
+            TypeError: ``function`` is not callable, or its arguments hold Futures.
+            KilledWorker: a worker died during the call (with ``on_error="raise"``).
+
+        Example:
+            >>> import os
+            >>> from localcluster import LocalCluster, Client
+            >>> with LocalCluster(n_workers=1) as cluster, Client(cluster) as client:
+            ...     pids = client.run(os.getpid)
+            >>> list(pids)
+            ['worker-0']
+        """
         return self._dask.run(function, args, kwargs, workers, wait, nanny, on_error)
 
     def who_has(self, futures: Any = None, **kwargs: Any) -> dict[str, tuple]:
         """The workers holding each future's data: key -> tuple of worker names (every key
-        the cluster knows when ``futures`` is None), as dask's ``who_has``."""
+        the cluster knows when ``futures`` is None), as dask's ``who_has``.
+
+        Args:
+            futures: Futures (or lists, dicts, persisted collections of them); None: every key.
+
+        Returns:
+            ``{key: (worker name, ...)}``; an empty tuple while no worker holds the data.
+        """
         return self._dask.who_has(futures)
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
@@ -755,7 +836,8 @@ class Client:
 
     def shutdown(self) -> None:
         """Close this client and its cluster, whether it made the cluster or was given it (dask's
-        meaning): every worker stops, and every other client of the cluster can no longer submit."""
+        meaning): every worker stops, and every other client of the cluster can no longer submit.
+        Pending futures of every client fail with ClusterClosed. Calling it again is harmless."""
         try:
             self.close()
         finally:
@@ -767,12 +849,30 @@ class Client:
         """Publish values (futures, persisted collections, any picklable object) by name for
         every client of the cluster and every task: ``publish_dataset(ds=df)`` or
         ``publish_dataset(df, name="ds")``. The futures inside stay alive while published.
-        A KeyError if the name is taken, unless ``override=True``."""
+
+        Args:
+            *args: one value, with ``name``.
+            name: the name of the one value in ``args``.
+            override: replace a dataset of the same name.
+            **kwargs: datasets by name (``ds=df``).
+
+        Raises:
+            KeyError: the name is taken and ``override`` is False.
+            ValueError: ``name`` with other than one value, or a value without a name.
+            TypeError: a value cannot be pickled.
+        """
         self._dask.published.publish(args, name, override, kwargs)
 
     def get_dataset(self, name: Any, default: Any = NO_DEFAULT, **kwargs: Any) -> Any:
-        """The dataset published as ``name`` (its futures are this client's); a KeyError, or
-        ``default``, if there is none."""
+        """The dataset published as ``name`` (its futures are this client's).
+
+        Args:
+            name: the name it was published under.
+            default: returned when there is no such dataset (else a KeyError).
+
+        Raises:
+            KeyError: no dataset ``name``, and no ``default`` given; the message lists the names.
+        """
         return self._dask.published.get(name, default)
 
     def list_datasets(self, **kwargs: Any) -> list:
@@ -820,7 +920,18 @@ class Client:
 
     def nbytes(self, keys: Any = None, summary: bool = True, **kwargs: Any) -> dict:
         """The size of each result in memory: {key: bytes} (``keys``: keys or futures; all when
-        None); ``summary=True`` sums them by key prefix (the function's name), as dask's."""
+        None); ``summary=True`` sums them by key prefix (the function's name), as dask's.
+
+        Args:
+            keys: a key or Future, or a list of them; None: every result held.
+            summary: sum by prefix (the key up to its last ``-``) rather than by key.
+
+        Returns:
+            ``{key or prefix: bytes}``.
+
+        Raises:
+            RuntimeError: this client, or its cluster, is closed.
+        """
         self._check()
         names = None if keys is None else [getattr(k, "key", k) for k in (
             [keys] if isinstance(keys, (str, Future)) else keys)]
@@ -849,7 +960,16 @@ class Client:
     def upload_file(self, filename: str, load: bool = True) -> None:
         """Send a ``.py``, ``.egg``, ``.zip``, ``.whl`` or ``.pyz`` file to every worker, and every
         worker started later, and (``load``) import its modules there; uploading a module again
-        replaces it (reloaded), so tasks see the new version."""
+        replaces it (reloaded), so tasks see the new version.
+
+        Args:
+            filename: the file's path here.
+            load: import its modules on the workers now (else only make them importable).
+
+        Raises:
+            ValueError: the file is of none of those kinds.
+            OSError: the file cannot be read.
+        """
         self._dask.upload_file(filename, load)
 
     def register_plugin(self, plugin: Any, name: Optional[str] = None) -> Any:
@@ -862,7 +982,21 @@ class Client:
         A scheduler plugin (dask's ``SchedulerPlugin`` protocol: ``start(scheduler)``,
         ``transition(key, start, finish, stimulus_id=...)``, ``add_worker``, ``remove_worker``,
         ``close()``) runs in this process, where the scheduler is, told in order on the callbacks
-        thread (never under the cluster's lock); returns "OK"."""
+        thread (never under the cluster's lock); returns "OK".
+
+        Args:
+            plugin: a worker plugin (a ``localcluster.WorkerPlugin``, say) or a scheduler plugin.
+            name: the plugin's name; None: ``plugin.name``, or one made up.
+
+        Returns:
+            For a worker plugin, ``{worker name: {"status": "OK"}}`` for each worker it was set
+            up on now; for a scheduler plugin, ``"OK"``.
+
+        Raises:
+            TypeError: ``name`` is not a str, ``plugin`` has none of those methods, or it
+                cannot be pickled.
+            NotImplementedError: a NannyPlugin (the message says why).
+        """
         return self._dask.register_plugin(plugin, name)
 
     def unregister_worker_plugin(self, name: str, nanny: Any = None) -> dict:
@@ -873,7 +1007,18 @@ class Client:
         """Move data between workers so that each holds about as many bytes of it: these futures'
         (every result held on a worker when None), over these workers (names; all when None).
         Each value moves whole (copied, then the original let go of); returns once moved.
-        Useful where a worker nears its own memory_limit while others have room."""
+        Useful where a worker nears its own memory_limit while others have room.
+
+        Args:
+            futures: Futures (or lists, dicts, persisted collections of them), waited for first.
+            workers: a worker name or a list of names; None: every worker.
+            **kwargs: ``timeout`` (seconds, default 60); dask's other keywords are ignored.
+
+        Raises:
+            TimeoutError: the moves did not finish within ``timeout``.
+            ValueError: ``workers`` names no running worker.
+            RuntimeError: this client, or its cluster, is closed.
+        """
         self._check()
         keys = None if futures is None else list(dict.fromkeys(f.key for f in _future.futures_of(futures)))
         names = None if workers is None else self.gateway.check_worker_names(workers)
@@ -885,13 +1030,32 @@ class Client:
         """Let these workers go (names, as in cluster.workers): each takes no new task, finishes
         what it runs, hands the data only it holds to the others (nothing is computed again),
         then exits; the cluster is that much smaller. Returns {name: its scheduler_info entry}
-        once they are gone."""
+        once they are gone.
+
+        Args:
+            workers: a worker name or a list of names (as in ``cluster.workers``); required.
+            close_workers: must be True (a worker kept without work has no use here).
+            **kwargs: ``timeout`` (seconds, default 60); dask's other keywords are ignored.
+
+        Raises:
+            ValueError: ``workers`` is None, or names no running worker.
+            NotImplementedError: ``close_workers=False``.
+        """
         return self._dask.retire_workers(workers, close_workers, kwargs)
 
     def restart_workers(self, workers: list, timeout: Any = 60.0, raise_for_error: bool = True) -> dict:
         """Restart these workers: each exits now and a fresh one (a new name: names are never
         reused) takes its place; what it held is computed again where needed, as after a death,
-        with no blame. Returns {old name: "OK"} once the new ones are up."""
+        with no blame. Returns {old name: "OK"} once the new ones are up.
+
+        Args:
+            workers: a worker name or a list of names (as in ``cluster.workers``).
+            timeout: seconds (or a duration such as ``"30s"``) to wait for the new workers.
+            raise_for_error: dask's; accepted and ignored.
+
+        Raises:
+            ValueError: ``workers`` names no running worker.
+        """
         return self._dask.restart_workers(workers, timeout)
 
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
@@ -905,7 +1069,19 @@ class Client:
     def recreate_error_locally(self, future: Future) -> Any:
         """Run the task of a failed ``future`` again in this process, with the same arguments, so that
         a debugger can step into it; a task that crashed its worker runs in a throwaway process
-        instead, and its death is raised as ReplayedDeath."""
+        instead, and its death is raised as ReplayedDeath.
+
+        Args:
+            future: a Future; waited for if still pending.
+
+        Returns:
+            What the task returns this time, run here (None from a throwaway process); mostly
+            it raises its error again instead.
+
+        Raises:
+            ValueError: ``future`` did not fail.
+            ReplayedDeath: the task killed (or outlasted) the throwaway process too.
+        """
         from .integrations.replay import recreate_error_locally
         return recreate_error_locally(self, future)
 
@@ -921,7 +1097,18 @@ class Client:
         """dask collections (delayed, array, bag, dataframe) computed on the cluster: a Future
         for each (a list for a list), or their values with ``sync=True``. ``traverse``: lists,
         tuples, sets and dicts are wrapped in ``dask.delayed`` (dask's meaning); ``kwargs`` go
-        to dask's graph optimizations, as in dask."""
+        to dask's graph optimizations, as in dask.
+
+        Args:
+            collections: a dask collection, or a list of them.
+            sync: return the values rather than Futures.
+            optimize_graph: run dask's graph optimizations first.
+            workers: worker names to run on (as in ``submit``).
+            allow_other_workers: any worker when none of ``workers`` is running.
+            retries: runs again of a task that raised (as in ``submit``).
+            priority: higher runs first (as in ``submit``).
+            traverse: look inside lists, tuples, sets and dicts for collections.
+        """
         options = dict(workers=workers, allow_other_workers=allow_other_workers, retries=retries, priority=priority)
         return self._dask.compute(collections, sync, optimize_graph, options, traverse, kwargs)
 
@@ -929,7 +1116,16 @@ class Client:
                 allow_other_workers: bool = False, retries: int = 0, priority: int = 0, **kwargs: Any) -> Any:
         """dask collections computing on the cluster in the background: each the same collection,
         now backed by Futures of its keys (a list for a list); its data stays on the workers
-        for as long as it lives. ``kwargs`` go to dask's graph optimizations, as in dask."""
+        for as long as it lives. ``kwargs`` go to dask's graph optimizations, as in dask.
+
+        Args:
+            collections: a dask collection, or a list of them.
+            optimize_graph: run dask's graph optimizations first.
+            workers: worker names to run on (as in ``submit``).
+            allow_other_workers: any worker when none of ``workers`` is running.
+            retries: runs again of a task that raised (as in ``submit``).
+            priority: higher runs first (as in ``submit``).
+        """
         options = dict(workers=workers, allow_other_workers=allow_other_workers, retries=retries, priority=priority)
         return self._dask.persist(collections, optimize_graph, options, kwargs)
 
@@ -943,62 +1139,131 @@ class Client:
 
     @property
     def amm(self) -> Any:
+        """dask.distributed's ``amm``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.amm", "there is no Active Memory Manager: each worker spills to disk past "
                         "memory_target and the cluster replaces a worker killed for memory; client.replicate() "
                         "keeps copies, retire_workers() hands data on")
 
     @property
     def loop(self) -> Any:
+        """dask.distributed's ``loop``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.loop", "this client runs no event loop: its calls block, and a Future is "
                         "awaitable in any asyncio loop (await future)")
 
     def sync(self, func: Callable, *args: Any, asynchronous: Any = None, callback_timeout: Any = None,
              **kwargs: Any) -> Any:
+        """dask.distributed's ``sync``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.sync", "there is no event loop of the client's to run a coroutine on: call the "
                         "function yourself (asyncio.run for a coroutine)")
 
     def benchmark_hardware(self) -> dict:
+        """dask.distributed's ``benchmark_hardware``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.benchmark_hardware", "every worker shares this machine's memory, disk and no "
                         "network: time your own code with cluster.insights() or localcluster.report()")
 
     def call_stack(self, futures: Any = None, keys: Any = None) -> dict:
+        """dask.distributed's ``call_stack``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.call_stack", "client.dump_stacks() gives every thread's live stack on each "
                         "worker, client.processing() the keys each one runs")
 
     def profile(self, key: Any = None, start: Any = None, stop: Any = None, workers: Any = None,
                 merge_workers: bool = True, plot: Any = False, filename: Any = None, server: bool = False,
                 scheduler: bool = False) -> Any:
+        """dask.distributed's ``profile``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.profile", "there is no sampling profiler: cluster.insights() tells where each "
                         "worker's time went and the slowest tasks; run a task under cProfile in it for more")
 
     def forward_logging(self, logger_name: Any = None, level: int = 0) -> None:
+        """dask.distributed's ``forward_logging``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.forward_logging", "the workers' log records are forwarded already, to the "
                         "'localcluster.worker' logger here (LocalCluster(forward_logs=...), silence_logs=)")
 
     def unforward_logging(self, logger_name: Any = None) -> None:
+        """dask.distributed's ``unforward_logging``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.unforward_logging", "LocalCluster(forward_logs=False) forwards nothing")
 
     def get_scheduler_logs(self, n: Optional[int] = None) -> list:
+        """dask.distributed's ``get_scheduler_logs``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.get_scheduler_logs", "the scheduler is this process: it logs to the "
                         "'localcluster' logger here; client.story(key) tells what happened to a task")
 
     def get_metadata(self, keys: Any, default: Any = None) -> Any:
+        """dask.distributed's ``get_metadata``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.get_metadata", "use publish_dataset / get_dataset, or a localcluster.Variable, "
                         "which every client and task of the cluster sees")
 
     def set_metadata(self, key: Any, value: Any) -> None:
+        """dask.distributed's ``set_metadata``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.set_metadata", "use publish_dataset / get_dataset, or a localcluster.Variable, "
                         "which every client and task of the cluster sees")
 
     def normalize_collection(self, collection: Any) -> Any:
+        """dask.distributed's ``normalize_collection``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.normalize_collection", "persist() the collection and use what it returns: its "
                         "graph is the futures of the keys computed")
 
     def unregister_scheduler_plugin(self, name: str) -> None:
-        """Remove the scheduler plugin ``name`` (its ``close()`` runs); ValueError if there is none."""
+        """Remove the scheduler plugin ``name`` (its ``close()`` runs).
+
+        Raises:
+            ValueError: no scheduler plugin of that name is registered.
+        """
         self._dask.unregister_scheduler_plugin(name)
 
     def write_scheduler_file(self, scheduler_file: str) -> None:
+        """dask.distributed's ``write_scheduler_file``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; the message says what to use instead.
+        """
         raise _not_here("Client.write_scheduler_file", "no process outside this one can connect to the "
                         "scheduler (it listens on no socket): pass the Client, or submit from tasks with "
                         "get_client()")

@@ -277,7 +277,11 @@ class LocalCluster:
     def insights(self, slowest: int = 10) -> Any:
         """Per worker: tasks run, seconds busy, idle, (un)pickling, moving data, its start-up
         and the time its death cut short; and the ``slowest`` slowest tasks with their arguments. ``str()``
-        is a text table; in a notebook, an HTML one (views/insights.py)."""
+        is a text table; in a notebook, an HTML one (views/insights.py).
+
+        Args:
+            slowest: how many of the slowest tasks to list.
+        """
         from .views.insights import insights, summarize_args
 
         def args_of(key: str) -> str:
@@ -290,7 +294,11 @@ class LocalCluster:
     def dashboard(self, interval: float = 1.0) -> Any:
         """A live view for Jupyter: an ipywidgets widget redrawn every ``interval`` seconds by
         a thread of its own (workers, memory, what runs, deaths, progress, task stream,
-        insights). Without ipywidgets, the static view (views/dashboard.py)."""
+        insights). Without ipywidgets, the static view (views/dashboard.py).
+
+        Args:
+            interval: seconds between redraws.
+        """
         from .views.dashboard import dashboard
         return dashboard(self, interval)
 
@@ -300,7 +308,18 @@ class LocalCluster:
         return mimebundle(self, include, exclude)
 
     def scale(self, n: int, timeout: float = 60.0) -> None:
-        """Grow or shrink to ``n`` workers; returns when they are up (or gone). Stops adapt()."""
+        """Grow or shrink to ``n`` workers; returns when they are up (or gone). Stops adapt().
+
+        Args:
+            n: how many workers (0 or more).
+            timeout: seconds to wait for them.
+
+        Raises:
+            ValueError: ``n`` is not an int of 0 or more, or ``n`` workers cannot fit on this
+                machine (memory, processes, file descriptors: the message says which).
+            TimeoutError: they were not up (or gone) within ``timeout``.
+            RuntimeError: the cluster is closed.
+        """
         check_int(n, "scale", "n")
         self._gateway.check_open()
         self._refuse_beyond(f"scale({n})", n)
@@ -315,7 +334,19 @@ class LocalCluster:
         once; a worker is let go once ``wait_count`` looks, ``interval`` apart (seconds or
         "500ms"; None: the ``adapt_interval`` setting), found the work needing fewer workers,
         its data handed to the others first. Returns at once; adapt() again replaces the bounds,
-        scale(n) stops adapting."""
+        scale(n) stops adapting.
+
+        Args:
+            minimum: the fewest workers kept.
+            maximum: the most workers started; None: the CPUs this process may use.
+            wait_count: looks in a row that find too many workers before one is let go.
+            interval: seconds between looks, or a duration such as ``"500ms"``.
+
+        Raises:
+            ValueError: a bound is not an int of 0 or more, ``minimum`` is above ``maximum``,
+                ``maximum`` workers cannot fit on this machine, or ``interval`` is not a duration.
+            RuntimeError: the cluster is closed.
+        """
         minimum = check_int(minimum, "adapt", "minimum")
         maximum = check_int(maximum, "adapt", "maximum", none="for the CPUs this process may use")
         if maximum is None:
@@ -342,7 +373,17 @@ class LocalCluster:
 
     def wait_for_workers(self, n_workers: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Return when at least ``n_workers`` workers (by default, as many as the cluster
-        keeps) are up and ready for tasks; TimeoutError after ``timeout`` seconds."""
+        keeps) are up and ready for tasks.
+
+        Args:
+            n_workers: how many; None: as many as the cluster keeps.
+            timeout: seconds (None: no limit).
+
+        Raises:
+            TimeoutError: fewer were up after ``timeout`` seconds.
+            ValueError: ``n_workers`` or ``timeout`` is not a number of the right kind.
+            RuntimeError: the cluster is closed.
+        """
         check_int(n_workers, "wait_for_workers", "n_workers", none="for as many as the cluster keeps")
         check_seconds(timeout, "wait_for_workers")
         self._gateway.check_open()
@@ -351,7 +392,15 @@ class LocalCluster:
 
     def restart(self, timeout: float = 60.0) -> None:
         """Stop every worker, forget every task (pending futures get ClusterRestarted), and
-        return when as many fresh workers are up."""
+        return when as many fresh workers are up.
+
+        Args:
+            timeout: seconds to wait for the fresh workers.
+
+        Raises:
+            TimeoutError: the fresh workers were not up within ``timeout``.
+            RuntimeError: the cluster is closed.
+        """
         self._gateway.check_open()
 
         def begin() -> None:
@@ -368,7 +417,11 @@ class LocalCluster:
     def close(self, timeout: float = 10.0) -> None:
         """Stop every worker and the scheduler, and remove the cluster's folder; pending futures fail
         with ClusterClosed. Waits up to ``timeout`` seconds for the workers to exit, then kills
-        them. Closing twice is harmless."""
+        them. Closing twice is harmless; ``with LocalCluster() as cluster:`` closes it at the end.
+
+        Args:
+            timeout: seconds the workers get to exit before they are killed.
+        """
         life = self._life
         if life.phase in (Phase.CLOSED, Phase.FORKED):     # forked: the workers are the parent's to stop
             return
@@ -443,11 +496,28 @@ class LocalCluster:
 
     def get_logs(self, n: Optional[int] = None) -> dict[str, list]:
         """The last ``n`` (default: all kept, ``log_lines``) lines of output and log records of each
-        worker, by name, dead workers included."""
+        worker, by name, dead workers included.
+
+        Args:
+            n: how many lines of each worker; None: all kept.
+
+        Returns:
+            ``{worker name: [line, ...]}``, oldest line first.
+        """
         return self._supervisor.logs(n)
 
     def dump_stacks(self, worker: Optional[str] = None, timeout: float = 2.0) -> dict[str, str]:
-        """The live stacks of every thread of each worker (faulthandler, via SIGUSR1)."""
+        """The live stacks of every thread of each worker (faulthandler, via SIGUSR1).
+
+        Args:
+            worker: one worker's name; None: every worker.
+            timeout: seconds to wait for the stacks; a worker that has not answered by then is
+                left out.
+
+        Returns:
+            ``{worker name: text}``, each thread labelled with the task it runs; a worker not
+            yet ready, or not named so, is left out.
+        """
         return self._supervisor.dump_stacks(worker, timeout)
 
     def connect(self, client: Listener) -> Gateway:

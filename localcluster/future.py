@@ -292,7 +292,19 @@ class Future(cf.Future):
         return value.value if type(value) is _Boxed else value
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        """The task's exception (None if it succeeded), waiting at most ``timeout`` seconds."""
+        """The task's exception (None if it succeeded), waiting at most ``timeout`` seconds.
+
+        Args:
+            timeout: seconds (None: as long as it takes).
+
+        Returns:
+            The exception ``result()`` would raise (KilledWorker, TaskTimeoutError, the task's
+            own...); for a lost future, why it was lost; None if the task succeeded.
+
+        Raises:
+            TimeoutError: not done within ``timeout``, saying why.
+            CancelledError: the future was cancelled (saying by whom).
+        """
         try:
             exc = self._within(super().exception, timeout, timeout)
         except cf.CancelledError:
@@ -360,7 +372,11 @@ class Future(cf.Future):
     def add_done_callback(self, fn: Callable) -> None:
         """As concurrent.futures, except that a callback is never run on the scheduler
         thread: there, a ``result()`` that must fetch data from a worker would wait on the
-        very thread that delivers it."""
+        very thread that delivers it.
+
+        Args:
+            fn: called with this Future once it ends (at once if it has ended already).
+        """
         gateway = self._gateway
 
         def call(fut: Any) -> None:     # this Future
@@ -404,12 +420,28 @@ class Future(cf.Future):
     def retry(self, **kwargs: Any) -> None:
         """Run this future's task again if it failed (and first the failed inputs it failed
         with): the future is pending again until the new run ends (dask's ``Future.retry``).
-        A future that did not fail is left as it is."""
+        A future that did not fail is left as it is.
+
+        Args:
+            **kwargs: dask's; accepted and ignored.
+
+        Raises:
+            RuntimeError: its client, or the cluster, is closed.
+        """
         self.client.retry([self])
 
     def traceback(self, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """The traceback of the task's exception, its frames on the worker (dask's: for
-        ``traceback.format_tb``); None if it did not fail. Waits for the task to end."""
+        ``traceback.format_tb``); None if it did not fail. Waits for the task to end.
+
+        Args:
+            timeout: seconds to wait for the task to end (None: as long as it takes).
+            **kwargs: dask's; accepted and ignored.
+
+        Raises:
+            TimeoutError: not done within ``timeout``.
+            CancelledError: the future was cancelled.
+        """
         if self.exception(timeout) is None:
             return None
         error = self.stored_error()
@@ -438,17 +470,31 @@ class Future(cf.Future):
         return self.client
 
     def bind_client(self, client: Any) -> None:
+        """dask.distributed's ``Future.bind_client``, which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; a Future is bound to its client from the start.
+        """
         raise NotImplementedError("Future.bind_client is dask.distributed's: a localcluster Future is bound to "
                                   "its client from the start, and one unpickled in this process comes back to "
                                   "its client by itself (docs/dask-api.md lists every name).")
 
     def substitute(self, subs: dict, key: Any = None) -> Any:
+        """dask's graph machinery (a Future as a TaskRef), which has no counterpart here.
+
+        Raises:
+            NotImplementedError: always; ``client.compute`` / ``persist`` take Futures in graphs.
+        """
         raise NotImplementedError("Future.substitute is dask's graph machinery (a Future as a TaskRef): a "
                                   "localcluster Future in a dask graph is handled by client.compute / persist "
                                   "(docs/dask-api.md lists every name).")
 
     def cancel(self) -> bool:
-        """Cancel the task for every holder of its key (as ``Client.cancel``); True once cancelled."""
+        """Cancel the task for every holder of its key (as ``Client.cancel``).
+
+        Returns:
+            True once cancelled; False if the task had ended already (nothing is done then).
+        """
         if self.done():
             return False
         self.client.cancel([self])

@@ -423,10 +423,23 @@ def advice_topic(cause: str, tasks: tuple) -> str:
 class KilledWorker(Exception):
     """A task was running on too many workers that died; it is blamed and given up.
 
-    ``unheard``: (worker, seconds) of deaths nobody reported within that time (on a dask
-    cluster, a nanny that said nothing: its machine may have died). ``ADVICE``, ``REPLAY``
-    and ``KEPT`` say what to do and where the deaths are kept; another cluster (dask) says
-    it in its own terms."""
+    Raised by ``result()`` (and ``gather``) of that task's futures once more than
+    ``allowed_failures`` workers died while running it. The message tells each death (cause, memory, signal) and what to
+    do: find why in ``deaths``, fix the task (or give the workers more memory), and submit it
+    again; ``client.recreate_error_locally(future)`` replays it in a throwaway process.
+
+    ``ADVICE``, ``REPLAY`` and ``KEPT`` say what to do and where the deaths are kept; another
+    cluster (dask) says it in its own terms.
+
+    Attributes:
+        task: the key of the task given up.
+        last_worker: the name of the last worker that died running it.
+        deaths: a WorkerDeath for each of those deaths, oldest first.
+        allowed_failures: the deaths a task was allowed (the cluster's setting).
+        submitter: the task that submitted it from a worker (get_client), if one did.
+        unheard: (worker, seconds) of deaths nobody reported within that time (on a dask
+            cluster, a nanny that said nothing: its machine may have died).
+    """
 
     ADVICE = _ADVICE
     REPLAY = REPLAY_HINT
@@ -470,7 +483,19 @@ class KilledWorker(Exception):
 
 
 class TaskTimeoutError(TimeoutError):
-    """A task ran past its ``timeout``; its worker was stopped to interrupt it."""
+    """A task ran past its ``timeout``; its worker was stopped to interrupt it.
+
+    Raised by ``result()`` of that task's futures (``submit(..., timeout=...)``). The message
+    shows where the task was when stopped: raise the timeout, or split the work into smaller
+    tasks. A subclass of the built-in TimeoutError.
+
+    Attributes:
+        task: the task's key.
+        timeout: its timeout, in seconds.
+        elapsed: how long it had run, in seconds.
+        worker: the name of the worker stopped (None: not known).
+        stack: the task thread's frames when it was stopped, as text (None: not taken).
+    """
 
     def __init__(self, task: str, timeout: float, elapsed: float, worker: Optional[str] = None,
                  stack: Optional[str] = None):
@@ -494,7 +519,19 @@ class TaskTimeoutError(TimeoutError):
 class LostDataError(Exception):
     """Scattered data that is needed and exists nowhere, so cannot be recomputed: its only
     copy died with a worker, or (``needed_by``) it was released, and then a result computed
-    from it was lost and must be computed again."""
+    from it was lost and must be computed again.
+
+    Raised by ``result()`` of the futures that need it. Scatter the data again and submit
+    again; to survive a worker's death, keep copies (``client.replicate(futures, n=2)`` or
+    ``scatter(..., broadcast=True)``) and keep a future of scattered data while results
+    computed from it may be needed.
+
+    Attributes:
+        key: the scattered data's key.
+        worker: the worker that held its only copy (None: not known).
+        cause: why that worker died (a WorkerDeath cause), if known.
+        needed_by: the key of the lost result that needed it, if that is how it was missed.
+    """
 
     def __init__(self, key: str, worker: Optional[str] = None, cause: Optional[str] = None,
                  needed_by: Optional[str] = None):
@@ -521,7 +558,19 @@ class LostDataError(Exception):
 class TaskError(Exception):
     """Stands in for an exception the caller cannot receive as itself: one that could not be
     pickled or rebuilt (type name, message and remote traceback are kept), or a SystemExit or
-    KeyboardInterrupt raised inside a task, kept in ``original`` so it never ends the caller."""
+    KeyboardInterrupt raised inside a task, kept in ``original`` so it never ends the caller.
+
+    Raised by ``result()`` where the task's own exception would have been. Read the type name,
+    message and traceback as you would the original's.
+
+    Attributes:
+        type_name: the original exception's type name.
+        message: its message.
+        traceback_text: its traceback on the worker, as text.
+        step: what could not be done with it (pickled on the worker, unpickled here), and
+            how to fix that, in words; empty if nothing failed.
+        original: the SystemExit or KeyboardInterrupt itself, where that is what it stands for.
+    """
 
     def __init__(self, type_name: str, message: str, traceback_text: str = "", step: str = "",
                  original: Optional[BaseException] = None):
@@ -542,7 +591,17 @@ class TaskError(Exception):
 
 
 class WorkerStartupError(RuntimeError):
-    """Workers die while starting, again and again: the cluster stopped retrying."""
+    """Workers die while starting, again and again: the cluster stopped retrying.
+
+    Raised by ``LocalCluster(...)`` and ``scale``/``wait_for_workers`` while starting, and
+    afterwards by the cluster's calls and pending futures. The message shows the last one's
+    exit and output: fix the start-up error it shows (an initializer or a worker plugin's
+    ``setup`` that raises, an import that fails in a fresh interpreter, a memory_limit below
+    what an idle worker uses) and create the cluster again.
+
+    Attributes:
+        deaths: a WorkerDeath for each of those deaths, oldest first.
+    """
 
     def __init__(self, deaths: tuple):
         self.deaths = tuple(deaths)
@@ -568,18 +627,32 @@ class WorkerStartupError(RuntimeError):
 
 
 class ClusterRestarted(CancelledError):
-    """A pending task was forgotten because the cluster restarted (``client.restart()``)."""
+    """A pending task was forgotten because the cluster restarted (``client.restart()``).
+
+    Raised by ``result()`` of the futures still pending at the restart (a subclass of
+    concurrent.futures' CancelledError). Submit the work again if it is still wanted.
+    """
 
 
 class ClusterClosed(CancelledError):
-    """A pending task was forgotten because the cluster closed."""
+    """A pending task was forgotten because the cluster closed.
+
+    Raised by ``result()`` of the futures still pending when the cluster closed (a subclass
+    of concurrent.futures' CancelledError). Create a new LocalCluster to run the work.
+    """
 
 
 class ClusterBroken(RuntimeError):
     """localcluster's own machinery failed (a bug in localcluster, not in the user's code).
 
-    Every pending future and every later call fails with it at once, never a hang;
-    ``traceback_text`` holds the internal traceback."""
+    Every pending future and every later call fails with it at once, never a hang; its
+    workers are stopped. Create a new LocalCluster to go on, and report the message (with
+    ``client.get_versions()``) to the localcluster maintainers.
+
+    Attributes:
+        where: which part of localcluster failed.
+        traceback_text: the internal traceback.
+    """
 
     def __init__(self, where: str, traceback_text: str):
         self.where, self.traceback_text = where, traceback_text

@@ -61,7 +61,13 @@ _CHUNK = 500          # ids a lookup asks the index at once (SQLite's limit on v
 
 class JournalError(RuntimeError):
     """The journal cannot be used as it is (its index is damaged beyond rebuilding): the
-    message names its folder and what to do."""
+    message names its folder and what to do.
+
+    Raised where the cluster opens its journal (``LocalCluster(journal=...)``), when its
+    index was damaged and could not be made again from the results in the folder. Remove
+    the index file the message names (the results beside it are kept and found again), or
+    give ``journal=`` another folder.
+    """
 
 
 class _Untokenizable(Exception):

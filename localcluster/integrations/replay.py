@@ -38,7 +38,17 @@ _REPLAY = ("import sys, json, pickle, faulthandler; cfg = json.loads(sys.argv[1]
 
 
 class ReplayedDeath(Exception):
-    """The replayed task killed its throwaway process, as it killed the workers."""
+    """The replayed task killed its throwaway process, as it killed the workers.
+
+    Raised by ``client.recreate_error_locally(future)`` for a task given up as KilledWorker or
+    TaskTimeoutError, which is replayed in a throwaway process rather than in yours. The
+    message tells how that process ended and its output: the cause is in the task itself
+    (its memory, a crash in a C extension, an endless loop).
+
+    Attributes:
+        key: the replayed task's key.
+        death: a WorkerDeath of the throwaway process (its cause, signal, stack, output).
+    """
 
     def __init__(self, key: str, death: WorkerDeath):
         self.key, self.death = key, death

@@ -14,7 +14,14 @@ def thread_ident(ident: int) -> int:
 
 class RemoteTraceback(Exception):
     """The ``__cause__`` of a task's exception where the raiser dropped its traceback (joblib
-    does): the traceback it had on the worker, as text."""
+    does): the traceback it had on the worker, as text.
+
+    Never raised by itself: it is printed under the task's exception, to read where the
+    task failed on the worker.
+
+    Attributes:
+        text: the worker's traceback.
+    """
 
     def __init__(self, text: str):
         self.text = text
@@ -29,7 +36,18 @@ class TransferError(RuntimeError):
     between two of its processes. Never the user's data or code: each value is sealed where it
     is pickled (its buffers' lengths and a sample of their bytes) and checked where it lands,
     and a copy that breaks its seal is never unpickled. It is fetched again, or computed again
-    from its lineage, first; this is what the user gets only when that failed ``tries`` times."""
+    from its lineage, first; this is what the user gets only when that failed ``tries`` times.
+
+    Raised by ``result()`` (or a task that needed the value). Submit the work again, and
+    report the message with ``client.get_versions()`` to the localcluster maintainers.
+
+    Attributes:
+        key: the key of the value.
+        where: where its bytes were found wrong, in words.
+        detail: how they differ from what was sent.
+        tries: how many times it was fetched or computed, each with the same result.
+        from_client: the bytes were this process's own (submit's arguments, scatter).
+    """
 
     def __init__(self, key: str, where: str, detail: str, tries: int = 1, from_client: bool = False):
         self.key, self.where, self.detail, self.tries = key, where, detail, tries

@@ -35,7 +35,14 @@ _ABSENT = object()
 
 
 class StoreError(RuntimeError):
-    """Stored data could not be reloaded, unpickled or pickled; says which key and which step."""
+    """Stored data could not be reloaded, unpickled or pickled; says which key and which step.
+
+    A worker raises it when the data of a key it holds cannot be unpickled for a task, pickled
+    to be sent, or read back from its spill file (the message names the key, the step and the
+    first error, which is also its ``__cause__``). A value whose type does not survive pickling
+    and unpickling fails so; a spill file fails so when the disk under the cluster's
+    ``local_directory`` is full or the file was removed.
+    """
 
 
 class Entry:

@@ -128,7 +128,14 @@ class Client:
     def current(cls, allow_none: bool = False) -> Optional["Client"]:
         """The most recently created Client of this process that is still running and was
         not made with ``set_as_default=False`` (dask's ``Client.current()``); integrations
-        (joblib, the pytest plugin) use it by default."""
+        (joblib, the pytest plugin) use it by default.
+
+        Args:
+            allow_none: return None rather than raise when there is none.
+
+        Raises:
+            ValueError: there is no such Client (and ``allow_none`` is False).
+        """
         client = _future.latest_client()
         if client is None and not allow_none:
             raise ValueError("no running localcluster Client in this process: create one with Client()")
@@ -161,7 +168,14 @@ class Client:
 
     def register_worker_callbacks(self, setup: Optional[Callable] = None) -> dict:
         """Run ``setup()`` on every worker and every worker started later (dask's older form of
-        register_plugin; a ``dask_worker`` parameter is given the worker)."""
+        register_plugin; a ``dask_worker`` parameter is given the worker).
+
+        Args:
+            setup: the function; None: nothing is done.
+
+        Returns:
+            As ``register_plugin``: ``{worker name: {"status": "OK"}}`` ({} for None).
+        """
         if setup is None:
             return {}
         from .worker.setup import CallbackPlugin
@@ -801,37 +815,65 @@ class Client:
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
         """dask's ``scheduler_info()``: the cluster and each worker, keyed by worker name.
-        ``n_workers``: at most that many workers (-1: all)."""
+        ``n_workers``: at most that many workers (-1: all).
+
+        Raises:
+            ValueError: ``n_workers`` is not an int of -1 or more.
+            RuntimeError: this client, or its cluster, is closed.
+        """
         return self._dask.scheduler_info(n_workers)
 
     def nthreads(self, workers: Any = None, **kwargs: Any) -> dict[str, int]:
         """The task threads of each worker: {worker name: threads} (dask's, keyed by address);
-        ``workers``: only these names."""
+        ``workers``: only these names.
+
+        Raises:
+            ValueError: ``workers`` names no running worker.
+        """
         return self._dask.nthreads(workers)
 
     ncores = nthreads       # dask's older name
 
     def has_what(self, workers: Any = None, **kwargs: Any) -> dict[str, tuple]:
         """The keys whose data each worker holds: {worker name: tuple of keys} (dask's ``has_what``);
-        ``workers``: only these names."""
+        ``workers``: only these names.
+
+        Raises:
+            ValueError: ``workers`` names no running worker.
+        """
         return self._dask.has_what(workers)
 
     def processing(self, workers: Any = None) -> dict[str, tuple]:
         """The keys each worker is given to run now: {worker name: tuple of keys} (dask's
-        ``processing``); ``workers``: only these names."""
+        ``processing``); ``workers``: only these names.
+
+        Raises:
+            ValueError: ``workers`` names no running worker.
+        """
         return self._dask.processing(workers)
 
     def run_on_scheduler(self, function: Callable, /, *args: Any, **kwargs: Any) -> Any:
         """``function(*args, **kwargs)`` on the scheduler, and its result: here the scheduler is this
         process, so it runs in the calling thread (an async function is run to its end). dask's
-        ``dask_scheduler=`` argument is not filled in: there is no dask Scheduler object here."""
+        ``dask_scheduler=`` argument is not filled in: there is no dask Scheduler object here.
+
+        Raises:
+            TypeError: ``function`` is not callable.
+            RuntimeError: an async ``function`` called from a thread that runs an event loop
+                already (await it there instead).
+            Exception: whatever ``function`` raises, as itself.
+        """
         return self._dask.run_on_scheduler(function, args, kwargs)
 
     def story(self, *keys: Any, on_error: str = "raise") -> list[tuple]:
         """The transitions the scheduler still keeps of these keys (or Futures), oldest first:
         ``[("scheduler", key, start, finish, event)]``: dask's first four fields (dask adds each
         worker's own transitions, recommendations, stimulus ids and times; ours names the event
-        that caused each). ``on_error`` is dask's (for asking workers, which here never fails)."""
+        that caused each). ``on_error`` is dask's (for asking workers, which here never fails).
+
+        Raises:
+            TypeError: a key is neither a str nor a Future.
+        """
         return self._dask.story(keys)
 
     def shutdown(self) -> None:
@@ -891,7 +933,11 @@ class Client:
     def log_event(self, topic: Any, msg: Any) -> None:
         """Log ``msg`` (any picklable object) under ``topic`` (or each of a list of topics),
         with the time; every client and task reads it (``get_events``). Worker deaths are
-        logged under "all" and the worker's name, with their cause."""
+        logged under "all" and the worker's name, with their cause.
+
+        Raises:
+            TypeError: ``topic`` is not a str or a list of them, or ``msg`` cannot be pickled.
+        """
         self._dask.published.log_event(topic, msg)
 
     def get_events(self, topic: Optional[str] = None) -> Any:
@@ -902,7 +948,15 @@ class Client:
     def subscribe_topic(self, topic: str, handler: Callable[[tuple], Any]) -> None:
         """Call ``handler((time, msg))`` for each event logged under ``topic`` from now on, in
         order, on a thread of this client's (an async handler is run to its end). One handler
-        a topic: a second replaces the first."""
+        a topic: a second replaces the first.
+
+        Args:
+            topic: the topic's name.
+            handler: called with ``(time, msg)`` of each new event.
+
+        Raises:
+            TypeError: ``topic`` is not a str, or ``handler`` is not callable.
+        """
         self._dask.subscribe_topic(topic, handler)
 
     def unsubscribe_topic(self, topic: str) -> None:
@@ -915,7 +969,20 @@ class Client:
         ``key``, ``worker`` (its name), ``thread``, ``status`` ("OK", "error", or "lost": its worker
         died under it), ``startstops`` (one "compute" span, unix times) and ``nbytes`` while the
         result is in memory. ``start``/``stop``: unix times, or how long ago ("60s"); ``count``:
-        the last so many. ``plot`` has no Bokeh figure here: ``localcluster.report`` draws it."""
+        the last so many. ``plot`` has no Bokeh figure here: ``localcluster.report`` draws it.
+
+        Args:
+            start: only runs ended at or after it; None: from the oldest kept.
+            stop: only runs ended at or before it; None: up to now.
+            count: at most the last so many runs; None: all.
+            plot: must be False.
+            filename: dask's (for ``plot``); ignored.
+            bokeh_resources: dask's (for ``plot``); ignored.
+
+        Raises:
+            NotImplementedError: ``plot`` is true.
+            ValueError: ``start``, ``stop`` or ``count`` is not of the kinds above.
+        """
         return self._dask.get_task_stream(start, stop, count, plot)
 
     def nbytes(self, keys: Any = None, summary: bool = True, **kwargs: Any) -> dict:
@@ -952,7 +1019,12 @@ class Client:
         signal, memory, stack, log tail, message), the newest runs of the task stream, the events
         and each worker's last log lines; ``exclude``: sections to leave out. The format is in
         docs/dask-api.md. Returns the file's path. ``write_from_scheduler`` and
-        ``storage_options`` are dask's (a remote scheduler, fsspec): here it is a local file."""
+        ``storage_options`` are dask's (a remote scheduler, fsspec): here it is a local file.
+
+        Raises:
+            ValueError: ``format`` is not one of those, or ``exclude`` names an unknown section
+                (the message lists them).
+        """
         return self._dask.dump_cluster_state(filename, exclude, format)
 
     # --- what every worker runs, those started later too ------------------------------------
@@ -1059,11 +1131,27 @@ class Client:
         return self._dask.restart_workers(workers, timeout)
 
     def get_worker_logs(self, n: Optional[int] = None, workers: Any = None) -> dict[str, list]:
-        """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names."""
+        """Each worker's last ``n`` log lines, dead workers included; ``workers``: only these names.
+
+        Args:
+            n: how many lines of each worker; None: all kept.
+            workers: a worker name or a list of names; None: every worker. Unknown names are
+                left out (a dead worker's name is known).
+
+        Returns:
+            ``{worker name: [line, ...]}``, oldest line first.
+        """
         return self._dask.get_worker_logs(n, workers)
 
     def dump_stacks(self, worker: Optional[str] = None) -> dict[str, str]:
-        """Live stacks of every thread of every worker (or one), without stopping them."""
+        """Live stacks of every thread of every worker (or one), without stopping them.
+
+        Args:
+            worker: one worker's name; None: every worker.
+
+        Returns:
+            ``{worker name: text}``, as ``LocalCluster.dump_stacks``.
+        """
         return self.cluster.dump_stacks(worker)
 
     def recreate_error_locally(self, future: Future) -> Any:

@@ -1072,7 +1072,18 @@ class Client:
         return self._dask.register_plugin(plugin, name)
 
     def unregister_worker_plugin(self, name: str, nanny: Any = None) -> dict:
-        """Tear the plugin ``name`` down on every worker; workers started later no longer run it."""
+        """Tear the plugin ``name`` down on every worker; workers started later no longer run it.
+
+        Args:
+            name: the name it was registered under.
+            nanny: dask's; accepted and ignored.
+
+        Returns:
+            ``{worker name: {"status": "OK"}}`` for each worker it was torn down on.
+
+        Raises:
+            ValueError: no worker plugin of that name is registered.
+        """
         return self._dask.unregister_worker_plugin(name)
 
     def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
@@ -1175,7 +1186,18 @@ class Client:
 
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         """Run a dask task graph and return the values of ``keys`` (nested as given):
-        ``dask.compute(x, scheduler=client.get)`` or ``dask.config.set(scheduler=client.get)``."""
+        ``dask.compute(x, scheduler=client.get)`` or ``dask.config.set(scheduler=client.get)``.
+
+        Args:
+            dsk: the graph: a dict, a HighLevelGraph, or anything with ``__dask_graph__``.
+            keys: a key, or (nested) lists of keys.
+            **kwargs: ``retries``, ``timeout``, ``priority``, ``workers`` and
+                ``allow_other_workers`` apply to every task (as in ``submit``); others are ignored.
+
+        Raises:
+            Exception: a task's exception, as itself.
+            KilledWorker: a task was given up after its workers died.
+        """
         from .integrations.daskgraph import get
         return get(self, dsk, keys, **kwargs)
 
@@ -1219,7 +1241,15 @@ class Client:
 
     def get_executor(self, **submit_kwargs: Any) -> Any:
         """A ``concurrent.futures.Executor`` whose ``submit`` and ``map`` run on this cluster;
-        ``submit_kwargs`` (``workers``, ``resources``, ``retries``, ...) apply to every task."""
+        ``submit_kwargs`` (``workers``, ``resources``, ``retries``, ...) apply to every task.
+
+        Example:
+            >>> from localcluster import LocalCluster, Client
+            >>> with LocalCluster(n_workers=1) as cluster, Client(cluster) as client:
+            ...     with client.get_executor() as executor:
+            ...         print(list(executor.map(abs, [-1, -2])))
+            [1, 2]
+        """
         from .integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
 

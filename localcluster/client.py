@@ -160,7 +160,14 @@ class Client:
         return None
 
     def futures_of(self, futures: Any) -> list:
-        """The Futures in ``futures`` (lists, dicts, a persisted collection): localcluster.futures_of."""
+        """The Futures in ``futures``: localcluster.futures_of.
+
+        Args:
+            futures: a Future, or lists, tuples, sets and dicts of them (nested), or a persisted
+                dask collection (its graph's futures).
+
+        Returns:
+            A list of the Futures found, each once, in the order met."""
         return _future.futures_of(futures)
 
     def start(self, **kwargs: Any) -> None:
@@ -918,11 +925,21 @@ class Client:
         return self._dask.published.get(name, default)
 
     def list_datasets(self, **kwargs: Any) -> list:
-        """The names of the datasets published on the cluster."""
+        """The names of the datasets published on the cluster, by any of its clients or tasks.
+
+        Returns:
+            A sorted list of names."""
         return self._dask.published.names()
 
     def unpublish_dataset(self, name: Any, **kwargs: Any) -> None:
-        """Forget the dataset ``name``; its futures are let go of unless held elsewhere."""
+        """Forget the dataset ``name``; its futures are let go of unless held elsewhere.
+
+        Args:
+            name: the dataset's name (a str, a number or a tuple of them). A name that is not
+                published is no error.
+
+        Raises:
+            TypeError: ``name`` is of another type."""
         self._dask.published.unpublish(name)
 
     @property
@@ -941,8 +958,17 @@ class Client:
         self._dask.published.log_event(topic, msg)
 
     def get_events(self, topic: Optional[str] = None) -> Any:
-        """The events of ``topic``, oldest first: ``((time, msg), ...)``; with no topic, a dict
-        of them by topic."""
+        """The events logged under a topic (``log_event``, worker deaths), oldest first.
+
+        Args:
+            topic: a topic name; None for every topic.
+
+        Returns:
+            ``((time, msg), ...)`` for one topic (``time`` in seconds since the epoch); with no
+            topic, a dict of those by topic name.
+
+        Raises:
+            TypeError: ``topic`` is neither a str nor None."""
         return self._dask.published.get_events(topic)
 
     def subscribe_topic(self, topic: str, handler: Callable[[tuple], Any]) -> None:
@@ -960,7 +986,10 @@ class Client:
         self._dask.subscribe_topic(topic, handler)
 
     def unsubscribe_topic(self, topic: str) -> None:
-        """No more calls of ``topic``'s handler once this returns."""
+        """No more calls of ``topic``'s handler once this returns.
+
+        Args:
+            topic: the name given to ``subscribe_topic``; a topic with no subscription is no error."""
         self._dask.unsubscribe_topic(topic)
 
     def get_task_stream(self, start: Any = None, stop: Any = None, count: Optional[int] = None, plot: Any = False,

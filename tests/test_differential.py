@@ -404,8 +404,12 @@ class Program:
     # --- choices -----------------------------------------------------------------------------
 
     def workers(self) -> list:
-        names = sorted(n for n, i in self.cluster.workers.items() if i.status in ("running", "paused"))
-        return names or sorted(self.cluster.workers)
+        # cluster.workers may list a worker whose death is recorded already, for the moment
+        # its nanny takes to be let go of: never pick a dead one
+        dead = {d.worker for d in self.cluster.deaths}
+        live = {n: i for n, i in self.cluster.workers.items() if n not in dead}
+        names = sorted(n for n, i in live.items() if i.status in ("running", "paused"))
+        return names or sorted(live)
 
     def pick(self, seq: Any) -> Any:
         """One of ``seq``, drawing the same randomness whatever its length: which workers are

@@ -1388,3 +1388,25 @@ def test_a_result_computed_again_from_scattered_data_released_since_names_both()
     assert (error.key, error.needed_by) == ("x", "r") and "released since" in str(error)
     assert any(isinstance(a, Resolve) and a.value is error for a in acts)
     assert pickle.loads(pickle.dumps(error)).needed_by == "r"
+
+
+def test_a_result_computed_again_through_a_released_input_of_released_scattered_data_fails_once():
+    """c(b(x)): x scattered, b and x released, c's holder dies. Computing c again brings b back,
+    b cannot be made (x is gone) and fails c with it: c ends erred with that LostDataError, and
+    the death's handling does not then try to make c wait (found by the differential test, seed
+    1281857265: "may not go from 'erred' to 'waiting'", the cluster broken)."""
+    s = sched("w1", "w2")
+    _payload, _acts = scatter(s, "x", ["w1"])
+    s.submit([spec("b", "x", workers=["w1"])])
+    tb = s.tasks["b"]
+    s.finished(tb.worker, tb.seq, BIG, "int", None, 0.001)
+    s.submit([spec("c", "b", workers=["w2"], loose=True)])
+    tc = s.tasks["c"]
+    s.finished(tc.worker, tc.seq, BIG, "int", None, 0.001)
+    s.release("x")
+    s.release("b")
+    acts = s.worker_died(death("w2"))
+    error = s.tasks["c"].error
+    assert s.tasks["c"].state == "erred" and isinstance(error, LostDataError), s.tasks["c"].state
+    assert (error.key, error.needed_by) == ("x", "b")
+    assert any(isinstance(a, Resolve) and a.key == "c" for a in acts)

@@ -55,6 +55,8 @@ class Readiness:
                     return self.fail(ts, error, "an input is forgotten")
                 self._to(dts, "waiting", "needed again by a dependent")
                 out += self.make_ready_or_wait(dts)
+                if ts.state in FAILED:      # that input failed, and this task with it
+                    return out
         if ts.waiting_on:
             if ts.state != "waiting":
                 self._to(ts, "waiting", "inputs not in memory")

@@ -1355,15 +1355,21 @@ def test_a_relay_whose_copies_keep_arriving_damaged_fails_its_dependent_with_tra
     assert s.tasks["c"].state == "memory" and s.tasks["c"].who_has == {"w2"}
 
 
+def computed(s, key, *deps, **options):
+    """``key`` submitted (of ``deps``, with spec's ``options``) and finished where it was placed."""
+    s.submit([spec(key, *deps, **options)])
+    ts = s.tasks[key]
+    s.finished(ts.worker, ts.seq, BIG, "int", None, 0.001)
+    return ts
+
+
 def test_a_result_computed_again_from_scattered_data_lost_with_its_worker_says_it_was_lost():
     """``r(x)`` finished; x (scattered) died with w1 and its future was dropped; then r's holder
     dies too: r cannot be made again, and says LostDataError (x lost with w1), not "released,
     submit it again" (found by the differential test, seed 2949032720)."""
     s = sched("w1", "w2")
     _payload, _acts = scatter(s, "x", ["w1"])
-    s.submit([spec("r", "x", workers=["w2"])])
-    ts = s.tasks["r"]
-    s.finished(ts.worker, ts.seq, BIG, "int", None, 0.001)
+    computed(s, "r", "x", workers=["w2"])
     s.worker_died(death("w1"))
     assert isinstance(s.tasks["x"].error, LostDataError)
     s.release("x")
@@ -1378,9 +1384,7 @@ def test_a_result_computed_again_from_scattered_data_released_since_names_both()
     submit it again" (found by the differential test, seed 1715147430)."""
     s = sched("w1", "w2")
     _payload, _acts = scatter(s, "x", ["w1"])
-    s.submit([spec("r", "x", workers=["w2"])])
-    ts = s.tasks["r"]
-    s.finished(ts.worker, ts.seq, BIG, "int", None, 0.001)
+    computed(s, "r", "x", workers=["w2"])
     s.release("x")
     acts = s.worker_died(death("w2"))
     error = s.tasks["r"].error
@@ -1397,12 +1401,8 @@ def test_a_result_computed_again_through_a_released_input_of_released_scattered_
     1281857265: "may not go from 'erred' to 'waiting'", the cluster broken)."""
     s = sched("w1", "w2")
     _payload, _acts = scatter(s, "x", ["w1"])
-    s.submit([spec("b", "x", workers=["w1"])])
-    tb = s.tasks["b"]
-    s.finished(tb.worker, tb.seq, BIG, "int", None, 0.001)
-    s.submit([spec("c", "b", workers=["w2"], loose=True)])
-    tc = s.tasks["c"]
-    s.finished(tc.worker, tc.seq, BIG, "int", None, 0.001)
+    computed(s, "b", "x", workers=["w1"])
+    computed(s, "c", "b", workers=["w2"], loose=True)
     s.release("x")
     s.release("b")
     acts = s.worker_died(death("w2"))

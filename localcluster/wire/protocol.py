@@ -116,8 +116,8 @@ class Payload:
     seals: tuple = ()  # (the meta's seal, or 0 when it is in the stream, then one per buffer)
 
 
-# How many 8-byte words a seal samples, spread over a buffer (with its first and last 64 bytes):
-# enough to tell one value's buffer from another's, few enough to cost the same at any size.
+# How many words a seal samples, spread over a buffer besides its two ends: enough to tell one
+# value's buffer from another's, few enough that a seal costs the same at any size.
 _WORDS = 512
 
 

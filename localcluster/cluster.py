@@ -146,9 +146,9 @@ class LocalCluster:
         self._loop = EventLoop(life, on_wake=self._chores)
         self.history = History()
         self._dispatch = Dispatcher(self._lock, self._changed, self.scheduler, self._loop, self.history, life)
-        settings_ = WorkerSettings(self.threads_per_worker, self.memory_limit, cfg,
-                                   _pickled(initializer, initargs, self.local_directory),
-                                   self.local_directory)
+        runs = _run_recorder(self._progress, cfg["run_registry"], self._keeper)
+        settings_ = WorkerSettings(self.threads_per_worker, self.memory_limit, cfg, _pickled(
+            initializer, initargs, self.local_directory), self.local_directory, getattr(runs, "end_note", None))
         self._supervisor = Supervisor(settings_, self._lock, self._changed, self.scheduler, self._dispatch,
                                       self._loop, self.history, life)
         self._stall = StallWatch(self._lock, self.scheduler, self._supervisor, self.history, cfg, self.memory_limit)
@@ -162,7 +162,7 @@ class LocalCluster:
         self.journal: Optional[Journal] = Journal(self._keeper) if self._keeper is not None else None
         self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
                                 self._callbacks, self._loop, self._keeper, self._plugins)
-        self._runs = self._record_run(cfg["run_registry"], removed)
+        self._runs = self._record_run(runs, cfg["run_registry"], removed)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
         if cfg["scheduler_watchdog"]:
@@ -213,11 +213,11 @@ class LocalCluster:
             self._life.to(Phase.STOPPED)   # from CLOSING or BROKEN: the only ways out of the loop
             self._loop.fail_pending()     # after the move: a command handed over later fails at once
 
-    def _record_run(self, registry: bool, removed: list) -> Optional[RunRecorder]:
-        """This run's record (None: neither the registry nor a journal keeps it), after telling
-        how the last runs ended: the journal's run, in a line of its own; the others in the
-        registry's one line (the first cluster of this process); and for the folders of dead
-        clusters just removed that neither told of, a line each."""
+    def _record_run(self, runs: Optional[RunRecorder], registry: bool, removed: list) -> Optional[RunRecorder]:
+        """This run's record ``runs`` (None: neither the registry nor a journal keeps it)
+        started, after telling how the last runs ended: the journal's run, in a line of its
+        own; the others in the registry's one line (the first cluster of this process); and for
+        the folders of dead clusters just removed that neither told of, a line each."""
         keeper = self._keeper
         folders = {pid: _what_was_lost(held) for _path, pid, held in removed}
         told = keeper.tell_previous(folders) if keeper is not None else frozenset()
@@ -226,9 +226,9 @@ class LocalCluster:
             if pid not in told:
                 logger.warning("localcluster: removed %s, the folder of a cluster whose process (pid %d) ended "
                                "without closing it (killed, or crashed): %s", path, pid, _what_was_lost(held))
-        if not registry and keeper is None:
-            return None
-        return RunRecorder(self._progress, registry, keeper.write_run if keeper is not None else None)
+        if runs is not None:
+            runs.start()
+        return runs
 
     def _progress(self) -> tuple[int, int, int]:
         """(tasks finished, tasks pending, bytes of results in memory) for the run's record, on
@@ -570,6 +570,14 @@ def _make_directory(parent: Optional[str]) -> tuple[str, int, list]:
     except OSError as e:
         raise _unusable_directory(e, parent, base) from None
     return (*made, removed)
+
+
+def _run_recorder(progress: Callable[[], tuple], registry: bool, keeper: Any) -> Optional[RunRecorder]:
+    """This run's record, not written yet (None: neither the registry nor a journal keeps it)."""
+    if not registry and keeper is None:
+        return None
+    return RunRecorder(progress, registry, keeper.write_run if keeper is not None else None,
+                       keeper.path if keeper is not None else None)
 
 
 def _journal_and_directory(cfg: dict) -> tuple:

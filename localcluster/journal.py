@@ -552,6 +552,7 @@ class Keeper:
                     continue
             except sqlite3.Error:
                 continue
+            runs.forget_note(record)
             ended.append((found, run))
         if not ended:
             return frozenset()

@@ -27,7 +27,7 @@ from .system import kernel_log, registry
 from .system.machine import memory_cgroups, pid_alive, rss
 from .system.oom import Kill, judge, parse_limit
 
-__all__ = ["PreviousRun", "RunRecorder", "clock", "describe", "explain", "forget_warnings", "judged", "previous_runs",
+__all__ = ["PreviousRun", "RunRecorder", "clock", "describe", "explain", "forget_note", "forget_warnings", "judged", "previous_runs",
            "tell_previous"]
 
 logger = logging.getLogger("localcluster")
@@ -47,7 +47,8 @@ class PreviousRun:
     """One earlier run of a cluster in this user's processes that ended without closing:
     who it was, ``cause`` (one of "oom-killer", "crash", "machine-restart", "signal"), the
     ``message`` that says what happened and what to do, and how far its work had gone.
-    Times are seconds since the epoch; ``ended`` is its last sign of life."""
+    Times are seconds since the epoch; ``ended`` is when its workers saw it go (or, when
+    they could not say, its last record)."""
     pid: int
     cause: str
     message: str
@@ -123,7 +124,7 @@ class RunRecorder:
     warning, and the cluster goes on without it."""
 
     def __init__(self, progress: Callable[[], tuple[int, int, int]], use_registry: bool = True,
-                 sink: Optional[Callable[[dict], None]] = None):
+                 sink: Optional[Callable[[dict], None]] = None, sink_folder: Optional[str] = None):
         self._progress = progress      # () -> (finished, pending, bytes of results in memory); scheduler thread
         self._registry = use_registry   # False: the record goes to ``sink`` only
         self._sink = sink               # given each record written too (a journal's copy); never raises
@@ -131,6 +132,10 @@ class RunRecorder:
         me = registry.identity()
         started = time.time()
         self._name = registry.file_name(started, me.pid)
+        #: the file the workers write if this process dies (worker/boot.py): beside the record
+        self.end_note: Optional[str] = os.path.join(self._folder, self._name[:-len(registry.RUN)] + registry.END) \
+            if use_registry else os.path.join(sink_folder, f"{me.pid}-{int(started * 1e6)}{registry.END}") \
+            if sink_folder else None
         cgroup, limit = _memory_limit()
         #: the record as last written (written by one thread at a time: see the class)
         self.record: Optional[dict] = {
@@ -138,10 +143,21 @@ class RunRecorder:
             "pid_ns": me.pid_ns, "since_boot": time.clock_gettime(time.CLOCK_MONOTONIC), "started": started,
             "argv": list(sys.argv), "cwd": _cwd(), "notebook": _notebook(), "seen": started,
             "finished": 0, "pending": 0, "held": 0, "rss": rss(), "cgroup": cgroup, "memory_limit": limit,
-            "closed": False}
+            "end_note": self.end_note, "closed": False}
         self._next = 0.0                # monotonic: the next tick that writes
+
+    def start(self) -> None:
+        """The first write, and the end note made empty for the workers to open (they are
+        started after this); without it, a worker outlives nothing and notes nothing."""
         self._write()
-        if self.record is not None and self._registry:
+        if self.record is None or self.end_note is None:
+            return
+        try:
+            os.close(os.open(self.end_note, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600))
+        except OSError:
+            self.end_note = None
+        if self._registry:
             registry.remove_oldest(self._folder)
 
     def _write(self) -> None:
@@ -195,6 +211,32 @@ class RunRecorder:
         record.update(seen=time.time(), closed=True)
         self._write()
         self.record = None
+        forget_note(record)
+
+
+def forget_note(record: dict) -> None:
+    """Remove the run's end note: it closed, or its end was told."""
+    note = record.get("end_note")
+    if isinstance(note, str) and note.endswith(registry.END):
+        try:
+            os.unlink(note)
+        except OSError:
+            pass
+
+
+def _noted_end(record: dict) -> Optional[float]:
+    """When the run's workers saw its process go (the time of their last words in its end
+    note, boot.py), or None: no note, none written, or one older than the run's last record
+    (a worker that saw its channel close before, not this end)."""
+    note = record.get("end_note")
+    if not isinstance(note, str) or not note.endswith(registry.END):
+        return None
+    try:
+        st = os.stat(note)
+    except OSError:
+        return None
+    seen = record.get("seen") or record.get("started") or 0
+    return st.st_mtime if st.st_size and st.st_mtime >= seen else None
 
 
 def _cwd() -> str:
@@ -220,8 +262,11 @@ def clock(t: float) -> str:
 
 
 def _work(record: dict) -> str:
-    return (f"It had finished {record.get('finished', 0)} tasks, with {record.get('pending', 0)} pending, "
-            f"at its last sign of life, {clock(record.get('seen') or record.get('started') or 0)}.")
+    text = (f"It had finished {record.get('finished', 0)} tasks, with {record.get('pending', 0)} pending, "
+            f"at its last record, {clock(record.get('seen') or record.get('started') or 0)}.")
+    if record.get("ended"):
+        text += f" Its workers saw it end at {clock(record['ended'])}."
+    return text
 
 
 def _memory(record: dict) -> str:
@@ -329,7 +374,7 @@ def _told(record: dict) -> PreviousRun:
         value = record.get(key)
         return value if isinstance(value, int) else None
     return PreviousRun(record["pid"], str(record.get("cause")), str(record.get("message")),
-                       float(record.get("started") or 0), float(record.get("seen") or 0),
+                       float(record.get("started") or 0), float(record.get("ended") or record.get("seen") or 0),
                        num("finished") or 0, num("pending") or 0, tuple(map(str, record.get("argv") or ())),
                        str(record.get("cwd") or ""), record.get("notebook"), record.get("signal"), num("rss"),
                        num("memory_limit"), num("held"))
@@ -343,6 +388,9 @@ def judged(record: dict, me: registry.Identity, log: list) -> Optional[PreviousR
     if not isinstance(record.get("pid"), int) or not _ended(record, me):
         return None
     restarted = bool(record.get("boot") and me.boot and record["boot"] != me.boot)
+    noted = _noted_end(record)
+    if noted is not None:
+        record["ended"] = noted
     found = None
     if not restarted:
         if not log:
@@ -370,6 +418,7 @@ def _claim(folder: str, name: str, me: registry.Identity, log: list) -> Optional
         return None
     if not registry.mark_told(folder, name):
         return None
+    forget_note(record)
     try:
         registry.write(folder, name[:-len(registry.RUN)] + registry.TOLD, record)
     except OSError:

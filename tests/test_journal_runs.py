@@ -74,6 +74,7 @@ def test_a_map_killed_midway_is_finished_by_the_next_run_which_says_so(tmp_path)
     # what had finished is reused; what was running at the kill (two workers) may run again
     assert second["reused"] >= 60 and second["reused"] + second["stored"] == 200, second
     assert second["previous"][:2] == [proc.pid, "signal"], second
+    assert "Its workers saw it end at" in second["previous"][3], second     # their end note
     lines = [line for line in err.splitlines() if f"pid {proc.pid}" in line]
     assert len(lines) == 1 and "the last run on the journal" in lines[0] and "reused" in lines[0], err
     assert all(matches(b, lines[0]) for b in _blocks("the last run on the journal")), lines[0]     # the docs' line

@@ -53,6 +53,55 @@ def test_a_killed_run_is_told_once_by_the_next_process(tmp_path, run_registry):
     print(lines[0])
 
 
+# A task that holds the GIL in one C call (sum over a range) on the worker when its parent is
+# killed: it prints the worker's pid once the task is in that call.
+HOLDER = """
+    import os, sys, time
+    from localcluster import Client, LocalCluster
+
+    def hold(path):
+        open(path, "w").close()
+        return sum(range(10 ** 13))        # one C call: no bytecode runs until it returns
+
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        future = client.submit(hold, sys.argv[1])
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.01)
+        print(list(client.scheduler_info()["workers"].values())[0]["pid"], flush=True)
+        sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_workers_busy_in_c_end_with_their_parent_and_note_the_moment(tmp_path, run_registry):
+    """The parent SIGKILLed while its worker runs a task that holds the GIL: the worker
+    still ends at once (no orphan), and the next process's record of the run says when its
+    workers saw it end, from their end note (faulthandler, in C), which is then removed."""
+    import psutil
+    proc = spawn(tmp_path, script(tmp_path, "holder.py", HOLDER), str(tmp_path / "in-c"))
+    try:
+        worker = int(proc.stdout.readline().strip() or 0)
+        assert worker, proc.stderr.read()
+        killed = time.time()
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        end(proc)
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_for(gone, timeout=10)
+    note = record_of(run_registry, proc.pid)["end_note"]
+    with open(note) as f:
+        assert "in hold" in f.read()          # the task's stack, as it was
+    found = localcluster.previous_runs()
+    assert [r.pid for r in found] == [proc.pid]
+    assert killed - 1 <= found[0].ended <= time.time() and "Its workers saw it end at" in found[0].message
+    assert not os.path.exists(note)
+
+
 CRASHER = """
     import ctypes
     from localcluster import Client, LocalCluster
@@ -142,6 +191,7 @@ def test_a_run_still_alive_is_never_told_and_a_closed_one_neither(tmp_path, run_
     assert proc.returncode == 0
     closed = records(run_registry)
     assert len(closed) == 2 and all(r["closed"] for r in closed)
+    assert not [n for n in os.listdir(run_registry) if n.endswith(registry.END)]    # their end notes went
     assert localcluster.previous_runs() == []
 
 
@@ -232,6 +282,7 @@ def test_the_registry_keeps_the_last_100_runs_in_a_private_folder(run_registry):
     for i in range(105):
         _fake(run_registry, started=1000.0 + i, closed=True)
     recorder = runs.RunRecorder(lambda: (3, 1, 0))
+    recorder.start()
     recorder.tick(time.monotonic())
     recorder.closed()
     names = sorted(os.listdir(run_registry))
@@ -249,6 +300,7 @@ def test_a_registry_that_cannot_be_written_is_one_warning_and_the_cluster_goes_o
     with caplog.at_level(logging.WARNING, logger="localcluster"):
         for _ in range(2):
             recorder = runs.RunRecorder(lambda: (0, 0, 0))
+            recorder.start()
             recorder.tick(time.monotonic())
             recorder.closed()
     said = [r.getMessage() for r in caplog.records if "run registry cannot be written" in r.getMessage()]

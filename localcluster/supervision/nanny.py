@@ -61,7 +61,8 @@ class Nanny:
     """
 
     def __init__(self, name: str, nthreads: int, memory_limit: Optional[int], settings: dict,
-                 spill_dir: Optional[str], initializer: Optional[str], forward_logs: Any, log_lines: int):
+                 spill_dir: Optional[str], initializer: Optional[str], forward_logs: Any, log_lines: int,
+                 end_note: Optional[str] = None):
         # fixed at creation
         self.name = name
         self.nthreads = nthreads
@@ -70,6 +71,7 @@ class Nanny:
         self.spill_dir = spill_dir
         self.initializer = initializer
         self.forward_logs = forward_logs
+        self.end_note = end_note      # the run's end note (runs.py), which the worker writes if the parent dies
         # the process and what connects to it: set by spawn(), released by close()
         self.proc: Optional[subprocess.Popen] = None
         self.pid = 0
@@ -157,6 +159,7 @@ class Nanny:
             "setup": os.path.join(os.path.dirname(self.spill_dir), "setup.pkl") if self.spill_dir else None,
             "heartbeat": min(1.0, self.settings["worker_ttl"] / 5) if self.settings.get("worker_ttl") else 1.0,
             "log_level": logs.worker_level(), "spin_wait": self.settings.get("spin_wait") or 0.0,
+            "end_note": self.end_note,
         }
         env = dict(os.environ)
         for k, v in _WORKER_ENV.items():

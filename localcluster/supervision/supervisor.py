@@ -94,6 +94,7 @@ class WorkerSettings:
     config: dict
     initializer: Optional[str]     # the path of the pickled (initializer, initargs), 0600
     directory: str                 # the cluster's local directory: one spill directory per worker
+    end_note: Optional[str] = None  # the run's end note (runs.py), or None when the run is not recorded
 
 
 class Supervisor:
@@ -195,7 +196,7 @@ class Supervisor:
         s = self._settings
         name = f"worker-{next(self._names)}"
         n = Nanny(name, s.threads, s.memory_limit, s.config, os.path.join(s.directory, name), s.initializer,
-                  s.config["forward_logs"], s.config["log_lines"])
+                  s.config["forward_logs"], s.config["log_lines"], s.end_note)
         n.spawn()
         copyable = vmcopy.available(n.pid)      # once per process: whether a fetch may copy out of it
         with self._lock:

@@ -21,11 +21,12 @@ import socket
 import time
 from typing import Iterator, NamedTuple, Optional
 
-__all__ = ["KEEP", "RUN", "TOLD", "Identity", "directory", "file_name", "identity", "load", "mark_told",
+__all__ = ["END", "KEEP", "RUN", "TOLD", "Identity", "directory", "file_name", "identity", "load", "mark_told",
            "process_start", "records", "remove_oldest", "write"]
 
 KEEP = 100                  # runs kept; the oldest files go as new runs start
 RUN, TOLD = ".run.json", ".told.json"
+END = ".end"                 # a run's end note, which its workers write if its process dies
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -155,20 +156,24 @@ def mark_told(folder: str, name: str) -> bool:
 
 
 def remove_oldest(folder: str, keep: int = KEEP) -> None:
-    """Bound the registry to the newest ``keep`` runs (and leftover temporary files of
-    processes long gone)."""
+    """Bound the registry to the newest ``keep`` runs (and leftover temporary files and end
+    notes of processes long gone)."""
     names = list(records(folder))
     for name in names[:max(0, len(names) - keep)]:
-        try:
-            os.unlink(os.path.join(folder, name))
-        except OSError:
-            pass
+        stem = name[:-len(RUN if name.endswith(RUN) else TOLD)]
+        for path in (os.path.join(folder, name), os.path.join(folder, stem + END)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     try:
-        leftovers = [n for n in os.listdir(folder) if n.endswith(".tmp")]
+        leftovers = [n for n in os.listdir(folder) if n.endswith((".tmp", END))]
     except OSError:
         return
     for name in leftovers:
         path = os.path.join(folder, name)
+        if name.endswith(END) and any(os.path.exists(os.path.join(folder, name[:-len(END)] + s)) for s in (RUN, TOLD)):
+            continue            # its run's: removed with it, or when its end is told
         try:
             if time.time() - os.stat(path).st_mtime > 3600:
                 os.unlink(path)

@@ -3,7 +3,10 @@ nanny runs (nanny.py), and ``main``, which makes the ``Worker`` (process.py) and
 
 The process is started with ``python -c``, so the user's ``__main__`` is never re-executed
 here; it dies with its parent (PR_SET_PDEATHSIG, and EOF on the channel); faulthandler
-writes fatal-signal stacks, with every thread's ident, into the captured stderr. Before any
+writes fatal-signal stacks, with every thread's ident, into the captured stderr. When the
+run is recorded (runs.py), the signal the parent's death sends is one faulthandler catches
+in C, without the GIL: it writes every thread's stack into the run's end note, whose time
+is the moment the parent went, and then ends the process as SIGKILL would have. Before any
 message, the channel brings the parent's ``multiprocessing`` authkey (``take_authkey``), adopted
 before the first task (``adopt_authkey``); then
 the user's initializer runs once. If the worker's own machinery fails, ``fatal`` (process.py)
@@ -83,16 +86,36 @@ def settings_frame(cfg: dict) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def _die_with_parent(parent_pid: int) -> None:
+#: the signal a worker gets when its parent dies, with an end note to write; the last
+#: real-time ones are the least likely to be a library's
+END_SIGNAL = getattr(signal, "SIGRTMAX", 64) - 3
+
+
+def _die_with_parent(parent_pid: int, end_note: "str | None") -> None:
+    """Ask the kernel to end this process when its parent ends: with SIGKILL, or, given the
+    run's ``end_note`` file, with ``END_SIGNAL``, which faulthandler answers in C (no GIL
+    needed, so a task holding it does not delay it) by writing every thread's stack there
+    and then letting the signal's default action end the process."""
+    sig = signal.SIGKILL
+    if end_note and hasattr(faulthandler, "register"):
+        try:
+            fd = os.open(end_note, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = -1           # the note is gone (the run's record could not be written): no note
+        if fd >= 0:
+            faulthandler.register(END_SIGNAL, file=fd, all_threads=True, chain=True)
+            context.end_note = fd
+            sig = END_SIGNAL
     if sys.platform.startswith("linux"):
         try:
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
             PR_SET_PDEATHSIG = 1
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         except Exception:  # pragma: no cover - the channel EOF still ends us
             pass
     if os.getppid() != parent_pid:   # the parent died before prctl took effect
+        context.parent_gone()
         os._exit(0)
 
 
@@ -105,7 +128,7 @@ def _raise_oom_score() -> None:
 
 
 def main(cfg: dict) -> None:
-    _die_with_parent(cfg["parent_pid"])
+    _die_with_parent(cfg["parent_pid"], cfg.get("end_note"))
     _raise_oom_score()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if hasattr(faulthandler, "register"):

@@ -4,6 +4,7 @@ secede, get_worker in client.py, the joblib backend and ``cancelled`` read them)
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Optional
 
@@ -15,6 +16,8 @@ _worker: Optional[Any] = None        # this process's Worker, once boot.py made 
 #: task ran with a journal.
 before_reply: list = []
 _in_worker = False
+#: the fd of the run's end note (boot.py), written when the parent is gone; -1 without one
+end_note = -1
 
 
 def started(worker: Optional[Any] = None) -> None:
@@ -69,3 +72,13 @@ def close() -> None:
         except Exception:  # noqa: BLE001 - the exit goes on
             import logging
             logging.getLogger("localcluster.worker").exception("a worker plugin's teardown raised")
+
+
+def parent_gone() -> None:
+    """The parent is gone (EOF on the channel): say so in the run's end note, if there is
+    one, before the process exits. Its time is what a later run reads."""
+    if end_note >= 0:
+        try:
+            os.write(end_note, b"the channel to the parent closed\n")
+        except OSError:
+            pass

@@ -51,8 +51,7 @@ _HEAD = struct.Struct("<8sIQ")       # magic, crc of the rest, length of the res
 _PART = struct.Struct("<QB")
 SCHEMA = ("CREATE TABLE IF NOT EXISTS entries (id TEXT PRIMARY KEY, key TEXT NOT NULL, size INTEGER NOT NULL, "
           "run TEXT NOT NULL, written REAL NOT NULL, crc INTEGER, data BLOB)",
-          "CREATE TABLE IF NOT EXISTS runs (run TEXT PRIMARY KEY, record TEXT NOT NULL)",
-          "CREATE TABLE IF NOT EXISTS notes (run TEXT NOT NULL, what TEXT NOT NULL, at REAL NOT NULL)")
+          "CREATE TABLE IF NOT EXISTS runs (run TEXT PRIMARY KEY, record TEXT NOT NULL)")
 
 
 class _Damaged(ValueError):

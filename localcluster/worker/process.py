@@ -175,7 +175,8 @@ class Worker:
         try:
             msgs = self.chan.recv_all()
         except (EOFError, OSError):
-            os._exit(0)   # the parent is gone
+            context.parent_gone()
+            os._exit(0)
         for msg in msgs:
             self._handle(msg)
 

@@ -267,10 +267,17 @@ def test_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
     try:
         caplog.set_level(logging.WARNING)
         f = made("def f(x):\n    return bytes([x]) * 200_000\n")
-        # the worker's warning, as its other log records, reaches the console with forward_logs
-        values, _reused, stored = run(disk / "journal", f, range(12), forward_logs=True)
-        assert values == [bytes([x]) * 200_000 for x in range(12)]
-        assert stored < 12
+        # a worker's warning, as its other log records, reaches the console with forward_logs;
+        # once for the cluster, whichever of its workers meets the full disk first
+        with LocalCluster(n_workers=2, journal=str(disk / "journal"), forward_logs=True) as cluster, \
+                Client(cluster) as client:
+            futures = client.map(f, range(24))
+            values = client.gather(futures)
+            on = {w for w in client.who_has(futures).values() for w in w}
+            stored = cluster.journal.stored
+            logged = [line for w in on for line in client.get_worker_logs()[w] if "cannot be written" in line]
+        assert values == [bytes([x]) * 200_000 for x in range(24)]
+        assert stored < 24 and len(on) == 2 and len(logged) == 2, (stored, on, logged)     # both met it
         said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
         assert len(said) == 1 and str(disk / "journal") in said[0], said
     finally:

@@ -113,6 +113,7 @@ class Supervisor:
         self.nannies: dict[str, Nanny] = {}      #: the I/O handles, name -> Nanny; added and removed under the lock
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
+        self._said: dict = {}          # what a worker said once for the whole cluster (logs.ONCE); reading threads
         self._names = itertools.count()
         #: user threads reading for their futures
         self._reading = LentReading(loop, dispatch, self._took_held, settings.config.get("spin_wait") or 0.0)
@@ -440,7 +441,7 @@ class Supervisor:
         self._dispatch.on_worker_messages(n.name, tasks)
         if records:     # outside the lock: the user's handlers may take their time
             logs.emit(n.name, records, n.add_log, self._config["forward_logs"] is not False,
-                      self._config.get("silence_logs", 0))
+                      self._config.get("silence_logs", 0), self._said)
         self.retire_pending()
 
     # --- deaths -------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..wire import serialize
 from ..wire.protocol import Payload
-from . import context
+from . import context, logs
 
 __all__ = ["Journaled", "change", "parsed_row", "connect", "discard", "disconnect", "entry_id", "entry_path", "index", "read_entry",
            "write_entry"]
@@ -350,10 +350,11 @@ def commit_rows() -> None:
 def _refused(folder: str, e: Exception) -> None:
     if folder not in _off:
         _off.add(folder)
-        logger.warning("localcluster: the journal in %s cannot be written (%s); this worker goes on without "
-                       "it: its results are computed and returned as usual, but no longer kept for a "
-                       "later run. Free some space, or give journal= a folder this user may write to",
-                       folder, e)
+        # said once a cluster (logs.ONCE): each worker that meets it stops writing, silently after the first
+        logger.warning("localcluster: the journal in %s cannot be written (%s); the workers go on without it: "
+                       "results are computed and returned as usual, but no longer kept for a later run. Free "
+                       "some space, or give journal= a folder this user may write to", folder, e,
+                       extra={logs.ONCE: f"journal refused: {folder}"})
 
 
 def discard(folder: str, entry: str, why: Exception) -> None:

@@ -76,9 +76,18 @@ def worker_level() -> int:
     return min(logging.getLogger(LOGGER).getEffectiveLevel(), logging.INFO)
 
 
-def emit(worker: str, records: Any, add_line: Callable[[str], None], to_logging: bool, below: int = 0) -> None:
+#: a worker's record with this attribute (``extra={ONCE: what}``) says something true of the
+#: whole cluster (its journal's disk is full): the parent hands it on once, whichever worker
+#: says it first; the others' go into their own logs only
+ONCE = "localcluster_once"
+
+
+def emit(worker: str, records: Any, add_line: Callable[[str], None], to_logging: bool, below: int = 0,
+         said: "dict | None" = None) -> None:
     """In the parent: each record into the worker's log and, with ``to_logging``, those of level
-    ``below`` and up (``LocalCluster(silence_logs=)``) to the ``localcluster.worker`` logger's handlers."""
+    ``below`` and up (``LocalCluster(silence_logs=)``) to the ``localcluster.worker`` logger's
+    handlers; a record marked ``ONCE`` only if its mark is not in ``said`` (the cluster's: mark ->
+    the worker that said it first; any thread, setdefault being atomic) for another worker."""
     logger = logging.getLogger(LOGGER)
     for d in records:
         record = logging.makeLogRecord(d)
@@ -88,6 +97,9 @@ def emit(worker: str, records: Any, add_line: Callable[[str], None], to_logging:
             line += "\n" + record.exc_text
         for part in line.splitlines():
             add_line(part)
+        once = d.get(ONCE)
+        if said is not None and once is not None and said.setdefault(once, worker) != worker:
+            continue
         if not to_logging or record.levelno < below or not logger.isEnabledFor(record.levelno):
             continue
         if logger.hasHandlers():

@@ -629,6 +629,8 @@ def open_journal(path: str, run: str) -> Optional[Keeper]:
         os.makedirs(path, mode=0o700, exist_ok=True)
         _check_writable(path)
         os.makedirs(os.path.join(path, J.RESULTS), mode=0o700, exist_ok=True)
+        os.makedirs(os.path.join(path, J.TEMPORARY), mode=0o700, exist_ok=True)
+        sweep(path)
         # SQLite makes its -wal and -shm files with the index's own mode
         os.close(os.open(os.path.join(path, J.INDEX), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         _open_index(path)
@@ -638,6 +640,34 @@ def open_journal(path: str, run: str) -> Optional[Keeper]:
                        "with room", path, e)
         return None
     return Keeper(path, run)
+
+
+def sweep(path: str) -> int:
+    """Remove the temporary files that writers killed mid-entry left in the journal
+    ``path``: those whose process is gone, or is another that took its pid since. The
+    number removed."""
+    folder = os.path.join(path, J.TEMPORARY)
+    names = os.listdir(folder)
+    if not names:
+        return 0
+    import psutil         # only now: a first cluster starts without it
+    removed = 0
+    for name in names:
+        try:
+            pid = int(name.rsplit(".", 2)[-2].split("-", 1)[0])
+            mtime = os.stat(os.path.join(folder, name)).st_mtime
+            if psutil.pid_exists(pid) and psutil.Process(pid).create_time() <= mtime + 1:
+                continue              # its writer is alive: another process on this journal
+        except (ValueError, IndexError, psutil.Error):
+            pass                      # not a name we give, or its process went meanwhile
+        except FileNotFoundError:
+            continue                  # renamed into place meanwhile
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def _check_writable(path: str) -> None:

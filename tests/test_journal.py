@@ -285,6 +285,28 @@ def test_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
 
 
 @pytest.mark.slow
+def test_a_damaged_index_that_cannot_be_set_aside_is_refused_naming_the_journal(tmp_path):
+    """The index damaged and pinned in place (a file bind-mounted over it: it cannot be renamed
+    aside, as in a folder of another user's): the cluster refuses to start, saying where and
+    what to do, rather than use it or lose it."""
+    import subprocess
+    path = tmp_path / "journal"
+    run(path, inc, range(3))
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(b"not an index" * 100)
+    done = subprocess.run(["mount", "--bind", str(damaged), str(path / J.INDEX)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        with pytest.raises(localcluster.JournalError, match="journal=") as caught:
+            LocalCluster(n_workers=1, journal=str(path))
+        assert str(path) in str(caught.value) and "Remove" in str(caught.value)
+    finally:
+        subprocess.run(["umount", "-l", str(path / J.INDEX)], check=True)
+    assert run(path, inc, range(3)) == ([1, 2, 3], 3, 0)       # unpinned, the index under it was never touched
+
+
+@pytest.mark.slow
 def test_a_read_only_journal_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
     import subprocess
     disk = tmp_path / "ro"
@@ -334,19 +356,18 @@ J.write_entry(sys.argv[1], "ab" * 20, serialize.dumps_result(np.ones(100_000_000
 
 
 @pytest.mark.slow
-def test_a_process_killed_while_writing_an_entry_leaves_none_visible(tmp_path):
+def test_a_process_killed_while_writing_an_entry_leaves_none_visible_and_the_next_cluster_sweeps(tmp_path):
     import signal
     import subprocess
     import sys
     import time
     folder = tmp_path / "journal"
-    (folder / J.RESULTS / "ab").mkdir(parents=True)
+    temporary = folder / J.TEMPORARY
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)],
                             env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
     try:
         deadline = time.monotonic() + 30
-        while not any(n.endswith(".tmp") and os.path.getsize(folder / J.RESULTS / "ab" / n) > 1 << 20
-                      for n in os.listdir(folder / J.RESULTS / "ab")):
+        while not (temporary.is_dir() and any(os.path.getsize(temporary / n) > 1 << 20 for n in os.listdir(temporary))):
             assert proc.poll() is None and time.monotonic() < deadline, "the writer ended before it was killed"
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
@@ -354,12 +375,12 @@ def test_a_process_killed_while_writing_an_entry_leaves_none_visible(tmp_path):
         proc.kill()
         proc.wait(30)
     assert not os.path.exists(J.entry_path(str(folder), "ab" * 20))       # only its temporary file is left
-    J.connect(str(folder), create=True)
-    try:
+    assert len(os.listdir(temporary)) == 1
+    (temporary / f"{'cd' * 20}.{os.getpid()}-1.tmp").write_bytes(b"a live writer's")     # this process: alive
+    with LocalCluster(n_workers=0, journal=str(folder)) as cluster:
+        assert os.listdir(temporary) == [f"{'cd' * 20}.{os.getpid()}-1.tmp"]     # the dead writer's, swept
         with pytest.raises(FileNotFoundError):
-            J.read_entry(str(folder), "ab" * 20)
-    finally:
-        J.disconnect(str(folder))
+            J.read_entry(cluster.journal.path, "ab" * 20)
 
 
 class Counter:

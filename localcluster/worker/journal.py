@@ -47,6 +47,7 @@ logger = logging.getLogger("localcluster.journal")
 MAGIC = b"LCJRNL01"
 INDEX = "index.sqlite3"
 RESULTS = "results"
+TEMPORARY = "tmp"           # entries being written: <entry>.<pid>-<thread>.tmp
 _HEAD = struct.Struct("<8sIQ")       # magic, crc of the rest, length of the rest
 _PART = struct.Struct("<QB")
 SCHEMA = ("CREATE TABLE IF NOT EXISTS entries (id TEXT PRIMARY KEY, key TEXT NOT NULL, size INTEGER NOT NULL, "
@@ -85,17 +86,18 @@ def write_entry(folder: str, entry: str, payload: Payload) -> int:
     head = struct.pack("<H", len(name)) + name + struct.pack("<I", len(parts)) + \
         b"".join(_PART.pack(p.nbytes, p.readonly) for p in parts)
     path = entry_path(folder, entry)
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+    tmp = os.path.join(folder, TEMPORARY, f"{entry}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         sub = os.path.dirname(path)
         if sub not in _made:
             os.makedirs(sub, mode=0o700, exist_ok=True)
+            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
             _made.add(sub)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(tmp, flags, 0o600)
-        except FileNotFoundError:       # the journal was cleared since: its folders go with it
-            os.makedirs(sub, mode=0o700, exist_ok=True)
+        except FileNotFoundError:       # its folder was removed meanwhile
+            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
             fd = os.open(tmp, flags, 0o600)
         try:
             _write_all(fd, memoryview(bytes(_HEAD.size) + head))
@@ -113,7 +115,11 @@ def write_entry(folder: str, entry: str, payload: Payload) -> int:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        os.rename(tmp, path)
+        try:
+            os.rename(tmp, path)
+        except FileNotFoundError:       # the journal was cleared meanwhile: its folders went with it
+            os.makedirs(sub, mode=0o700, exist_ok=True)
+            os.rename(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)

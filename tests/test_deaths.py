@@ -5,6 +5,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 
 import psutil
@@ -164,6 +165,46 @@ def test_killed_from_outside_is_signal_and_task_reruns(client, cluster, sig, tmp
     assert "killed from outside" in death.message and sig.name in death.message
     assert cluster.scheduler.tasks[fut.key].suspicious == 1
     wait_for(lambda: len(cluster.workers) == 2)
+
+
+def add(x, y):
+    return x + y
+
+
+@pytest.mark.cluster(allowed_failures=0)
+def test_a_dead_worker_is_not_listed_once_its_death_is(client, cluster, tmp_path):
+    """From the moment ``cluster.deaths`` shows a worker's death, ``cluster.workers`` never
+    lists that worker: the death is recorded and the worker let go of in one step. A thread
+    looks at both as fast as it can while a worker is SIGKILLed; the death fails its task
+    and a thousand that wait for it, whose futures are told after the lock is let go of: a
+    moment a reader would fall into were the worker let go of after that."""
+    marker = str(tmp_path / "go")
+    blocker = client.submit(block_until, marker, pure=False)
+    waiting = client.map(add, [blocker] * 1000, range(1000), pure=False)
+    victim = wait_running(cluster, blocker)
+    listed, stop = [], threading.Event()
+
+    def look():
+        while not stop.is_set() and not listed:
+            if cluster.deaths:
+                workers = cluster.workers
+                listed.append(workers[victim.name].status if victim.name in workers else None)
+    watcher = threading.Thread(target=look, name="test-death-watcher")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)         # the watcher gets the GIL between any two steps
+    watcher.start()
+    try:
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(KilledWorker):
+            blocker.result(30)
+        watcher.join(30)                # it has seen the death, and looked
+    finally:
+        stop.set()
+        watcher.join(30)
+        sys.setswitchinterval(interval)
+        release(marker)
+    assert listed == [None], f"{victim.name} listed as {listed[0]!r} after its death was recorded"
+    assert all(isinstance(f.exception(30), KilledWorker) for f in waiting)
 
 
 @pytest.mark.slow

@@ -465,11 +465,6 @@ class Supervisor:
         if n.spill_dir:   # its spilled data died with it; nothing may outlive it on disk
             shutil.rmtree(n.spill_dir, ignore_errors=True)
         death = self._record_death(n, exitcode)
-        with self._changed:
-            self.nannies.pop(n.name, None)
-            self._dispatch.disconnect(n.name)
-            self._dead_logs[n.name] = list(n.log)
-            self._changed.notify_all()
         n.close()
         if death.cause != "requested":
             # one line on the console by default; the whole story is in the death and the exception
@@ -517,13 +512,19 @@ class Supervisor:
                 tasks=keys, memory=memory, peak_memory=peak, memory_limit=limit,
                 stack=stack, log_tail=tuple(lines[-50:]), time=time.time(),
                 blamed=blamed, detail=detail, managed=managed).explained()
+            # In the same hold as its death: nobody sees the death and the worker still
+            # listed (cluster.workers), nor the worker gone and no death.
             self.deaths.append(death)
+            self.nannies.pop(n.name, None)
+            self._dead_logs[n.name] = list(n.log)
             actions = self._scheduler.worker_died(death, timed_out)
             # its runs went into the task stream as lost; those whose task the death ends
             # (KilledWorker, past its timeout) count it failed, as a run that raised does
             self._history.gave_up(sum(1 for a in actions if type(a) is S.Resolve and a.status == "error"
                                       and a.key in keys))
             post = self._dispatch.apply(actions)
+            self._dispatch.disconnect(n.name)
+            self._changed.notify_all()
         self._dispatch.post(post)
         return death
 

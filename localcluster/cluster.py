@@ -323,7 +323,7 @@ class LocalCluster:
         check_int(n, "scale", "n")
         self._gateway.check_open()
         self._refuse_beyond(f"scale({n})", n)
-        self._gateway.rescaled()
+        self._gateway.reset_no_worker_warning()
         self._loop.call(lambda: self._supervisor.scale(n)).result()
         self._supervisor.wait_for(n, timeout)
 
@@ -358,7 +358,7 @@ class LocalCluster:
         every = self.config["adapt_interval"] if interval is None else check_duration(interval, "adapt", "interval")
         self._gateway.check_open()
         self._refuse_beyond(f"adapt(maximum={maximum})", maximum)
-        self._gateway.rescaled()
+        self._gateway.reset_no_worker_warning()
         self._loop.call(lambda: self._supervisor.adapt(Adapt(minimum, maximum, wait_count * every))).result()
 
     def _refuse_beyond(self, call: str, total: int, running: Optional[int] = None, limit: Any = ...) -> None:

@@ -367,7 +367,7 @@ class Future(cf.Future):
             raise TransferError(self.key, "kept for the client", e.detail) from None
         except Exception as e:
             step = f"unpickling the result of task {self.key!r} in the client failed"
-            raise serialize.restate(e, step) from None
+            raise serialize.serialization_error(e, step) from None
 
     def add_done_callback(self, fn: Callable) -> None:
         """As concurrent.futures, except that a callback is never run on the scheduler

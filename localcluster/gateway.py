@@ -61,7 +61,7 @@ class Gateway:
     def phase(self) -> Phase:
         return self._life.phase
 
-    def rescaled(self) -> None:
+    def reset_no_worker_warning(self) -> None:
         """scale() was called: a new period with no worker is said again."""
         self._said_no_worker = False
 

@@ -1,6 +1,6 @@
 """localcluster/wire/serialize.py on its own: user data to Payload and back (types, formats,
 shapes, memory order and writability kept), which buffers leave the pickle stream,
-exceptions to bytes and back, and restate()."""
+exceptions to bytes and back, and serialization_error()."""
 from __future__ import annotations
 
 import pickle
@@ -368,10 +368,10 @@ def test_a_stopping_exception_never_reaches_the_caller_as_itself(exc):
     assert "'f-1'" in back.message and "raise_here" in back.message
 
 
-def test_restate_keeps_the_type_and_prefixes_the_step():
+def test_serialization_error_keeps_the_type_and_prefixes_the_step():
     exc = caught(ValueError("bad value"))
     exc.__cause__ = KeyError("hidden")
-    new = serialize.restate(exc, "pickling the result of task 'f-1' failed")
+    new = serialize.serialization_error(exc, "pickling the result of task 'f-1' failed")
     assert type(new) is ValueError
     assert str(new).startswith("pickling the result of task 'f-1' failed: ValueError: bad value")
     assert new.__cause__ is None
@@ -381,9 +381,9 @@ def test_restate_keeps_the_type_and_prefixes_the_step():
 @pytest.mark.parametrize("exc", [KeyError("k"), BadRecord(1, "why"),
                                  UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")],
                          ids=["str differs", "other init", "five args"])
-def test_restate_falls_back_to_taskerror(exc):
+def test_serialization_error_falls_back_to_taskerror(exc):
     exc = caught(exc)
-    new = serialize.restate(exc, "the step")
+    new = serialize.serialization_error(exc, "the step")
     assert isinstance(new, TaskError)
     assert new.type_name.endswith(type(exc).__qualname__) and new.message == str(exc)
     assert new.step == "the step" and "raise_here" in new.traceback_text

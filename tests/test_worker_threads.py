@@ -52,7 +52,7 @@ def test_a_worker_whose_every_thread_is_busy_still_sends_data_and_takes_cancels(
 
 
 class _Turn:
-    """The main thread's turn, recorded: what arm, disarm and now were asked (no timer)."""
+    """The main thread's turn, recorded: what arm, disarm and call_now were asked (no timer)."""
 
     def __init__(self):
         self.calls: list = []
@@ -66,8 +66,8 @@ class _Turn:
         self.calls.append("disarm")
         self.armed = False
 
-    def now(self):
-        self.calls.append("now")
+    def call_now(self):
+        self.calls.append("call_now")
 
 
 class _Counting(threading.Condition):

@@ -34,7 +34,7 @@ def test_the_timer_calls_the_main_thread_after_its_delay_and_the_first_moment_st
     time.sleep(0.03)
     turn.arm()                      # armed already: not put off by another 50 ms
     assert turn.wait(5)
-    turn.settle()
+    turn.reset_timer()
     waited = time.monotonic() - t0
     assert 0.045 < waited < 0.075 + 1.0, waited     # the upper bound is the machine's load's
     assert turn.due()
@@ -42,16 +42,16 @@ def test_the_timer_calls_the_main_thread_after_its_delay_and_the_first_moment_st
     assert not turn.due()
 
 
-def test_a_disarmed_turn_is_never_due_and_now_calls_at_once_once(turn):
+def test_a_disarmed_turn_is_never_due_and_call_now_calls_at_once_once(turn):
     turn.arm()
     turn.disarm()                   # someone read first
     turn.wait(0.2)                  # the timer set for it may still fire: the turn is not due
-    turn.settle()
+    turn.reset_timer()
     assert not turn.due()
-    turn.now()
-    turn.now()
+    turn.call_now()
+    turn.call_now()
     assert turn.wait(0)
-    turn.settle()
+    turn.reset_timer()
     assert turn.due()
     assert not turn.wait(0)         # the calls were drained together, and no timer is set
     turn.disarm()
@@ -66,7 +66,7 @@ def test_a_timer_that_fired_after_a_disarm_leaves_the_turn_not_due(turn):
     time.sleep(0.1)
     turn.disarm()
     turn.wait(0.1)
-    turn.settle()
+    turn.reset_timer()
     assert not turn.due()
     assert not turn.wait(0.1)       # nothing set again
 
@@ -87,11 +87,11 @@ def test_a_stream_of_short_runs_sets_the_timer_once_and_a_later_run_is_called_at
     time.sleep(0.03)
     turn.arm()                      # a run that starts 30 ms in: due at ~80 ms
     assert turn.wait(5)             # the first timer, at ~50 ms
-    turn.settle()
+    turn.reset_timer()
     if time.monotonic() - t0 < 0.079:       # (a loaded machine may wake this thread later)
         assert not turn.due() and len(sets) == 2 and 0 < sets[1] <= 0.05
         assert turn.wait(5)
-        turn.settle()
+        turn.reset_timer()
     assert turn.due() and time.monotonic() - t0 >= 0.079
     turn.disarm()
 

@@ -107,7 +107,7 @@ class Nanny:
         self.reading = threading.RLock()
         #: frames a borrower read and left for the scheduler thread (they carry more than task
         #: results); handled before anything read after them. Under ``reading``
-        self.held: deque = deque()
+        self.left_for_loop: deque = deque()
         #: wakes a borrower whose future another thread ended
         self.bell = Doorbell()
 

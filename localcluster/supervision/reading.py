@@ -6,7 +6,7 @@ reply wakes one thread instead of two (the scheduler thread's, then the waiter's
         select(channel, the nanny's Doorbell) ◄── Finished / Failed
         one frame at a time, under Nanny.reading (taken before the cluster's lock):
             task results ─► Dispatcher.on_worker_messages on this thread
-            anything else (OWN, Ask) ─► Nanny.held, for the scheduler thread (in order)
+            anything else (OWN, Ask) ─► Nanny.left_for_loop, for the scheduler thread (in order)
         EventLoop.give_back: the channel returns to the selector
 
 The bell rings when another thread ends the future (a death, a cancel, a rerun elsewhere,
@@ -40,11 +40,11 @@ OWN = (P.Ready, P.Fatal, P.Log, P.Pressure)
 
 
 class LentReading:
-    def __init__(self, loop: EventLoop, dispatch: Dispatcher, took_held: Callable[[Nanny], None],
+    def __init__(self, loop: EventLoop, dispatch: Dispatcher, handle_left: Callable[[Nanny], None],
                  spin_wait: float = 0.0):
         self._loop = loop
         self._dispatch = dispatch
-        self._took_held = took_held     # the supervisor's: the scheduler thread handles a frame left for it
+        self._handle_left = handle_left    # the supervisor's: the scheduler thread handles a frame left for it
         self._spin_wait = spin_wait     # seconds of polling before the first select sleeps (spin.py)
         self._readers: set = set()      #: idents of the threads reading a lent channel; each adds and removes its own
 
@@ -115,7 +115,7 @@ class LentReading:
         with n.reading:
             held = hold_interrupts()        # a Ctrl-C lands after the state change, not inside it
             try:
-                if n.held or chan.closed:
+                if n.left_for_loop or chan.closed:
                     return False
                 try:
                     msgs = chan.receive()
@@ -129,8 +129,8 @@ class LentReading:
                     for one in (m.messages if type(m) is P.Batch else (m,)):
                         t = type(one)
                         if t in OWN or t is P.Ask:
-                            n.held.append(msgs)
-                            self._loop.run_soon(lambda: self._took_held(n))
+                            n.left_for_loop.append(msgs)
+                            self._loop.run_soon(lambda: self._handle_left(n))
                             return False
                         tasks.append(one)
                 if tasks:

@@ -27,7 +27,7 @@ cluster's lock: ``snapshot``, ``logs``, ``dump_stacks``, ``wait_for``; and one t
 for a single future reads its worker's channel itself (``read_for``, its part
 ``LentReading`` in reading.py): the loop lends it the channel, and its task results go to
 the dispatcher from that thread, so the reply wakes one thread instead of two. Frames with
-anything else it leaves, in order, for the scheduler thread (``Nanny.held``).
+anything else it leaves, in order, for the scheduler thread (``Nanny.left_for_loop``).
 
 Owns: the nannies (name -> Nanny; only the scheduler thread adds or removes one, under
 the lock, and connects or disconnects its channel in the dispatcher in the same hold),
@@ -116,7 +116,7 @@ class Supervisor:
         self._said: dict = {}          # what a worker said once for the whole cluster (logs.ONCE); reading threads
         self._names = itertools.count()
         #: user threads reading for their futures
-        self._reading = LentReading(loop, dispatch, self._took_held, settings.config.get("spin_wait") or 0.0)
+        self._reading = LentReading(loop, dispatch, self._handle_left, settings.config.get("spin_wait") or 0.0)
 
     @property
     def target(self) -> int:
@@ -367,7 +367,7 @@ class Supervisor:
             self._loop.want_write(n.chan, False)
         if mask & selectors.EVENT_READ:
             with n.reading:
-                self._take_held(n)
+                self._take_left(n)
                 try:
                     msgs = n.chan.receive()
                 except (EOFError, OSError):
@@ -380,14 +380,14 @@ class Supervisor:
                 if n.sentinel is None:   # no pidfd: EOF is our death notice
                     self._on_exit(n)
 
-    def _take_held(self, n: Nanny) -> None:
+    def _take_left(self, n: Nanny) -> None:
         """Under ``n.reading``: the frames a borrower left for this thread, before any newer one."""
-        while n.held:
-            self._on_messages(n, n.held.popleft())
+        while n.left_for_loop:
+            self._on_messages(n, n.left_for_loop.popleft())
 
-    def _took_held(self, n: Nanny) -> None:
+    def _handle_left(self, n: Nanny) -> None:
         with n.reading:
-            self._take_held(n)
+            self._take_left(n)
 
     # --- a user thread reading for its future (reading.py) -------------------------------
 
@@ -450,7 +450,7 @@ class Supervisor:
         # Messages and output written before the death come first: a result that
         # arrived is a result, and the crash stack is in the pipe.
         with n.reading:             # after what a borrower is handling, and what it left here
-            self._take_held(n)
+            self._take_left(n)
             if n.chan is not None and not n.chan.closed:
                 try:
                     msgs = n.chan.drain()

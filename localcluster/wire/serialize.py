@@ -504,7 +504,7 @@ def _join(step: str, why: str) -> str:
     return f"{step}; {why}" if step else why
 
 
-def restate(exc: BaseException, step: str) -> BaseException:
+def serialization_error(exc: BaseException, step: str) -> BaseException:
     """The same kind of exception, its message prefixed with the step that failed
     ("pickling the result of task 'f-1' failed on worker 'worker-0': ...")."""
     from ..death import TaskError

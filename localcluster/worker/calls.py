@@ -33,7 +33,7 @@ def answer(msg: P.Call, worker: str) -> P.Called:
         e.__traceback__ = remote.strip_own_frames(e.__traceback__)
         what = "" if step == "running the function" else f"{step} of client.run() failed on worker {worker!r}"
         if what:
-            e = serialize.restate(e, what)
+            e = serialize.serialization_error(e, what)
         remote.note_origin(e, worker, os.getpid(), f"client.run({getattr(fn, '__name__', '?')})"
                            if step != "unpickling the function" else "client.run")
         reply = P.Called(msg.request, None, serialize.dumps_exception(e, what))

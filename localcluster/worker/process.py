@@ -164,7 +164,7 @@ class Worker:
         turn is due (turn.py), then take the reader role."""
         while True:
             with self._lock:
-                self.turn.settle()
+                self.turn.reset_timer()
                 if self._reader is None and not self._idle and self.turn.due():
                     self._reader = "main"
                     self.turn.disarm()
@@ -332,7 +332,7 @@ class Worker:
             self._asks[request] = waiter
         with self._lock:
             if self._reader is None:        # its answer needs a reader: call the main thread now
-                self.turn.now()
+                self.turn.call_now()
         self._send_drops()
         self.chan.send(P.Ask(request, seq, body))
         if not (self._lent(waiter[0], timeout) if lend else waiter[0].wait(timeout)):
@@ -584,7 +584,7 @@ class Worker:
                 what = f"{step} of task {run.key!r} failed on worker {self.name!r}"
                 if step == "pickling the result":
                     what += f" (result type {type(result).__module__}.{type(result).__qualname__})"
-                e = serialize.restate(e, what)
+                e = serialize.serialization_error(e, what)
             remote.note_origin(e, self.name, os.getpid(), run.key)
             return P.Failed(run.seq, serialize.dumps_exception(e, what), start, time.perf_counter() - t0, row)
         type_name = type(result).__qualname__

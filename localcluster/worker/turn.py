@@ -13,13 +13,13 @@ clearing a timer for every run would cost two ``timerfd_settime`` (through ctype
 round trip. The timer set for the first run fires ``DELAY``
 later whatever came since; the main thread, woken, reads only if the turn is ``due`` (armed,
 and its moment passed), and otherwise sets the timer again for the moment of the run now
-armed (``settle``), if any. A stream of short runs thus costs a timer and a look every
+armed (``reset_timer``), if any. A stream of short runs thus costs a timer and a look every
 ``DELAY``, not two system calls a run.
 
 A timerfd, not SIGALRM: a timer signal would have to be kept off the executor threads
 (their system calls, and those of the C code a task calls), and a blocked signal is
 inherited by every program a task starts. The main thread waits in ``select`` on the
-timerfd and on a pipe (``now``: a task waiting for an answer calls it at once).
+timerfd and on a pipe (``call_now``: a task waiting for an answer calls it at once).
 ``os.timerfd_create`` is 3.13's; before, libc's through ctypes. Where there is no
 timerfd (not Linux), ``arm`` calls the main thread at once.
 """
@@ -73,7 +73,7 @@ def _timerfd() -> tuple[int, Optional[Callable[[float], None]]]:
 
 class MainTurn:
     """The main thread's call to the channel (see the module docstring). ``arm``, ``disarm``,
-    ``now``, ``settle`` and ``due`` run under the worker's lock; ``wait`` on the main thread,
+    ``call_now``, ``reset_timer`` and ``due`` run under the worker's lock; ``wait`` on the main thread,
     outside it."""
 
     def __init__(self, delay: float = DELAY):
@@ -81,7 +81,7 @@ class MainTurn:
         self.armed = False          #: nobody reads, and the main thread is due at _due; under the worker's lock
         self._due = 0.0             #: monotonic moment the armed turn is due; under the worker's lock
         self._timer_on = False      #: a kernel timer is set and not yet seen to fire; under the worker's lock
-        self._called = False        #: now() called the main thread; under the worker's lock
+        self._called = False        #: call_now() called the main thread; under the worker's lock
         self._fired = False         #: the main thread's own: wait() saw the timer fire
         self._tfd, self._set = _timerfd()
         self._r, self._w = os.pipe()
@@ -102,7 +102,7 @@ class MainTurn:
         self.armed = True
         self._due = time.monotonic() + self.delay
         if self._set is None:
-            self.now()
+            self.call_now()
         elif not self._timer_on:    # one set already fires no later than this moment
             self._set(self.delay)
             self._timer_on = True
@@ -112,7 +112,7 @@ class MainTurn:
         call: a timer still set fires, and the main thread finds its turn not due."""
         self.armed = self._called = False
 
-    def now(self) -> None:
+    def call_now(self) -> None:
         """Call the main thread at once (a task waits for an answer that only a reader brings)."""
         self._called = True
         try:
@@ -125,7 +125,7 @@ class MainTurn:
         at once, or armed and its moment passed."""
         return self._called or (self.armed and time.monotonic() >= self._due)
 
-    def settle(self) -> None:
+    def reset_timer(self) -> None:
         """The main thread, after a wait: a timer that fired is off; set one again for the
         turn armed meanwhile, if it is not due yet."""
         if self._fired:

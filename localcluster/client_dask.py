@@ -470,7 +470,7 @@ _STREAM_STATUS = {"finished": "OK", "error": "error", "lost": "lost"}
 
 
 def stream_records(client: Any, records: list) -> list:
-    """TaskRecords (views/history.py) as dask's task stream has them, with each result's size
+    """TaskRecords (engine/history.py) as dask's task stream has them, with each result's size
     while it is in memory."""
     sizes = client.gateway.nbytes(list({r.key for r in records}))
     return [_stream_record(r, sizes.get(r.key)) for r in records]

@@ -39,7 +39,7 @@ from .config import check_duration, check_int, check_seconds, format_bytes
 from .death import ClusterClosed, ClusterRestarted, WorkerDeath
 from .engine.dispatch import Dispatcher, Listener
 from .gateway import Gateway
-from .views.history import History
+from .engine.history import History
 from .engine.lifecycle import Lifecycle, Phase
 from .engine.loop import EventLoop
 from .system.machine import available_memory, make_cluster_directory, purge_stale_directories, usable_cpus

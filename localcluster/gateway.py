@@ -32,7 +32,7 @@ from .engine.loop import EventLoop
 from .engine.plugins import SchedulerPlugins
 from .scheduler.records import Spec
 from .journal import Keeper
-from .views.stall import Stall
+from .supervision.stall import Stall
 from .supervision.stallwatch import StallWatch
 from .supervision.supervisor import Supervisor
 

@@ -5,8 +5,8 @@ import gc
 
 import pytest
 
-from localcluster.views import history
-from localcluster.views.history import History, TaskRecord
+from localcluster.engine import history
+from localcluster.engine.history import History, TaskRecord
 
 pytestmark = pytest.mark.timeout(30)
 

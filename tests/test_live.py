@@ -110,7 +110,7 @@ def test_insights_of_twenty_tasks_of_a_tenth_of_a_second(cluster, client):
 
 def test_insights_count_what_a_death_cut_short():
     from types import SimpleNamespace as NS
-    from localcluster.views.history import TaskRecord
+    from localcluster.engine.history import TaskRecord
     records = [TaskRecord("f-1", "worker-0", 1, 100.0, 101.0, "finished", 0.25),
                TaskRecord("g-1", "worker-0", 1, 101.0, 104.0, "lost")]
     death = NS(worker="worker-0", time=104.0, cause="memory-limit")
@@ -122,7 +122,7 @@ def test_insights_count_what_a_death_cut_short():
 
 
 def test_insights_count_the_time_moving_data_apart_from_idle():
-    from localcluster.views.history import TaskRecord
+    from localcluster.engine.history import TaskRecord
     records = [TaskRecord("f-1", "worker-0", 1, 100.0, 101.0, "finished", 0.25)]
     ins = insights(records, [("worker-0", 99.0, 0.5), ("worker-1", 99.0, 0.5)], [], threads=1, now=103.0,
                    transfers={"worker-0": 0.5})
@@ -270,7 +270,7 @@ def test_progress_live_shows_the_block_and_the_futures_count(cluster, client):
 def test_the_progress_tab_says_when_it_counts_only_the_kept_runs(monkeypatch):
     """Runs the history no longer keeps when the tab is first drawn are not counted by group,
     and the tab says from which run it counts."""
-    from localcluster.views import history
+    from localcluster.engine import history
     monkeypatch.setattr(history, "TASKS", 5)
     with localcluster.LocalCluster(n_workers=1, forward_logs=False) as c, localcluster.Client(c) as cl:
         assert cl.gather(cl.map(inc, range(8), pure=False)) == list(range(1, 9))

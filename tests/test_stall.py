@@ -1,4 +1,4 @@
-"""localcluster/views/stall.py on its own (plain data in, plain asserts): the diagnosis of a cluster
+"""localcluster/supervision/stall.py on its own (plain data in, plain asserts): the diagnosis of a cluster
 that finishes nothing, and the clock that says a stall once. Then through real workers
 (stallwatch.py): every worker paused for real, no worker, a long task: the one WARNING, and
 the TimeoutErrors of wait, gather, as_completed and result saying why."""
@@ -15,7 +15,7 @@ import pytest
 from _util import block_until, release, wait_for, wait_running
 
 from localcluster import Client, LocalCluster, as_completed, wait
-from localcluster.views.stall import (BUSY_FACTOR, ClusterView, QueuedTask, RunningTask, Stall, StallClock,
+from localcluster.supervision.stall import (BUSY_FACTOR, ClusterView, QueuedTask, RunningTask, Stall, StallClock,
                                       WorkerView, diagnose, unexplained)
 
 MiB = 2 ** 20
@@ -282,7 +282,7 @@ def test_runs_sent_are_progress_so_a_submit_longer_than_stall_warning_is_no_stal
     from localcluster.scheduler.records import Spec
     from localcluster.scheduler.state import Scheduler
     from localcluster.supervision.stallwatch import StallWatch
-    from localcluster.views.history import History
+    from localcluster.engine.history import History
     from localcluster.wire.serialize import dumps
     scheduler = Scheduler()
     scheduler.add_worker("w0", 1)

@@ -8,4 +8,6 @@ threads that bring events.
 - ``watchdog.py``: breaks the cluster loudly when the scheduler thread is stuck.
 - ``selector.py``: the loop's selector, which can pause one channel while a user thread borrows it.
 - ``plugins.py``: scheduler plugins (dask's ``SchedulerPlugin``), told on the callbacks thread.
+- ``history.py``: what the cluster did (the task stream, every worker's memory over time),
+  written by the dispatcher and the supervisor, read by the views; bounded.
 """

@@ -58,7 +58,7 @@ from ..scheduler import state as S
 from ..scheduler.records import Reply
 from ..wire.channel import Channel, let_go
 from ..death import ClusterBroken
-from ..views.history import History
+from .history import History
 from .lifecycle import Lifecycle, Phase
 from .loop import EventLoop
 from ..wire.serialize import as_exception, dumps_exception

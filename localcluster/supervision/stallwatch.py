@@ -23,9 +23,9 @@ from typing import Optional
 
 from ..scheduler.forgetting import PENDING
 from ..scheduler.state import Scheduler
-from ..views.history import History
+from ..engine.history import History
 from .supervisor import Supervisor
-from ..views.stall import ClusterView, QueuedTask, RunningTask, Stall, StallClock, WorkerView, diagnose, unexplained
+from .stall import ClusterView, QueuedTask, RunningTask, Stall, StallClock, WorkerView, diagnose, unexplained
 
 logger = logging.getLogger("localcluster")
 

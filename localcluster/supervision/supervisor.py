@@ -54,11 +54,10 @@ from ..wire import vmcopy
 from ..scheduler import state as S
 from ..death import WorkerDeath, classify, crash_stack, crashing_thread, exit_signal, thread_ident, thread_stack
 from ..engine.dispatch import Dispatcher
-from ..views.history import History
+from ..engine.history import History, key_group
 from ..engine.lifecycle import Lifecycle, Phase
 from ..engine.loop import EventLoop
 from .nanny import Nanny, join_groups
-from ..views.render import key_group
 from .output import OutputStream
 from .reading import OWN, LentReading
 from .policy import (Accept, Adapt, DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse, SendStop, SetPaused,

@@ -1,8 +1,7 @@
-"""What the user sees.
+"""What the user sees: each view reads a cluster or its futures (the top layer, with the
+integrations). The objects users hold import a view only in the method that draws them.
 
-- ``history.py``: the task stream and memory samples, bounded.
 - ``render.py``: HTML for notebooks (clusters, futures, deaths).
-- ``stall.py``: why a cluster is stuck, in words (pure).
 - ``report.py``: ``localcluster.report``, one self-contained page.
 - ``progress.py``: ``localcluster.progress``, tqdm's bar or a line of text.
 - ``dashboard.py``: ``cluster.dashboard()``, the live view in Jupyter.

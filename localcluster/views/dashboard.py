@@ -33,6 +33,7 @@ from itertools import compress, filterfalse
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Optional
 
+from ..engine.history import key_group
 from . import render
 from .insights import insights
 
@@ -262,7 +263,7 @@ class Snapshot:
         """The group of a key, from its head (``key.rpartition("-")[0]``): few distinct heads."""
         group = self._groups.get(head)
         if group is None:
-            group = self._groups[head] = render.key_group(head) or "(other)"
+            group = self._groups[head] = key_group(head) or "(other)"
             if len(self._groups) > 10_000:
                 self._groups.clear()
         return group

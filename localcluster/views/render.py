@@ -13,6 +13,7 @@ import html
 from typing import Any, Iterable, Optional
 
 from ..config import DEFAULTS, format_bytes
+from ..engine.history import key_group
 
 # One colour per cause of death: the harmful ones warm, the intended ones grey.
 CAUSE_COLOURS = {
@@ -303,22 +304,6 @@ def future_view(key: str, status: str, detail: str = "") -> str:
 STREAM_LIMIT = 20_000      # task bars drawn; the newest are kept
 GROUP_COLOURS = ("#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac",
                  "#f28e2b", "#86bcb6")
-
-
-def key_group(key: str) -> str:
-    """The function a key was made from: ``"sleep-072895ec1"`` -> ``"sleep"``, a dask key
-    ``"('sum-aggregate-5f3e...', 0)"`` -> ``"sum-aggregate"``."""
-    name = key
-    if name.startswith("(") and "'" in name:
-        name = name.split("'")[1]
-    parts = name.split("-")
-    while len(parts) > 1 and (parts[-1].isdigit() or (len(parts[-1]) >= 6 and _hexish(parts[-1]))):
-        parts.pop()
-    return "-".join(parts)
-
-
-def _hexish(s: str) -> bool:
-    return all(c in "0123456789abcdef" for c in s.lower())
 
 
 def task_stream(lanes: list, records: list, deaths: Iterable[Any], span: tuple, width: int = 900,

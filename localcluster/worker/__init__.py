@@ -1,4 +1,6 @@
-"""The worker process (imports only ``wire``, ``system`` and these modules: it starts fast).
+"""The worker process. It starts on ``wire``, ``system`` and these modules only, without the
+parent's diagnosis (``death``) or settings (``config``): it starts fast. A task's first
+``get_client`` loads ``client.py``, with ``config``'s checks and ``published``.
 
 - ``boot.py``: ``BOOT`` and ``main``: the process's start (dies with its parent, authkey,
   initializer) and its end when its own machinery fails.

@@ -269,3 +269,19 @@ class History:
     def memory(self) -> dict[str, list]:
         """Worker name -> [(unix time, rss bytes)], for live and recently dead workers."""
         return {name: series.copy() for name, series in list(self._memory.items())}
+
+
+def key_group(key: str) -> str:
+    """The function a key was made from: ``"sleep-072895ec1"`` -> ``"sleep"``, a dask key
+    ``"('sum-aggregate-5f3e...', 0)"`` -> ``"sum-aggregate"``."""
+    name = key
+    if name.startswith("(") and "'" in name:
+        name = name.split("'")[1]
+    parts = name.split("-")
+    while len(parts) > 1 and (parts[-1].isdigit() or (len(parts[-1]) >= 6 and _hexish(parts[-1]))):
+        parts.pop()
+    return "-".join(parts)
+
+
+def _hexish(s: str) -> bool:
+    return all(c in "0123456789abcdef" for c in s.lower())

@@ -1,9 +1,11 @@
-"""The house rules, checked: the import layering (import-linter, setup.cfg), no import cycle
-(counting imports inside functions and under TYPE_CHECKING), no code reading another
-object's or module's underscore names, and no function longer than 60 lines."""
+"""The house rules, checked: the import layering (import-linter, setup.cfg: a handful of
+layers by package), no import cycle (counting imports inside functions and under
+TYPE_CHECKING), no code reading another object's or module's underscore names, no function
+longer than 60 lines, and no mixin."""
 from __future__ import annotations
 
 import ast
+import builtins
 import collections
 import subprocess
 import sys
@@ -34,6 +36,27 @@ def test_the_import_layers_hold():
     assert "No module named 'importlinter'" not in proc.stderr, "import-linter is in the test extra: .[test]"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 kept, 0 broken" in proc.stdout
+
+
+def layers(cfg: str) -> list:
+    """The layers contract of ``cfg`` (setup.cfg's text), top first: each a list of the
+    names in it (``|`` or ``:`` between them)."""
+    body = cfg.split("[importlinter:contract:layers]")[1].split("layers =", 1)[1]
+    out = []
+    for line in body.splitlines()[1:]:
+        if not line.startswith((" ", "\t")) or not line.strip():
+            break
+        out.append([n.strip() for n in line.replace(":", "|").split("|")])
+    return out
+
+
+def test_the_layers_are_packages_a_contributor_can_remember():
+    """The contract states an intent by package, not today's import graph module by module:
+    a dozen layers at most, each naming packages or top-level modules only."""
+    found = layers((REPO / "setup.cfg").read_text())
+    assert 5 <= len(found) <= 12, found
+    deep = [n for layer in found for n in layer if n.count(".") > 1]
+    assert not deep, f"name packages (or top-level modules) in the layers, not their modules: {deep}"
 
 
 def test_every_module_has_a_layer():
@@ -255,3 +278,50 @@ def test_the_cycle_check_names_the_cycles_it_finds():
     graph["lc.future"] = {"lc.cluster"}
     assert _cycles(graph) == ["lc.a -> lc.b -> lc.a", "lc.client -> lc.executor -> lc.client"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+# --- no mixin: a class of ours inherits from one class of ours at most ----------------------
+
+def _class_bases(sources: list) -> dict:
+    """Class name -> the names of its bases (a dotted base by its last part), for every class
+    the sources define."""
+    found: dict = {}
+    for text in sources:
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, set()).update(
+                    ast.unparse(b.value if isinstance(b, ast.Subscript) else b).rpartition(".")[2] for b in node.bases)
+    return found
+
+
+def _mixins(sources: list) -> list:
+    """``Class(A, B)`` for each class with more than one base that is a class of ours, not an
+    exception and not a typing Protocol (an exception may add a builtin kind: ``TimeoutError``)."""
+    bases = _class_bases(sources)
+
+    def exception(name: str, seen: frozenset = frozenset()) -> bool:
+        kind = getattr(builtins, name, None)
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            return True
+        return name not in seen and any(exception(b, seen | {name}) for b in bases.get(name, ()))
+
+    def ours(name: str) -> bool:
+        return name in bases and "Protocol" not in bases[name] and not exception(name)
+    bad = [f"{name}({', '.join(sorted(b for b in found if ours(b)))})" for name, found in sorted(bases.items())
+           if sum(map(ours, found)) > 1]
+    return bad
+
+
+def test_no_class_is_a_mixin_of_ours():
+    bad = _mixins([p.read_text() for p in SOURCES])
+    assert not bad, (f"classes built from several classes of ours: {bad}. Give the class the "
+                     f"other as a part it holds (composition), as the scheduler's parts are.")
+
+
+def test_the_mixin_check_finds_one():
+    base = "import typing\nclass A: pass\nclass B: pass\nclass P(typing.Protocol): pass\n"
+    assert _mixins([base, "class C(A, B): pass\n"]) == ["C(A, B)"]
+    assert _mixins([base, "class C(A, P): pass\nclass D(A, object): pass\n"]) == []
+    errors = "class E(Exception): pass\nclass F(E, TimeoutError): pass\nclass G(RuntimeError, F): pass\n"
+    assert _mixins([base, errors]) == []
+    assert _mixins([base, "class H(A, typing.Generic[int], B): pass\n"]) == ["H(A, B)"]

@@ -29,8 +29,9 @@ from test_readme import KNOWN, README, REPO, matches
 
 SITE_PAGES = sorted((REPO / "docs").glob("*.md"))
 PAGES = [REPO / "README.md", *SITE_PAGES]
-# the architecture page's diagram: names, not an output (tests/test_architecture.py checks each)
-DIAGRAMS = ("user thread",)
+# the architecture page's diagram and its list of layers: names, not an output
+# (tests/test_architecture.py checks each, and compares the layers with setup.cfg's)
+DIAGRAMS = ("user thread", "public paths")
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
 

@@ -31,7 +31,8 @@ anything else it leaves, in order, for the scheduler thread (``Nanny.left_for_lo
 
 Owns: the nannies (name -> Nanny; only the scheduler thread adds or removes one, under
 the lock, and connects or disconnects its channel in the dispatcher in the same hold),
-the policy, ``deaths`` (appended under the lock, oldest first) and the logs of dead
+the policy, ``deaths`` (appended under the lock, oldest first, in the same hold that takes the
+dead worker's nanny out) and the logs of dead
 workers. It calls down only: the dispatcher, the scheduler, the loop, the lifecycle
 (REFUSED when workers cannot start).
 """

@@ -9,10 +9,9 @@ keeps the newest ``TASKS`` records; a memory series halves its resolution when f
 keeping the larger sample of each pair, so the climb to a memory kill is never smoothed away.
 
 The task stream is kept in columns (``Runs``: lists of keys, workers and statuses, arrays
-of threads and times) and hands out ``TaskRecord``s made on demand. A record kept as a tuple
-cost ~170 bytes (the tuple and its three floats), a fifth of what a pending no-op costs the
-parent, for each of the 100,000 newest runs; in columns it is ~45, and no object per record
-is left for the cyclic collector to traverse.
+of threads and times) and hands out ``TaskRecord``s made on demand: a tuple and its floats
+a record would cost several times what a column's entries do, for each of the ``TASKS`` newest
+runs, and no object per record is left for the cyclic collector to traverse.
 """
 from __future__ import annotations
 
@@ -177,7 +176,7 @@ class History:
     def task(self, key: str, worker: str, thread: int, start: float, stop: float, status: str,
              serde: float = 0.0, submitter: Optional[str] = None, counts: bool = True) -> None:
         """One run ended (the fields of ``TaskRecord``). A run no task submitted keeps no
-        field for it (most runs: 8 bytes each of 100,000 kept). ``counts``: its task is
+        field for it (most runs: none is kept for them). ``counts``: its task is
         counted done (its first finish) or failed (no retry left) by this run."""
         self._tasks.add(key, worker, thread, start, stop, status, serde, submitter)
         if status != "lost":
@@ -249,7 +248,7 @@ class History:
     def tail(self, ended: int, raw: bool = False) -> list:
         """The newest TaskRecords, back to the ``ended``-th newest run that finished or failed
         (lost runs among them come too): what a live view has not read yet. Only the tail is
-        copied (a live view reads ~10,000 of 100,000 kept, once a second), oldest first
+        copied (a live view reads a small part of what is kept, once a second), oldest first
         (``raw``: plain tuples)."""
         if ended <= 0:
             return []

@@ -261,10 +261,10 @@ class PlainArgs(tuple):
     is sent.
 
     Stands in for a :class:`Payload` (``meta``, ``buffers``, ``nbytes``; pickles as one),
-    for tasks with no pure key to hash: a ``map(..., pure=False)`` of 200,000 hands its
-    futures back without pickling each task's arguments (a fifth of its time), and a queued
-    task holds this tuple (~50 bytes) rather than a Payload and its bytes (~110). Nothing the
-    caller holds can change the arguments meanwhile: each one is immutable."""
+    for tasks with no pure key to hash: a large ``map(..., pure=False)`` hands its futures
+    back without pickling each task's arguments, and a queued task holds this tuple, smaller
+    than a Payload and its bytes (benchmarks/README.md has the figures). Nothing the caller
+    holds can change the arguments meanwhile: each one is immutable."""
     __slots__ = ()
     buffers = seals = ()
 
@@ -313,7 +313,7 @@ def plain_args(args: tuple) -> Any:
     """``args`` kept unpickled when it may be, else None: a lone argument other than None
     as itself, several (or none, or a lone None) as a :class:`PlainArgs`. Its task's Run
     reads them back as a PlainArgs (:func:`task_args`). The lone argument of a loop of
-    submits or of ``map(f, range(n))`` keeps no tuple: 56 bytes a queued task."""
+    submits or of ``map(f, range(n))`` keeps no tuple: a queued task holds less."""
     if not _small_plain(args):
         return None
     return args[0] if len(args) == 1 and args[0] is not None else PlainArgs(args)

@@ -20,6 +20,7 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from . import cluster as _cluster
 from . import future as _future
 from .wire import serialize
 from .cluster import LocalCluster
@@ -96,22 +97,18 @@ class Client:
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
         self.id = f"client-{PREFIX}-{next(_client_numbers)}"
         self._closed = False
-        # key -> the weakref of its one live Future, or [how many live, weakref, weakref, ...]
-        # when there are more (rare: one dict entry a key, not two; ~45 bytes a task); once
-        # every one has ended, how many live (an int: nothing reaches an ended future again,
-        # so its 80-byte weakref goes, and untrack still counts it)
-        self._futures: dict[str, Any] = {}
-        # Re-entrant: a garbage collection inside track() may run Future.__del__ -> untrack().
-        self._refs_lock = threading.RLock()
         self._specs = Specs(self.id)                  # functions pickled once, arguments, keys
-        self.gateway = self.cluster.connect(self)     # the cluster's internal protocol, for this client and its futures
-        self._journal = self.gateway.journal          # the cluster's journal.Keeper, or None
+        self._gateway = _cluster.connect(self.cluster)     # the cluster's internal protocol
+        # key -> the state its futures share; told by the cluster how tasks end
+        self._table = _future.FutureTable(self, self._gateway)
+        self._table.submit_call = self._submit_call   # for wrappers (the Executor): table_of(client)
+        self._gateway.attach(self._table)
+        self._journal = self._gateway.journal          # the cluster's journal.Keeper, or None
         #: key -> (the Spec that reads it, its own Spec) of a task this client's futures finished
         #: from the journal, not given to the scheduler (until a task needs it as an input, or
         #: its entry is damaged)
         self._held: dict = {}
-        self._dask = DaskCalls(self, self._check, self._specs, self._options)    # run, compute, who_has...
-        _future.register_client(self)
+        self._dask = DaskCalls(self, self._gateway, self._check, self._specs, self._options)  # run, who_has...
         if set_as_default:      # dask's default scheduler while open, as distributed's Client
             become_default()
             # one garbage-collected without close() gives dask's settings back too
@@ -122,7 +119,7 @@ class Client:
         """running, closed, or forked (this process is a fork of the cluster's owner)."""
         if self._closed:
             return "closed"
-        return "forked" if self.gateway.phase is Phase.FORKED else "running"
+        return "forked" if self._gateway.phase is Phase.FORKED else "running"
 
     @classmethod
     def current(cls, allow_none: bool = False) -> Optional["Client"]:
@@ -188,106 +185,12 @@ class Client:
         from .worker.setup import CallbackPlugin
         return self.register_plugin(CallbackPlugin(setup))
 
-    # --- bookkeeping of futures -------------------------------------------------------
-
-    def track(self, fut: Future) -> bool:
-        """A new Future of ``fut.key`` (the Future calls this as it is made). True: this
-        client held no future of the key until now."""
-        with self._refs_lock:
-            return self._track(fut)
-
-    def track_many(self, futures: list) -> dict:
-        """New Futures made with ``track=False``: one lock for a whole ``map``. Returns
-        {key: how many of them} for those whose key this client held already (or held by
-        one made before them in ``futures``): the scheduler counts a client once a key, as
-        the client lets a key go once, when its last future goes."""
-        again: dict = {}
-        with self._refs_lock:
-            for fut in futures:
-                if not self._track(fut):
-                    again[fut.key] = again.get(fut.key, 0) + 1
-        return again
-
-    def adopt(self, key: str) -> tuple[Future, bool]:
-        """A new Future of ``key`` (unpickled in this process), and whether this client held
-        no future of the key until now."""
-        fut = Future(key, self, track=False)
-        return fut, self.track(fut)
-
-    def _track(self, fut: Future) -> bool:      # under _refs_lock
-        key = fut.key
-        ref = weakref.ref(fut)
-        held = self._futures.get(key)
-        if held is None:
-            self._futures[key] = ref       # the common case: one future, no list
-            return True
-        if type(held) is int:
-            self._futures[key] = [held + 1, ref]
-        elif type(held) is list:
-            held[0] += 1
-            if len(held) > 2 * held[0] + 8:    # mostly dead: prune, amortized O(1)
-                held[1:] = [r for r in held[1:] if r() is not None]
-            held.append(ref)
-        else:
-            # ``held`` may be dead and still counted: a collection clears weakrefs before
-            # it runs the Future's __del__ (which untracks it).
-            self._futures[key] = [2, held, ref]
-        return False
-
-    def untrack(self, key: str) -> None:
-        """A Future of ``key`` was garbage-collected; the last one releases the key.
-        Runs inside the garbage collector, on any thread: hand the key off, never block."""
-        if self.gateway.phase is Phase.FORKED:      # the parent's client holds the key
-            return
-        with self._refs_lock:
-            held = self._futures.get(key)
-            if type(held) is list and held[0] > 1:
-                held[0] -= 1
-                return
-            if type(held) is int and held > 1:
-                self._futures[key] = held - 1
-                return
-            self._futures.pop(key, None)
-        if self._held:
-            self._held.pop(key, None)
-        self.gateway.release(key)
-
-    def resolve(self, key: str, status: str, value: Any) -> None:
-        """The cluster says how ``key``'s task ended: finished (value: the payload, or None
-        while the data stays on a worker), error or lost (value: the exception), cancelled;
-        or that a failed task runs again (retrying: its futures are pending again)."""
-        held = self._futures.get(key)
-        refs = _refs_of(held)
-        if not refs:
-            return
-        if status == "retrying":
-            for ref in refs:
-                fut = ref()
-                if fut is not None:
-                    fut.settle(status, None)
-            return
-        exc = None
-        for ref in refs:
-            fut = ref()
-            if fut is None or fut.done():
-                continue
-            if status in ("error", "lost"):
-                if exc is None:     # once for every future of the key
-                    exc = serialize.as_exception(value, key)
-                fut.settle(status, exc)
-            else:
-                fut.settle(status, value)
-        # a future of the key made meanwhile keeps the weakrefs; a failed one too (it may be retried)
-        with self._refs_lock:
-            if status != "error" and self._futures.get(key) is held and _all_ended(held):
-                self._futures[key] = held[0] if type(held) is list else 1
-
     # --- submitting -------------------------------------------------------------------
 
     def _check(self) -> None:
         if self._closed:
             raise RuntimeError("this Client is closed")
-        self.gateway.check_open()           # says what a fork means, or that the cluster is closed
+        self._gateway.check_open()           # says what a fork means, or that the cluster is closed
 
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
@@ -327,16 +230,16 @@ class Client:
         if kwargs:
             if kwargs.pop("actor", False) | bool(kwargs.pop("actors", False)):
                 # dask's actor: the object lives on the worker that makes it; the Future's result is its handle
-                return self.submit_call(_actors.make, (fn, args, dict(kwargs), self.id), {},
+                return self._submit_call(_actors.make, (fn, args, dict(kwargs), self.id), {},
                                         key=key or fresh_key(name_of(fn)), pure=False, retries=retries,
                                         timeout=timeout, priority=priority, workers=workers,
                                         allow_other_workers=allow_other_workers, resources=resources)
             dask_keywords("submit", kwargs, ("fifo_timeout",))
-        return self.submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
+        return self._submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
                                 priority=priority, workers=workers, allow_other_workers=allow_other_workers,
                                 resources=resources)
 
-    def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
+    def _submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
                     key: Optional[str] = None, pure: bool = True, retries: int = 0,
                     timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
                     allow_other_workers: bool = False, resources: Optional[dict] = None) -> Future:
@@ -412,21 +315,21 @@ class Client:
         if not isinstance(allow_other_workers, bool):
             raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
         self._check()
-        names = self.gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
+        names = self._gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
         return Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
 
     def _submit(self, specs: list, resources: Optional[tuple] = None) -> list[Future]:
         if resources is not None and specs:      # the same for each: one check
-            self.gateway.check_resources(specs[0].key, resources)
+            self._gateway.check_resources(specs[0].key, resources)
         again: dict = {}        # filled by track(), before the scheduler reads it
 
         def track() -> list:
-            futures = [Future(s.key, self, track=False) for s in specs]
-            again.update(self.track_many(futures))
+            futures, held_already = self._table.hold_many([s.key for s in specs])
+            again.update(held_already)
             return futures
         # inputs finished from the journal go to the scheduler first: their workers read them
         inputs = self._unheld(specs) if self._held else []
-        return self.gateway.submit(inputs + specs if inputs else specs, track, again)
+        return self._gateway.submit(inputs + specs if inputs else specs, track, again)
 
     def _unheld(self, specs: list) -> list:
         """The Specs of the inputs of ``specs`` this client finished from the journal, taken
@@ -516,14 +419,13 @@ class Client:
         """Futures of ``specs``: those whose entry (``entries``) the journal holds finished at
         once, their results read when asked for; the others submitted."""
         found = keeper.lookup([e[0] for e in entries if e is not None])
-        held, futures = self._held, self._futures
-        hit = [e is not None and e[0] in found and (s.key in held or s.key not in futures)
+        held, table = self._held, self._table
+        hit = [e is not None and e[0] in found and (s.key in held or not table.holds(s.key))
                for s, e in zip(specs, entries)]
         if not any(hit):
             return self._submit(specs, resources)
         submitted = iter(self._submit([s for s, h in zip(specs, hit) if not h], resources))
-        reused = [Future(s.key, self, track=False) for s, h in zip(specs, hit) if h]
-        self.track_many(reused)
+        reused = table.hold_many([s.key for s, h in zip(specs, hit) if h])[0]
         out, reuse = [], iter(reused)
         for spec, entry, h in zip(specs, entries, hit):
             if not h:
@@ -540,7 +442,9 @@ class Client:
                 fn_id, data = keeper.reader(entry[1], new_fn_id, spec.terms)
                 reader = Spec.sharing(spec.key, spec.kept, (), Terms(fn_id, data))
             held[spec.key] = (reader, spec)
-            fut.settle("finished", _journal.InJournal(keeper, entry[0], functools.partial(self._again, spec.key)))
+            state = table.state(spec.key)
+            if state is not None:
+                state.conclude("finished", _journal.InJournal(keeper, entry[0], functools.partial(self._again, spec.key)))
             out.append(fut)
         keeper.count_reused(len(reused))
         return out
@@ -549,26 +453,13 @@ class Client:
         """The value of ``key`` computed again (its journal entry was damaged or gone)."""
         held = self._held.pop(key, None)
         if held is not None:
+            self._table.renew(key)
             return self._submit([held[1]])[0].result()
-        fut = self.gateway.acquire(key, lambda: self.adopt(key))      # a dependent had it made meanwhile
+        fut = self._gateway.acquire(key, lambda: self._table.hold(key))      # a dependent had it made meanwhile
         if fut is None:
             raise RuntimeError(f"the journal entry of task {key!r} is damaged, and the task is no longer known "
                                f"to the cluster: submit it again to compute it")
         return fut.result()
-
-    def fail_pending(self, exc: BaseException) -> None:
-        """Fail every pending future of this client with ``exc`` (restart, close, the cluster broke)."""
-        with self._refs_lock:
-            held = list(self._futures.values())
-        live = []
-        for h in held:      # one weakref a key, nearly always: no list made for it
-            if type(h) is int:
-                continue
-            if type(h) is list:
-                live += [f for r in h[1:] if (f := r()) is not None]
-            elif (f := h()) is not None:
-                live.append(f)
-        Future.fail_all(live, exc)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:
@@ -589,7 +480,7 @@ class Client:
         for flag, value in (("broadcast", broadcast), ("allow_other_workers", allow_other_workers)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag}={value!r}: expected True or False")
-        names = self.gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
+        names = self._gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
         if names is not None and allow_other_workers and not names & set(self.cluster.workers):
             names = None
         if isinstance(data, dict):
@@ -597,7 +488,7 @@ class Client:
         single = not isinstance(data, (list, tuple, set, frozenset))
         values = [data] if single else list(data)
         items = [(fresh_key(type(v).__name__), serialize.dumps(v)) for v in values]
-        futures = self.gateway.scatter(items, lambda: [Future(key, self) for key, _ in items], names, broadcast)
+        futures = self._gateway.scatter(items, lambda: self._table.hold_many([key for key, _ in items])[0], names, broadcast)
         return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
 
     def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
@@ -636,19 +527,17 @@ class Client:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         # not cf.wait: in a forked child it raises instead of hanging
         _waiting.wait_all(flat, left, "gather", stated=timeout)
+        states = [s for s in map(self._table.state_of, flat) if s is not None]
         if errors == "raise":
             # The first error in _rebuild's order, raised from here: the caller's traceback then
             # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
-            for f in flat:
-                error = f.stored_error()
-                if error is not None:
-                    raise error
+            _raise_first_error(states)
         if self._journal is not None:      # results finished from the journal: read in one pass
-            self._journal.read_ahead(flat)
-        lazy = [f for f in flat if f.needs_fetch()]
+            self._journal.read_ahead(states)
+        lazy = [s for s in dict.fromkeys(states) if s.needs_fetch()]
         if lazy:   # fetch all large results at once rather than one round trip each
-            fetched = self.gateway.fetch([f.key for f in lazy])
-            for f, ff in zip(lazy, fetched):
+            fetched = self._gateway.fetch([s.key for s in lazy])
+            for state, ff in zip(lazy, fetched):
                 try:
                     payload = ff.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
                 except BaseException:
@@ -656,7 +545,7 @@ class Client:
                         raise TimeoutError(f"gather(timeout={timeout:g}): the results were done, but fetching "
                                            f"their data from the workers took longer than {timeout:g} s") from None
                     continue
-                f.prefill(payload)
+                state.prefill(payload)
         return _rebuild(futures, errors)
 
     async def _gather_async(self, futures: Any, errors: str, timeout: Optional[float],
@@ -679,10 +568,7 @@ class Client:
                     if not f.done():
                         raise       # this coroutine was cancelled
         if errors == "raise":      # here rather than on the executor's thread: no frames of asyncio's
-            for f in flat:
-                error = f.stored_error()
-                if error is not None:
-                    raise error
+            _raise_first_error([s for s in map(self._table.state_of, flat) if s is not None])
         return await loop.run_in_executor(None, lambda: self._gathered(futures, errors, timeout, deadline))
 
     def retry(self, futures: Any, asynchronous: Any = None) -> None:
@@ -700,7 +586,7 @@ class Client:
         self._check()
         keys = [f.key for f in _walk(futures) if isinstance(f, Future) and f.status == "error"]
         if keys:
-            self.gateway.retry(list(dict.fromkeys(keys)))
+            self._gateway.retry(list(dict.fromkeys(keys)))
 
     def replicate(self, futures: Any, n: Optional[int] = None, timeout: Optional[float] = 60.0) -> None:
         """Keep copies of these futures' data on ``n`` workers; returns when they exist.
@@ -718,7 +604,7 @@ class Client:
         self._check()
         fs = [f for f in _walk(futures) if isinstance(f, Future)]
         cf.wait(fs, timeout)
-        self.gateway.replicate([f.key for f in fs], n, timeout)
+        self._gateway.replicate([f.key for f in fs], n, timeout)
 
     def cancel(self, futures: Any, force: bool = False) -> None:
         """Cancel these futures' tasks and release their data. Always what dask calls
@@ -728,7 +614,7 @@ class Client:
             futures: a Future, or (nested) lists, tuples and dicts of them.
             force: dask's; accepted and ignored (always ``True`` here).
         """
-        self.gateway.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
+        self._gateway.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
 
     def restart(self, timeout: float = 60.0, wait_for_workers: bool = True) -> "Client":
         """Stop every worker, forget every task (pending futures fail with ClusterRestarted),
@@ -1031,7 +917,7 @@ class Client:
         self._check()
         names = None if keys is None else [getattr(k, "key", k) for k in (
             [keys] if isinstance(keys, (str, Future)) else keys)]
-        sizes = self.gateway.nbytes(names)
+        sizes = self._gateway.nbytes(names)
         if not summary:
             return sizes
         totals: dict = {}
@@ -1133,10 +1019,10 @@ class Client:
         """
         self._check()
         keys = None if futures is None else list(dict.fromkeys(f.key for f in _future.futures_of(futures)))
-        names = None if workers is None else self.gateway.check_worker_names(workers)
+        names = None if workers is None else self._gateway.check_worker_names(workers)
         fs = [f for f in _walk(futures) if isinstance(f, Future)] if futures is not None else []
         cf.wait(fs, kwargs.get("timeout"))
-        self.gateway.rebalance(keys, names, kwargs.get("timeout", 60.0))
+        self._gateway.rebalance(keys, names, kwargs.get("timeout", 60.0))
 
     def retire_workers(self, workers: Optional[list] = None, close_workers: bool = True, **kwargs: Any) -> dict:
         """Let these workers go (names, as in cluster.workers): each takes no new task, finishes
@@ -1415,11 +1301,6 @@ class Client:
                         "scheduler (it listens on no socket): pass the Client, or submit from tasks with "
                         "get_client()")
 
-    def after_fork(self) -> None:
-        """In a child forked from this process: inert (its cluster is in Phase.FORKED; lifecycle.py). The
-        lock is new: a thread of the parent may have held it at the fork."""
-        self._refs_lock = threading.RLock()
-
     def close(self) -> None:
         """Let go of every future of this client; a cluster the client started is closed with it.
         Closing twice is harmless."""
@@ -1427,7 +1308,6 @@ class Client:
             return
         self._closed = True
         self._dask.close()
-        _future.unregister_client(self)
         if self.set_as_default:      # the previous Client is dask's default again, or dask's own setting
             release_default()
         if self._owns_cluster:
@@ -1519,19 +1399,17 @@ def _no_collection() -> Iterator[None]:
                     gc.enable()
 
 
-def _refs_of(held: Any) -> list:
-    """The weakrefs ``Client._futures`` holds for a key, as a list (a copy)."""
-    if held is None or type(held) is int:
-        return []
-    return held[1:] if type(held) is list else [held]
+def _raise_first_error(states: list) -> None:
+    for state in states:
+        error = state.stored_error()
+        if error is not None:
+            raise error
 
 
-def _all_ended(held: Any) -> bool:
-    """Every future of the weakrefs ``held`` (an entry of ``Client._futures``) gone or ended."""
-    if type(held) is not list:
-        fut = held()
-        return fut is None or fut.done()
-    return all((fut := r()) is None or fut.done() for r in held[1:])
+def _actor_call(client: Client, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:
+    """An actor's call through ``client``'s cluster (worker/actors.py)."""
+    return _future.gateway_of(client).actor_call(fn, args, key, worker, what)
 
 
-_in_tasks.install_parent(_lookup)      # get_client() outside a task, and a Client unpickled here
+_in_tasks.install_parent(_lookup)
+_actors.install_parent(_actor_call)      # get_client() outside a task, and a Client unpickled here

@@ -5,7 +5,7 @@ every worker, outside the task slots), ``who_has``, ``scheduler_info``, ``get_ve
 integrations/daskgraph.py, imported on first use: dask loads only for a program that uses it).
 
 ``DaskCalls`` is made by its Client with what it needs by name: the client (its public
-methods and ``cluster``, ``gateway``), its check that it is open, its ``Specs`` (functions
+methods and ``cluster``), its gateway (gateway.py), its check that it is open, its ``Specs`` (functions
 and arguments pickled as for submit) and its check of submit's options.
 """
 from __future__ import annotations
@@ -19,21 +19,26 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from .engine.plugins import is_scheduler_plugin
 from .wire import serialize
 from .config import check_duration, check_int, check_resources
 from .client_specs import Options, Specs, dask_keywords, name_of
-from .future import futures_of, loads_for
+from .future import futures_of, gateway_of, loads_for
 from .published import Published, Subscription
 from .worker import setup
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
 
 
 class DaskCalls:
     # Used by the user threads that call its Client; its subscriptions under _lock.
-    def __init__(self, client: Any, check: Callable[[], None], specs: Specs, options: Callable[..., Options]):
-        self._client = client          # the Client: gather, cluster, gateway
+    def __init__(self, client: Any, gateway: Gateway, check: Callable[[], None], specs: Specs,
+                 options: Callable[..., Options]):
+        self._client = client          # the Client: gather, cluster
+        self._gateway = gateway        # the cluster's internal protocol, as the Client holds it
         self._check = check            # the Client's: raises if it is closed (or a fork's)
         self._specs = specs            # the Client's function cache and argument pickling
         self._options = options        # the Client's check of submit's options
@@ -44,14 +49,14 @@ class DaskCalls:
 
     def _ask(self, body: Any, timeout: Optional[float]) -> Any:
         self._check()
-        answer = self._client.gateway.coordinate(body, timeout)
+        answer = self._gateway.coordinate(body, timeout)
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
     def _give_back(self, keys: tuple) -> None:
         for key in keys:
-            self._client.gateway.release(key)
+            self._gateway.release(key)
 
     def subscribe_topic(self, topic: str, handler: Callable[[tuple], Any]) -> None:
         if not isinstance(topic, str):
@@ -77,7 +82,7 @@ class DaskCalls:
     def get_versions(self, check: bool = False) -> dict:
         from .worker.boot import versions
         mine = versions()
-        theirs = self._client.gateway.worker_versions()
+        theirs = self._gateway.worker_versions()
         if check:
             bad = []
             for name, v in theirs.items():
@@ -103,7 +108,7 @@ class DaskCalls:
             raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of this process, "
                                       "not a process of its own; call the function here instead")
         self._check()
-        gateway = self._client.gateway
+        gateway = self._gateway
         names = gateway.check_worker_names(workers) if workers is not None else None
         _, fn_bytes = self._specs.function(function)
         payload, found = self._specs.pickle_args(function, args, kwargs)
@@ -127,7 +132,7 @@ class DaskCalls:
     def who_has(self, futures: Any) -> dict[str, tuple]:
         self._check()
         keys = None if futures is None else list(dict.fromkeys(f.key for f in futures_of(futures)))
-        return self._client.gateway.who_has(keys)
+        return self._gateway.who_has(keys)
 
     def scheduler_info(self, n_workers: int) -> dict:
         self._check()
@@ -137,7 +142,7 @@ class DaskCalls:
         shown = list(workers.values()) if n_workers == -1 else list(workers.values())[:n_workers]
         return {
             "type": "Scheduler", "id": os.path.basename(cluster.local_directory),
-            "address": f"localcluster://{os.getpid()}", "services": {}, "started": self._client.gateway.started,
+            "address": f"localcluster://{os.getpid()}", "services": {}, "started": self._gateway.started,
             "n_workers": len(workers), "total_threads": sum(w.nthreads for w in workers.values()),
             "total_memory": sum(w.memory_limit or 0 for w in workers.values()),
             "workers": {w.name: _worker_identity(w, cluster.local_directory, cluster.config["resources"])
@@ -150,7 +155,7 @@ class DaskCalls:
         infos = self._client.cluster.workers
         if workers is None:
             return infos
-        names = self._client.gateway.check_worker_names(workers)
+        names = self._gateway.check_worker_names(workers)
         return {name: info for name, info in infos.items() if name in names}
 
     def nthreads(self, workers: Any) -> dict[str, int]:
@@ -159,7 +164,7 @@ class DaskCalls:
     def has_what(self, workers: Any) -> dict[str, tuple]:
         infos = self._workers("has_what", workers)
         held: dict = {name: [] for name in infos}
-        for key, names in self._client.gateway.who_has(None).items():
+        for key, names in self._gateway.who_has(None).items():
             for name in names:
                 if name in held:
                     held[name].append(key)
@@ -197,7 +202,7 @@ class DaskCalls:
             if not isinstance(k, str):
                 raise TypeError(f"story() takes keys (strings) or Futures, got {serialize.describe(k)}")
             names.append(k)
-        return self._client.gateway.story(names)
+        return self._gateway.story(names)
 
     def get_task_stream(self, start: Any, stop: Any, count: Optional[int], plot: Any) -> list:
         """dask's task stream records of the runs the cluster's history keeps: those ended
@@ -239,16 +244,16 @@ class DaskCalls:
     def _dump_cluster(self) -> dict:
         cluster = self._client.cluster
         return {"local_directory": cluster.local_directory, "config": dict(cluster.config),
-                "started": self._client.gateway.started, "status": repr(cluster)}
+                "started": self._gateway.started, "status": repr(cluster)}
 
     def _dump_workers(self) -> dict:
         return {name: dataclasses.asdict(w) for name, w in self._client.cluster.workers.items()}
 
     def _dump_tasks(self) -> dict:
-        return self._client.gateway.tasks_dump()[0]
+        return self._gateway.tasks_dump()[0]
 
     def _dump_transitions(self) -> list:
-        return self._client.gateway.tasks_dump()[1]
+        return self._gateway.tasks_dump()[1]
 
     def _dump_deaths(self) -> list:
         return [dataclasses.asdict(d) for d in self._client.cluster.deaths]
@@ -270,16 +275,16 @@ class DaskCalls:
         if not close_workers:
             raise NotImplementedError("retire_workers(close_workers=False): a localcluster worker that takes no "
                                       "work has no use here; it exits once its data is handed on")
-        names = self._client.gateway.check_worker_names(workers)
+        names = self._gateway.check_worker_names(workers)
         info = self.scheduler_info(-1)["workers"]
-        self._client.gateway.retire(names, float(kwargs.get("timeout") or 60.0))
+        self._gateway.retire(names, float(kwargs.get("timeout") or 60.0))
         return {name: info.get(name, {"name": name}) for name in sorted(names)}
 
     def restart_workers(self, workers: Any, timeout: Any) -> dict:
         self._check()
-        names = self._client.gateway.check_worker_names(workers)
+        names = self._gateway.check_worker_names(workers)
         seconds = check_duration(timeout, "restart_workers", "timeout") if isinstance(timeout, str) else timeout
-        self._client.gateway.restart_workers(names, float(seconds))
+        self._gateway.restart_workers(names, float(seconds))
         return {name: "OK" for name in sorted(names)}
 
     # --- what every worker runs, those started later too (worker/setup.py) ----------------------
@@ -319,7 +324,7 @@ class DaskCalls:
         if not isinstance(name, str):
             raise TypeError(f"register_plugin(name={name!r}): expected a str")
         if is_scheduler_plugin(plugin):         # in this process, where the scheduler is
-            self._client.gateway.scheduler_plugins.add(name, plugin)
+            self._gateway.scheduler_plugins.add(name, plugin)
             return "OK"
         _refuse_other_plugins(plugin)
         try:
@@ -335,7 +340,7 @@ class DaskCalls:
 
     def unregister_scheduler_plugin(self, name: str) -> None:
         self._check()
-        if not self._client.gateway.scheduler_plugins.remove(name):
+        if not self._gateway.scheduler_plugins.remove(name):
             raise ValueError(f"unregister_scheduler_plugin({name!r}): no scheduler plugin of that name is registered")
 
     def unregister_worker_plugin(self, name: str) -> dict:
@@ -472,7 +477,7 @@ _STREAM_STATUS = {"finished": "OK", "error": "error", "lost": "lost"}
 def stream_records(client: Any, records: list) -> list:
     """TaskRecords (engine/history.py) as dask's task stream has them, with each result's size
     while it is in memory."""
-    sizes = client.gateway.nbytes(list({r.key for r in records}))
+    sizes = gateway_of(client).nbytes(list({r.key for r in records}))
     return [_stream_record(r, sizes.get(r.key)) for r in records]
 
 

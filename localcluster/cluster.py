@@ -160,7 +160,7 @@ class LocalCluster:
                                          self._callbacks, view)
         #: the journal of finished work (``journal=``), or None
         self.journal: Optional[Journal] = Journal(self._keeper) if self._keeper is not None else None
-        self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
+        self._gateway = _gateways[self] = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
                                 self._callbacks, self._loop, self._keeper, self._plugins)
         self._runs = self._record_run(runs, cfg["run_registry"], removed)
         self._loop.start(self._run)
@@ -489,11 +489,6 @@ class LocalCluster:
         return cluster_view(title, self.workers.values(), fractions, self.history.memory(), self.deaths,
                             self.memory_limit)
 
-    def validate(self) -> None:
-        """Check the scheduler's invariants (AssertionError naming the first broken one)."""
-        with self._dispatch.held():
-            self.scheduler.validate()
-
     def get_logs(self, n: Optional[int] = None) -> dict[str, list]:
         """The last ``n`` (default: all kept, ``log_lines``) lines of output and log records of each
         worker, by name, dead workers included.
@@ -520,11 +515,25 @@ class LocalCluster:
         """
         return self._supervisor.dump_stacks(worker, timeout)
 
-    def connect(self, client: Listener) -> Gateway:
-        """What a Client holds: the cluster's internal protocol (gateway.py), with ``client``
-        told how its tasks end. Not for user code."""
-        self._gateway.attach(client)
-        return self._gateway
+
+
+# Each cluster's gateway: what its Clients hold, found here rather than on the LocalCluster a
+# user holds, which carries dask's names and the documented extras only.
+_gateways: "weakref.WeakKeyDictionary[LocalCluster, Gateway]" = weakref.WeakKeyDictionary()
+
+
+def connect(cluster: LocalCluster, listener: Optional[Listener] = None) -> Gateway:
+    """The cluster's internal protocol (gateway.py) for a Client, with ``listener`` (its
+    futures table) told how its tasks end."""
+    gateway = _gateways[cluster]
+    if listener is not None:
+        gateway.attach(listener)
+    return gateway
+
+
+def validate(cluster: LocalCluster) -> None:
+    """Check the cluster's scheduler's invariants (AssertionError naming the first broken one)."""
+    _gateways[cluster].validate()
 
 
 def _check_processes(processes: Any) -> None:

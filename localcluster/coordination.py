@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import uuid
 from collections import deque
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from .config import check_duration, check_int, check_seconds
 from .wire import protocol as P
@@ -31,19 +31,6 @@ from .wire import serialize
 from .worker import client as task_client
 
 __all__ = ["Lock", "Semaphore", "Event", "Queue", "Variable"]
-
-
-class _Gateway(Protocol):
-    """What a Client of this process offers (``gateway.Gateway`` is one): declared here,
-    below client.py, so that this module never imports it."""
-
-    def coordinate(self, body: Any, timeout: Optional[float], undo: Optional[Callable[[Any], Any]] = None) -> Any: ...
-
-    def release(self, key: str) -> None: ...
-
-
-class _Client(Protocol):
-    gateway: _Gateway
 
 
 def _timeout(value: Any, call: str) -> Optional[float]:
@@ -79,8 +66,8 @@ class _Named:
         if isinstance(client, task_client.TaskClient):
             answer = client.coordinate(body, timeout)
         else:
-            parent: _Client = client
-            answer = parent.gateway.coordinate(body, timeout, undo)
+            from .future import gateway_of     # the user's process: a worker never gets here
+            answer = gateway_of(client).coordinate(body, timeout, undo)
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -277,9 +264,10 @@ def _give_back(client: Any, keys: tuple) -> None:
     if isinstance(client, task_client.TaskClient):
         client.give_back(keys)
     else:
-        parent: _Client = client
+        from .future import gateway_of     # the user's process: a worker never gets here
+        gateway = gateway_of(client)
         for key in keys:
-            parent.gateway.release(key)
+            gateway.release(key)
 
 
 class Queue(_Named):

@@ -5,26 +5,31 @@ A :class:`Future` is a ``concurrent.futures.Future``: ``concurrent.futures.wait`
 task ends; a small result arrived with it and is unpickled on the first
 ``result()``, a large one stays on its worker until ``result()`` fetches it.
 When the last Future of a key is garbage-collected, the key is released and its
-data freed on the workers (``Client.untrack``).
+data freed on the workers.
 
-The client ends its futures through their own methods (``settle``, ``Future.fail_all``)
-and reads what they hold the same way (``stored_error``, ``needs_fetch``, ``prefill``):
-nothing outside a Future touches its fields. Its client is typed by :class:`Owner`,
-declared here, so this module never imports client.py (which sits above it).
+A Future is a handle: what it stands for is its :class:`FutureState`, which every Future
+of the same key of one client shares (dask's FutureState), kept by that client's
+:class:`FutureTable` (key -> state; the cluster tells the table how tasks end). The
+protocol between the client, its futures and the cluster lives on those two and on the
+functions here (``table_of``, ``gateway_of``), never on the Future or the Client a user
+holds. The client is typed by :class:`Owner`, declared here, so this module never
+imports client.py (which sits above it).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextvars
 import functools
+import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import weakref
 
 from .death import TransferError
+from .engine.lifecycle import Phase
 from .journal import InJournal
 from .wire import protocol as P, remote, serialize
 
@@ -35,8 +40,8 @@ if TYPE_CHECKING:
 
 
 class Owner(Protocol):
-    """What a Future and this module use of the client that made it (``client.Client`` is
-    one): declared here, below client.py, so that this module never imports it."""
+    """What this module uses of the Client a table belongs to (``client.Client`` is one):
+    declared here, below client.py, so that this module never imports it."""
     @property
     def id(self) -> str: ...
 
@@ -46,34 +51,41 @@ class Owner(Protocol):
     @property
     def set_as_default(self) -> bool: ...   # False: never the current client
 
-    @property
-    def gateway(self) -> Gateway: ...
-
-    def track(self, fut: "Future") -> bool: ...
-
     def retry(self, futures: Any, asynchronous: Any = None) -> None: ...
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> "Future": ...
 
-    def adopt(self, key: str) -> "tuple[Future, bool]": ...
-
-    def untrack(self, key: str) -> None: ...
-
     def cancel(self, futures: Any, force: bool = False) -> None: ...
 
-    def after_fork(self) -> None: ...
+
+# Each client's table by the client's id: a Future pickled in this process names its
+# client, and comes back to it; the protocol between a client, its futures and its cluster
+# is found here, never on the Client or the Future a user holds.
+_tables: "weakref.WeakValueDictionary[str, FutureTable]" = weakref.WeakValueDictionary()
 
 
-# Clients by id: a Future pickled in this process names its client, and comes back to it.
-_clients: "weakref.WeakValueDictionary[str, Owner]" = weakref.WeakValueDictionary()
+def table_of(client: Any) -> "FutureTable":
+    """The futures table of ``client`` (a Client of this process, or its id).
+
+    Raises:
+        ValueError: no Client of this process has that id (any more).
+    """
+    table = _tables.get(client if isinstance(client, str) else client.id)
+    if table is None:
+        raise ValueError(f"{client!r} is not a Client of this process (a task's client has no futures table)")
+    return table
 
 
-def register_client(client: Owner) -> None:
-    _clients[client.id] = client
+def state_of(fut: "Future") -> "Optional[FutureState]":
+    """The state ``fut`` shares with the other Futures of its key, as its client's table
+    holds it (None once the key is released)."""
+    table = _tables.get(fut.client.id)
+    return None if table is None else table.state_of(fut)
 
 
-def unregister_client(client: Owner) -> None:
-    _clients.pop(client.id, None)
+def gateway_of(client: Any) -> Gateway:
+    """The cluster's internal protocol (gateway.py) as ``client`` (a Client of this process) holds it."""
+    return table_of(client).gateway
 
 
 # True in a child forked from this process: every client here is then inert, and a wait on
@@ -84,9 +96,8 @@ _in_forked_child = False
 def _after_fork_in_child() -> None:
     global _in_forked_child
     _in_forked_child = True
-    for client in list(_clients.values()):
-        client.after_fork()
-    _clients.clear()
+    for table in list(_tables.values()):      # kept: each says, through its gateway, what a fork means
+        table.after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -95,7 +106,8 @@ if hasattr(os, "register_at_fork"):
 
 def client_by_id(client_id: str) -> Optional[Owner]:
     """The client of this process with that id, if it is still alive."""
-    return _clients.get(client_id)
+    table = _tables.get(client_id)
+    return None if table is None else table.client
 
 
 # Client.as_current(): the client that is current in this context, whichever was made last
@@ -117,7 +129,8 @@ def latest_client() -> Optional[Owner]:
     chosen = _as_current.get()
     if chosen is not None and chosen.status == "running":
         return chosen
-    for client in reversed(list(_clients.values())):
+    for table in reversed(list(_tables.values())):
+        client = table.client
         if client.set_as_default and client.status == "running":
             return client
     return None
@@ -151,67 +164,84 @@ _ENDED = (_CANCELLED, _NOTIFIED, _FINISHED)
 
 
 class _Sync:
-    """What a Future needs only once somebody waits on it, calls back from it or reads its
-    reply: concurrent.futures' Condition with its lists of waiters and callbacks (only ever
-    added to under it), and a borrower's bell (Gateway.wait_here: what wakes the thread
-    reading the reply when another thread ends the future; set and cleared by that thread).
-    One attribute on the Future instead of four: every attribute name any Future was given
-    costs each Future 8 bytes (CPython's shared-key instance dicts)."""
+    """What a key's futures need only once somebody waits on one, calls back from one or
+    reads its reply: concurrent.futures' Condition with its waiters and callbacks (only ever
+    added to under it), each kept with the Future it was added on, and a borrower's bell
+    (Gateway.wait_here: what wakes the thread reading the reply when another thread ends the
+    key; set and cleared by that thread)."""
     __slots__ = ("cond", "waiters", "callbacks", "bell")
 
     def __init__(self) -> None:
         self.cond: Optional[threading.Condition] = None
+        # [(concurrent.futures' waiter, a weakref to the Future it waits on)]
         self.waiters: list = []
+        # [(fn, a weakref to the Future it is called with)]: a callback does not keep its
+        # Future alive, as it did not when the Future held it
         self.callbacks: list = []
         self.bell: Optional[Callable[[], None]] = None
 
 
-class Future(cf.Future):
-    """The result of a task, computed on the cluster."""
+class _Pairs:
+    """One Future's view of its key's waiters or callbacks: concurrent.futures adds and
+    removes them on the Future it holds (``f._waiters.append(waiter)``), while the state every
+    Future of the key shares wakes each with the Future it was added on."""
+    __slots__ = ("pairs", "fut")
 
-    # Class-level until needed, so that a Future has five attributes of its own (~103 bytes
-    # with its object, 152 with the nine it had): concurrent.futures' ``_exception`` and a
-    # loss are set only on a future that ends so (a cancelled one keeps its CancelledError in
-    # ``_exception``); ``_sync`` once one is waited on.
-    _sync: Optional[_Sync] = None
-    _exception: Optional[BaseException] = None
-    _lost: Optional[BaseException] = None
-    _released = False       # release() let go of its key: garbage collection does not again
+    def __init__(self, pairs: list, fut: "Future"):
+        self.pairs, self.fut = pairs, fut
 
-    def __init__(self, key: str, client: Owner, track: bool = True):
-        # cf.Future.__init__ less its Condition: an RLock, a deque and seven bound methods,
-        # memory that most futures never use (nobody waits before they finish). It is
-        # made on first use (``_condition``), with the lists of waiters and callbacks, which
-        # are only ever added to under it: a future resolved while it has none has neither to wake.
-        self._state = _PENDING
-        self._result: Any = None
+    def append(self, item: Any) -> None:
+        self.pairs.append((item, weakref.ref(self.fut)))
+
+    def remove(self, item: Any) -> None:
+        for i, (x, ref) in enumerate(self.pairs):
+            if x is item and ref() is self.fut:
+                del self.pairs[i]
+                return
+        raise ValueError(f"{item!r} is not in the list")
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([x for x, ref in self.pairs if ref() is self.fut])
+
+    def __len__(self) -> int:
+        return sum(1 for _, ref in self.pairs if ref() is self.fut)
+
+
+_LOGGER = logging.getLogger("concurrent.futures")     # where concurrent.futures logs a failed callback
+
+
+class FutureState:
+    """How the task of one key stands for the Futures of one client: concurrent.futures'
+    fields, shared by every Future of the key that client holds (dask's FutureState), and
+    the count of those Futures. The client's :class:`FutureTable` ends it (``conclude``); a
+    Future reads it; a user never reaches it."""
+    __slots__ = ("table", "key", "state", "result", "exception", "lost", "sync", "holders")
+
+    def __init__(self, table: "FutureTable", key: str):
+        self.table = table
         self.key = key
-        self.client = client
-        if track:           # else the client tracks a batch at once (Client.track_many)
-            client.track(self)
+        self.state = _PENDING
+        # a finished task's Payload (unpickled on the first result()), ON_WORKER, an
+        # InJournal, or the value once unpickled
+        self.result: Any = None
+        # the task's exception; a cancelled key's CancelledError saying who cancelled it
+        self.exception: Optional[BaseException] = None
+        self.lost: Optional[BaseException] = None      # why its data was lost, once it was
+        self.sync: Optional[_Sync] = None               # made once somebody waits or calls back
+        self.holders = 1                                # live Futures of the key (under the table's lock)
 
-    @property
-    def _gateway(self) -> Gateway:
-        """The cluster as a future sees it: why late, fetch, callbacks."""
-        return self.client.gateway
-
-    def _synced(self) -> _Sync:
-        sync = self._sync
+    def synced(self) -> _Sync:
+        sync = self.sync
         if sync is None:
             with _MAKING:
-                sync = self._sync
+                sync = self.sync
                 if sync is None:
-                    sync = self._sync = _Sync()
+                    sync = self.sync = _Sync()
         return sync
 
-    @property
-    def _cond(self) -> Optional[threading.Condition]:
-        sync = self._sync
-        return None if sync is None else sync.cond
-
-    @property   # concurrent.futures' attribute, made on first use: most futures are never waited on
-    def _condition(self) -> threading.Condition:  # type: ignore[override]
-        sync = self._synced()
+    def condition(self) -> threading.Condition:
+        """concurrent.futures' Condition, made on first use: most keys are never waited on."""
+        sync = self.synced()
         cond = sync.cond
         if cond is None:
             with _MAKING:
@@ -220,40 +250,366 @@ class Future(cf.Future):
                     cond = sync.cond = threading.Condition()
         return cond
 
-    # concurrent.futures reads these and adds to them under the Condition only.
-    @property
-    def _waiters(self) -> "list | tuple":  # type: ignore[override]  # likewise
-        sync = self._sync
-        return () if sync is None else sync.waiters
+    def done(self) -> bool:
+        return self.state in _ENDED
+
+    def cancelled(self) -> bool:
+        return self.state in (_CANCELLED, _NOTIFIED)
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        """Whether the key ended within ``timeout`` seconds (None: as long as it takes)."""
+        if self.state in _ENDED:
+            return True
+        cond = self.condition()
+        with cond:
+            if self.state not in _ENDED:
+                cond.wait(timeout)
+            return self.state in _ENDED
+
+    def watch(self, bell: Optional[Callable[[], None]]) -> None:
+        """``bell()`` is called once this key ends (None: no longer): set by a thread that
+        waits for it while reading its reply itself."""
+        if bell is not None or self.sync is not None:
+            self.synced().bell = bell
+
+    def _rang(self) -> None:
+        sync = self.sync
+        if sync is not None and sync.bell is not None:
+            sync.bell()
+
+    def conclude(self, status: str, value: Any) -> None:
+        """End the key as the cluster says its task ended (FutureTable.resolve): ``"finished"``
+        (``value``: the pickled result, None while the data stays on a worker, or an InJournal),
+        ``"error"`` or ``"lost"`` (``value``: the exception), ``"retrying"`` (a failed task
+        runs again: pending again), else cancelled. A key already ended (a racing cancel or
+        restart) stays as it was."""
+        if status == "retrying":
+            self._reopen()
+            return
+        if status == "finished":
+            self.end(_FINISHED, ON_WORKER if value is None else value, None)
+        elif status in ("error", "lost"):
+            if status == "lost":
+                self.lost = value
+            self.end(_FINISHED, None, value)
+        else:
+            self.end(_NOTIFIED, None, value if isinstance(value, cf.CancelledError) else cf.CancelledError(
+                f"Task {self.key!r} was cancelled, and its data is let go of: submit it again to compute it."))
+        self._rang()
+
+    def _reopen(self) -> None:
+        """Pending again after a failure: its task runs again (Client.retry)."""
+        with self.condition():
+            if self.state == _FINISHED and self.exception is not None and self.lost is None:
+                self.state, self.result, self.exception = _PENDING, None, None
+
+    def end(self, state: str, result: Any, exception: Optional[BaseException]) -> bool:
+        """End the key (False: it had ended already). Without a Condition nobody waits on it
+        and no callback is registered (both are only ever added under it): the fields are set
+        and that is all; with one, its waiters are woken and its callbacks run, as
+        concurrent.futures does."""
+        with _MAKING:
+            sync = self.sync
+            if sync is None or sync.cond is None:
+                return self.fail_unwatched(state, result, exception)
+        with sync.cond:
+            if self.state != _PENDING:
+                return False
+            self.result = result
+            if exception is not None:
+                self.exception = exception
+            self.state = state          # last: a lock-free reader sees the state after the rest
+            for waiter, ref in sync.waiters:
+                fut = ref()
+                if fut is None:         # a waiter holds its futures: never so
+                    continue
+                if state == _NOTIFIED:
+                    waiter.add_cancelled(fut)
+                elif exception is not None:
+                    waiter.add_exception(fut)
+                else:
+                    waiter.add_result(fut)
+            sync.cond.notify_all()
+            # none is added once it has ended (the state is read under the Condition)
+            callbacks, sync.callbacks = sync.callbacks, []
+        for fn, ref in callbacks:
+            fut = ref()
+            if fut is None:             # dropped before its key ended: as its own callbacks went with it
+                continue
+            try:
+                fn(fut)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", fut)
+        return True
+
+    def fail_unwatched(self, state: str, result: Any, exception: Optional[BaseException]) -> bool:
+        """Under ``_MAKING``, with no Condition made: end the key at once (False: it had
+        ended already)."""
+        if self.state != _PENDING:
+            return False
+        self.result = result
+        if exception is not None:
+            self.exception = exception
+        self.state = state              # last: a lock-free reader sees the state after the rest
+        return True
+
+    def stored_error(self) -> Optional[BaseException]:
+        """What ``result()`` raises if the key ended in error or was cancelled, else None.
+        A task's exception comes with its worker's frames only: concurrent.futures' frames
+        and ours, and those that every earlier raise of it added, are left out, so that the
+        caller raising it shows its own frames, one of ours, then the task's."""
+        if self.cancelled():      # a fresh one each time: raising one adds to its traceback
+            why = self.exception
+            return cf.CancelledError(*why.args) if why is not None else cf.CancelledError()
+        exc = self.exception if self.state in _ENDED else None
+        return None if exc is None else exc.with_traceback(remote.task_frames(exc))
+
+    def needs_fetch(self) -> bool:
+        """Finished, with its data still on a worker (``result()`` would fetch it)."""
+        return self.state == _FINISHED and self.exception is None and self.result is ON_WORKER
+
+    def prefill(self, payload: Any) -> None:
+        """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once),
+        or read ahead from the journal."""
+        with _MAKING:
+            if self.result is ON_WORKER or type(self.result) is InJournal:
+                self.result = payload
+
+    def in_journal(self) -> Optional[InJournal]:
+        """What ``result()`` would read from the journal, if it would."""
+        result = self.result
+        return result if type(result) is InJournal and self.state == _FINISHED else None
+
+    def swap(self, stored: Any, value: Any) -> Any:
+        """The value of the finished task once ``stored`` (what ``result`` held) is unpickled:
+        kept once, whichever thread got there first."""
+        with _MAKING:     # finished: only this swap writes result now; the lock makes it once
+            if self.result is stored:
+                self.result = _Boxed(value) if _stored(value) else value
+            return self.result
+
+
+class FutureTable:
+    """A client's futures by key (dask's futures table): the one state the Futures of a key
+    share, and how many there are. The cluster tells it how tasks end (``resolve``,
+    ``fail_pending``: the Dispatcher's Listener); the last Future of a key to go releases the
+    key. Its client finds it by ``table_of``; a user never reaches it."""
+
+    def __init__(self, client: Owner, gateway: Gateway):
+        self.client = client
+        self.gateway = gateway
+        self.states: dict[str, FutureState] = {}
+        #: the client's submit with the function's arguments passed explicitly, for wrappers
+        #: (the Executor) whose callers may use keywords such as ``key`` or ``timeout`` for it
+        self.submit_call: Optional[Callable[..., Future]] = None
+        # Re-entrant: a garbage collection inside hold() may run Future.__del__ -> let_go().
+        self.lock = threading.RLock()
+        _tables[client.id] = self
+
+    def hold(self, key: str) -> tuple["Future", bool]:
+        """A new Future of ``key``, and whether this client held no future of the key until now."""
+        state, first = self.take(key)
+        return Future(key, state=state), first
+
+    def take(self, key: str) -> tuple[FutureState, bool]:
+        """The state of ``key`` for one more Future of it, and whether it is new."""
+        with self.lock:
+            state = self.states.get(key)
+            if state is None:
+                state = self.states[key] = FutureState(self, key)
+                return state, True
+            if state.state in _ENDED:
+                state = self._renewed(state)
+            state.holders += 1
+            return state, False
+
+    def _renewed(self, ended: FutureState) -> FutureState:
+        """A pending state in place of ``ended`` for the Futures made from now on, which the
+        cluster ends anew (a key submitted again, computed again, or unpickled here): the
+        Futures made before keep what they had. The count of the key's Futures carries over."""
+        state = self.states[ended.key] = FutureState(self, ended.key)
+        state.holders = ended.holders
+        return state
+
+    def renew(self, key: str) -> None:
+        """The key is computed again (its journal entry was damaged): its Futures from now on
+        wait for that run."""
+        with self.lock:
+            state = self.states.get(key)
+            if state is not None and state.state in _ENDED:
+                self._renewed(state)
+
+    def hold_many(self, keys: Iterable[str]) -> tuple[list, dict]:
+        """New Futures of ``keys`` under one lock (a whole ``map``), and {key: how many of them}
+        for those whose key this client held already (or held by one made before them here):
+        the scheduler counts a client once a key, as the client lets a key go once, when its
+        last future goes."""
+        futures: list = []
+        again: dict = {}
+        states, new, add = self.states, FutureState, futures.append
+        with self.lock:
+            for key in keys:
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = new(self, key)
+                else:
+                    if state.state in _ENDED:
+                        state = self._renewed(state)
+                    state.holders += 1
+                    again[key] = again.get(key, 0) + 1
+                add(Future(key, state=state))
+        return futures, again
+
+    def holds(self, key: str) -> bool:
+        return key in self.states
+
+    def state(self, key: str) -> Optional[FutureState]:
+        return self.states.get(key)
+
+    def state_of(self, fut: "Future") -> Optional[FutureState]:
+        """The state ``fut`` shares with the other Futures of its key (None: not this client's,
+        or released)."""
+        return self.states.get(fut.key) if fut.client is self.client else None
+
+    def let_go(self, key: str) -> None:
+        """A Future of ``key`` was garbage-collected or released; the last one releases the key.
+        Runs inside the garbage collector, on any thread: hand the key off, never block."""
+        if self.gateway.phase is Phase.FORKED:      # the parent's client holds the key
+            return
+        with self.lock:
+            state = self.states.get(key)
+            if state is not None and state.holders > 1:
+                state.holders -= 1
+                return
+            self.states.pop(key, None)
+        self.gateway.release(key)
+
+    def resolve(self, key: str, status: str, value: Any) -> None:
+        """The cluster says how ``key``'s task ended: finished (value: the payload, or None
+        while the data stays on a worker), error or lost (value: the exception), cancelled;
+        or that a failed task runs again (retrying: its futures are pending again)."""
+        state = self.states.get(key)
+        if state is None or (status != "retrying" and state.state in _ENDED):
+            return
+        if status in ("error", "lost"):
+            value = serialize.as_exception(value, key)
+        state.conclude(status, value)
+
+    def fail_pending(self, exc: BaseException) -> None:
+        """Fail every pending future of this client with ``exc`` (restart, close, the cluster
+        broke), taking the lock once for all those that nobody watches."""
+        with self.lock:
+            states = list(self.states.values())
+        with _MAKING:
+            watched = [s for s in states if s.state == _PENDING and s.sync is not None and s.sync.cond is not None]
+            for s in states:
+                if s.sync is None or s.sync.cond is None:
+                    s.fail_unwatched(_FINISHED, None, exc)
+        for s in states:
+            if s.sync is not None and s.sync.bell is not None:
+                s.sync.bell()
+        for s in watched:
+            s.conclude("error", exc)
+
+    def after_fork(self) -> None:
+        """In a child forked from this process: inert (its cluster is in Phase.FORKED; lifecycle.py).
+        The lock is new: a thread of the parent may have held it at the fork."""
+        self.lock = threading.RLock()
+
+
+class Future(cf.Future):
+    """The result of a task, computed on the cluster."""
+
+    _released = False       # release() let go of its key: garbage collection does not again
+    _s: FutureState         # what it stands for, shared with the other Futures of its key
+
+    def __init__(self, key: str, client: Any = None, state: Optional[FutureState] = None):
+        # cf.Future.__init__ is not called: its fields are in ``state``, shared by the
+        # Futures of the key, which makes its Condition on first use. ``Future(key,
+        # client)``: one more Future of a key the client holds.
+        if state is None:
+            if client is None:
+                raise TypeError("Future(key, client): a Future belongs to a Client")
+            state = table_of(client).take(key)[0]
+        self.key = key
+        self._s = state
 
     @property
-    def _done_callbacks(self) -> "list | tuple":
-        sync = self._sync
-        return () if sync is None else sync.callbacks
+    def client(self) -> Owner:
+        """The Client this future belongs to (dask's)."""
+        return self._s.table.client
 
     @property
-    def _bell(self) -> Optional[Callable[[], None]]:
-        sync = self._sync
-        return None if sync is None else sync.bell
+    def _gateway(self) -> Gateway:
+        """The cluster as a future sees it: why late, fetch, callbacks."""
+        return self._s.table.gateway
+
+    # concurrent.futures' fields, read by its wait() and as_completed() on any Future
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        return self._s.condition()
+
+    @property
+    def _state(self) -> str:  # type: ignore[override]
+        return self._s.state
+
+    @property
+    def _waiters(self) -> _Pairs:  # type: ignore[override]
+        return _Pairs(self._s.synced().waiters, self)
+
+    @property
+    def _done_callbacks(self) -> _Pairs:
+        return _Pairs(self._s.synced().callbacks, self)
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""
-        return self._state in _ENDED       # one read: no lock, and no Condition made for it
+        return self._s.state in _ENDED       # one read: no lock, and no Condition made for it
 
     def cancelled(self) -> bool:
         """True if the task was cancelled."""
-        return self._state in (_CANCELLED, _NOTIFIED)
+        return self._s.cancelled()
+
+    def running(self) -> bool:
+        """False: concurrent.futures' RUNNING is not a state of a cluster's task here
+        (``status`` says pending until it ends)."""
+        return False
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """concurrent.futures' call for executors: False if cancelled, else True (the task's
+        state is the cluster's: nothing changes)."""
+        return not self.cancelled()
+
+    def set_result(self, result: Any) -> None:
+        """concurrent.futures' call for executors: end this future (and every Future of its
+        key) with ``result``, as if its task had returned it.
+
+        Raises:
+            InvalidStateError: it has ended already.
+        """
+        if not self._s.end(_FINISHED, _Boxed(result) if _stored(result) else result, None):
+            raise cf.InvalidStateError(f"{self!r} has ended already")
+
+    def set_exception(self, exception: Optional[BaseException]) -> None:
+        """concurrent.futures' call for executors: end this future (and every Future of its
+        key) with ``exception``, as if its task had raised it.
+
+        Raises:
+            InvalidStateError: it has ended already.
+        """
+        if not self._s.end(_FINISHED, None, exception):
+            raise cf.InvalidStateError(f"{self!r} has ended already")
 
     @property
     def status(self) -> str:
         """``pending``, ``finished``, ``error``, ``lost`` or ``cancelled`` (dask's)."""
-        if self._lost is not None:
+        s = self._s
+        if s.lost is not None:
             return "lost"
-        if not self.done():
+        if s.state not in _ENDED:
             return "pending"
-        if self.cancelled():
+        if s.cancelled():
             return "cancelled"
-        return "error" if super().exception() is not None else "finished"
+        return "error" if s.exception is not None else "finished"
 
     def result(self, timeout: Optional[float] = None) -> Any:
         """The task's result, waiting at most ``timeout`` seconds (None: as long as it takes).
@@ -268,25 +624,19 @@ class Future(cf.Future):
             TimeoutError: not done within ``timeout``, saying why.
             CancelledError: the future was cancelled (saying by whom).
         """
+        s = self._s
         deadline = None if timeout is None else time.monotonic() + timeout
         left = timeout
-        if self._state == _PENDING and timeout != 0 and not _in_forked_child:
-            self._gateway.wait_here(self, deadline)
+        if s.state == _PENDING and timeout != 0 and not _in_forked_child:
+            self._gateway.wait_here(self.key, s.done, s.watch, deadline)
             if deadline is not None:        # what is left of it, for the wait below
                 left = max(0.0, deadline - time.monotonic())
-        if self._state == _FINISHED and self._exception is None:
-            value = self._result         # set before the state: no lock, no Condition made
-        else:
-            try:
-                value = self._within(super().result, left, timeout)
-            except (Exception, cf.CancelledError) as e:
-                error = self.stored_error()
-                if error is None or (error is not e and not isinstance(e, cf.CancelledError)):
-                    raise               # not the task's own error: a timeout, say
-            else:
-                error = None
-            if error is not None:       # out of the except: no "During handling" context
+        if s.state != _FINISHED or s.exception is not None:
+            self._within("result", left, timeout)
+            error = s.stored_error()
+            if error is not None:
                 raise error
+        value = s.result            # set before the state: no lock, no Condition made
         while _stored(value):       # again if another thread swapped it meanwhile (prefill)
             value = self._materialize(value, deadline, timeout)
         return value.value if type(value) is _Boxed else value
@@ -305,36 +655,34 @@ class Future(cf.Future):
             TimeoutError: not done within ``timeout``, saying why.
             CancelledError: the future was cancelled (saying by whom).
         """
-        try:
-            exc = self._within(super().exception, timeout, timeout)
-        except cf.CancelledError:
-            raise self.stored_error() from None  # type: ignore[misc]  # cancelled: it says who did
-        if exc is None and self._lost is not None:
-            return self._lost
-        return exc
+        s = self._s
+        self._within("exception", timeout, timeout)
+        if s.cancelled():
+            raise s.stored_error() from None  # type: ignore[misc]  # cancelled: it says who did
+        if s.exception is None and s.lost is not None:
+            return s.lost
+        return s.exception
 
-    def _within(self, wait: Callable, left: Optional[float], timeout: Optional[float]) -> Any:
-        """``wait(left)``; a timeout says why the task is not done (running where, waiting for
-        what, or queued with no worker) instead of an empty TimeoutError, quoting ``timeout``:
-        the caller's, of which ``left`` is what remains."""
+    def _within(self, call: str, left: Optional[float], timeout: Optional[float]) -> None:
+        """Wait ``left`` seconds for the task to end; a timeout says why it is not done
+        (running where, waiting for what, or queued with no worker) instead of an empty
+        TimeoutError, quoting ``timeout``: the caller's, of which ``left`` is what remains."""
         if _in_forked_child:
             _refuse_in_fork(self)
+        if self._s.wait(left):
+            return
         try:
-            return wait(left)
-        except cf.TimeoutError:
-            if self.done():     # the task's own TimeoutError (TaskTimeoutError is one)
-                raise
-            try:
-                why = self._gateway.why_pending(self.key)
-            except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
-                why = f"task {self.key!r} is not done"
-            raise cf.TimeoutError(f"{wait.__name__}(timeout={timeout:g}) timed out: {why}") from None
+            why = self._gateway.why_pending(self.key)
+        except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
+            why = f"task {self.key!r} is not done"
+        raise cf.TimeoutError(f"{call}(timeout={timeout:g}) timed out: {why}")
 
     def _materialize(self, stored: Any, deadline: Optional[float], timeout: Optional[float]) -> Any:
         """The value of the finished task, unpickled once (fetched first if its data is on a
         worker), by ``deadline``; ``timeout``: the caller's, for the message."""
-        if self._result is not stored:      # another thread got there first
-            return self._result
+        s = self._s
+        if s.result is not stored:      # another thread got there first
+            return s.result
         payload = stored
         if payload is ON_WORKER:
             fetching = None
@@ -349,16 +697,13 @@ class Future(cf.Future):
             except BaseException as e:
                 from .death import LostDataError
                 if isinstance(e, LostDataError):
-                    self._lost = e
+                    s.lost = e
                 raise
         if type(payload) is InJournal:     # read here; computed again if its entry is damaged
             value = payload.load()
         else:
             value = self._unpickled(payload)
-        with _MAKING:     # finished: only this swap writes _result now; the lock makes it once
-            if self._result is stored:
-                self._result = _Boxed(value) if _stored(value) else value
-            return self._result
+        return s.swap(stored, value)
 
     def _unpickled(self, payload: Any) -> Any:
         try:
@@ -409,10 +754,10 @@ class Future(cf.Future):
                     pass
             cf.Future.add_done_callback(self, wake)
             await waiter
-        if self.needs_fetch():
+        if self._s.needs_fetch():
             return await loop.run_in_executor(None, self.result)
         # raised here, not in result(): one frame of ours above the task's, not two
-        error = self.stored_error()
+        error = self._s.stored_error()
         if error is not None:
             raise error
         return self.result()
@@ -444,7 +789,7 @@ class Future(cf.Future):
         """
         if self.exception(timeout) is None:
             return None
-        error = self.stored_error()
+        error = self._s.stored_error()
         return None if error is None else error.__traceback__
 
     @property
@@ -453,7 +798,7 @@ class Future(cf.Future):
         A result left on its worker is not fetched for it: its type is read there."""
         if self.status != "finished":
             return None
-        if self.needs_fetch():
+        if self._s.needs_fetch():
             return self.client.submit(type, self).result()
         return type(self.result())
 
@@ -462,7 +807,7 @@ class Future(cf.Future):
         (dask's ``Future.release``): once no future holds the key, its data is freed."""
         if not self._released:
             self._released = True
-            self.client.untrack(self.key)
+            self._s.table.let_go(self.key)
 
     @property
     def executor(self) -> Owner:
@@ -516,136 +861,9 @@ class Future(cf.Future):
         return future_view(self.key, status, detail)
 
     def __del__(self) -> None:
-        client = getattr(self, "client", None)     # not __dict__: reading it makes the dict
-        if client is not None and not self._released:
-            client.untrack(self.key)
-
-    # --- the client's side: how Client.resolve ends a Future, and what gather reads -------
-
-    def watch(self, bell: Optional[Callable[[], None]]) -> None:
-        """``bell()`` is called once this future ends (None: no longer): set by a thread
-        that waits for it while reading its reply itself."""
-        if bell is not None or self._sync is not None:
-            self._synced().bell = bell
-
-    def _rang(self) -> None:
-        bell = self._bell
-        if bell is not None:
-            bell()
-
-    def settle(self, status: str, value: Any) -> None:
-        """End this future as the cluster says its task ended (``Client.resolve``):
-        ``"finished"`` (``value``: the pickled result, or None while the data stays on a
-        worker), ``"error"`` or ``"lost"`` (``value``: the exception), ``"retrying"`` (a
-        failed task runs again: pending again), else cancelled.
-        A future already ended (a racing cancel or restart) stays as it was."""
-        if status == "retrying":
-            self._reopen()
-            return
-        if status == "finished":
-            stored = ON_WORKER if value is None else value
-            if not self._ended_unwatched(_FINISHED, stored, None):
-                self._end_watched(self.set_result, stored)
-        elif status in ("error", "lost"):
-            if status == "lost":
-                self._lost = value
-            if not self._ended_unwatched(_FINISHED, None, value):
-                self._end_watched(self.set_exception, value)
-        else:
-            self._cancel_with(value if isinstance(value, cf.CancelledError) else cf.CancelledError(
-                f"Task {self.key!r} was cancelled, and its data is let go of: submit it again to compute it."))
-        self._rang()
-
-    def _reopen(self) -> None:
-        """Pending again after a failure: its task runs again (Client.retry)."""
-        with self._condition:
-            if self._state == _FINISHED and self._exception is not None and self._lost is None:
-                self._state, self._result, self._exception = _PENDING, None, None
-
-    def _cancel_with(self, error: cf.CancelledError) -> None:
-        """Cancelled, ``error`` kept in ``_exception`` (concurrent.futures leaves it unused in
-        a cancelled future) for ``result()`` to raise: who cancelled it, not an empty error."""
-        if self._ended_unwatched(_NOTIFIED, None, error):
-            return
-        with self._condition:
-            if self._state == _PENDING:
-                self._exception = error
-        if super().cancel():
-            self.set_running_or_notify_cancel()
-        elif self._exception is error:      # finished meanwhile by another thread: not cancelled
-            self._exception = None
-
-    @staticmethod
-    def fail_all(futures: list, exc: BaseException) -> None:
-        """End every pending one of ``futures`` with ``exc`` (restart, close, a broken
-        cluster), taking the lock once for all those that nobody watches."""
-        with _MAKING:
-            watched = [fut for fut in futures if not fut.fail_unwatched(exc)]
-        for fut in watched:
-            fut.settle("error", exc)
-
-    def fail_unwatched(self, exc: BaseException) -> bool:
-        """For ``fail_all``, which holds ``_MAKING``: fail this future at once if it has no
-        Condition (nobody waits on it, no callback); False if it has one."""
-        sync = self._sync       # read once, not through properties: a close fails 200,000 at once
-        if sync is not None and sync.cond is not None:
-            return False
-        if self._state == _PENDING:
-            self._result, self._exception = None, exc
-            self._state = _FINISHED     # last: a lock-free reader sees the state after the rest
-            if sync is not None and sync.bell is not None:
-                sync.bell()
-        return True
-
-    def _ended_unwatched(self, state: str, result: Any, exception: Any) -> bool:
-        """End this future without its Condition when it has none: then nobody waits on it
-        and no callback is registered (both are only ever added under it). False: it has one."""
-        with _MAKING:
-            if self._cond is not None:
-                return False
-            if self._state == _PENDING:     # else already ended (a racing cancel or restart)
-                self._result = result
-                if exception is not None:
-                    self._exception = exception
-                self._state = state         # last: a lock-free reader sees the state after the rest
-            return True
-
-    @staticmethod
-    def _end_watched(setter: Callable, value: Any) -> None:
-        """concurrent.futures' own way, which wakes the waiters and runs the callbacks."""
-        try:
-            setter(value)
-        except cf.InvalidStateError:       # already ended (a racing cancel or restart)
-            pass
-
-    def stored_error(self) -> Optional[BaseException]:
-        """What ``result()`` raises if this future ended in error or was cancelled, else None.
-        A task's exception comes with its worker's frames only: concurrent.futures' frames
-        and ours, and those that every earlier raise of it added, are left out, so that the
-        caller raising it shows its own frames, one of ours, then the task's."""
-        if self.cancelled():      # a fresh one each time: raising one adds to its traceback
-            why = self._exception
-            return cf.CancelledError(*why.args) if why is not None else cf.CancelledError()
-        exc = self._exception if self.done() else None
-        return None if exc is None else exc.with_traceback(remote.task_frames(exc))
-
-    def needs_fetch(self) -> bool:
-        """Finished, with its data still on a worker (``result()`` would fetch it)."""
-        if not self.done() or self.cancelled() or self._exception is not None:
-            return False
-        return self._result is ON_WORKER
-
-    def prefill(self, payload: Any) -> None:
-        """The data ``result()`` would fetch, fetched ahead (``gather`` fetches many at once),
-        or read ahead from the journal."""
-        with _MAKING:
-            if self._result is ON_WORKER or type(self._result) is InJournal:
-                self._result = payload
-
-    def in_journal(self) -> Optional[InJournal]:
-        """What ``result()`` would read from the journal, if it would."""
-        result = self._result
-        return result if type(result) is InJournal and self._state == _FINISHED else None
+        state = getattr(self, "_s", None)     # None if __init__ failed
+        if state is not None and not self._released:
+            state.table.let_go(self.key)
 
 
 def walk(obj: Any) -> Any:
@@ -691,32 +909,32 @@ def fire_and_forget(obj: Any) -> None:
         cf.Future.add_done_callback(fut, _forgotten.discard)    # set.discard: cheap on the scheduler thread
 
 
-_adopting = threading.local()        # .client: the client that unpickles futures on this thread
+_adopting = threading.local()        # .table: the table of the client that unpickles futures on this thread
 
 
-def loads_for(client: Owner, payload: Any) -> Any:
+def loads_for(client: Any, payload: Any) -> Any:
     """``payload`` unpickled with every Future in it made a Future of ``client``, whichever
     client pickled it (a dataset published by another client, closed since, is this one's)."""
-    _adopting.client = client
+    _adopting.table = table_of(client)
     try:
         return serialize.loads(payload)
     finally:
-        _adopting.client = None
+        _adopting.table = None
 
 
 def _from_pickle(key: str, client_id: Optional[str]) -> Future:
     """A Future unpickled in this process (pickled by the user): back to its client, which
     holds the key once more for it."""
-    client = getattr(_adopting, "client", None) or (_clients.get(client_id) if client_id else None)
+    table = getattr(_adopting, "table", None) or (_tables.get(client_id) if client_id else None)
     fut = None
-    if client is not None and client.status == "running":
-        fut = client.gateway.acquire(key, functools.partial(client.adopt, key))
+    if table is not None and table.client.status == "running":
+        fut = table.gateway.acquire(key, functools.partial(table.hold, key))
     elif client_id is None or client_id.startswith("task-client-"):
         # made in a task (get_client on a worker: no Client of this process made it): the
         # Future of the key of a running Client whose cluster knows it, the latest first
-        for client in reversed(list(_clients.values())):
-            if client.status == "running":
-                fut = client.gateway.acquire(key, functools.partial(client.adopt, key))
+        for table in reversed(list(_tables.values())):
+            if table.client.status == "running":
+                fut = table.gateway.acquire(key, functools.partial(table.hold, key))
                 if fut is not None:
                     break
     if fut is None:
@@ -731,7 +949,7 @@ serialize.install_futures(Future, _from_pickle)
 def _refuse_in_fork(fut: cf.Future) -> None:
     """In a forked child, a pending future of the parent's client is never resolved: say why."""
     if isinstance(fut, Future) and not fut.done() and fut.client.status == "forked":
-        fut.client.gateway.check_open()
+        gateway_of(fut.client).check_open()
 
 
 def refuse_in_fork(fs: Iterable) -> None:

@@ -2,7 +2,7 @@
 
 ``LocalCluster`` offers what a user calls; everything a Client and its Futures need
 besides (hand over tasks, release and re-acquire keys, fetch data, say why a future is
-late) is here, on one object the cluster makes and ``LocalCluster.connect`` hands to
+late) is here, on one object the cluster makes and ``cluster.connect`` hands to
 each Client. It holds its parts by name and only calls down into them:
 
 - ``Dispatcher``: every event (submit, scatter, cancel, acquire, fetch, replicate);
@@ -110,7 +110,7 @@ class Gateway:
             raise life.error
 
     def attach(self, listener: Listener) -> None:
-        """``listener`` (a Client) hears how tasks end and is failed if the cluster breaks."""
+        """``listener`` (a Client's futures table) hears how tasks end and is failed if the cluster breaks."""
         self._dispatch.attach(listener)
 
     def submit(self, specs: list, track: Callable[[], Any], again: Optional[dict] = None) -> Any:
@@ -224,6 +224,11 @@ class Gateway:
                 undo(fut.result())
             raise
 
+    def validate(self) -> None:
+        """Check the scheduler's invariants (AssertionError naming the first broken one)."""
+        with self._dispatch.held():
+            self._scheduler.validate()
+
     def task_spec(self, key: str) -> Optional[Spec]:
         """The Spec ``key`` was submitted with, while the cluster still knows it."""
         with self._dispatch.held():
@@ -309,14 +314,16 @@ class Gateway:
     def worker_versions(self) -> dict[str, dict]:
         return self._supervisor.versions()
 
-    def wait_here(self, fut: Any, deadline: Optional[float]) -> None:
-        """``fut`` is pending and this thread waits for it: read the reply here when its task
+    def wait_here(self, key: str, done: Callable[[], bool], watch: Callable[[Any], None],
+                  deadline: Optional[float]) -> None:
+        """``key`` is pending and this thread waits for it: read the reply here when its task
         runs on a worker whose channel is free to lend (Supervisor.read_for). Returns when
-        ``fut`` is done, or when the caller is to wait as usual."""
+        ``done()``, or when the caller is to wait as usual; ``watch(bell)``: ring ``bell``
+        once the key ends (FutureState.watch)."""
         self._dispatch.settle()
-        worker = self._scheduler.worker_of(fut.key)
+        worker = self._scheduler.worker_of(key)
         if worker is not None and self._life.error is None and not self._loop.on_loop():
-            self._supervisor.read_for(worker, fut.done, fut.watch, deadline)
+            self._supervisor.read_for(worker, done, watch, deadline)
 
     def on_scheduler_thread(self) -> bool:
         """Whether this thread delivers results (the scheduler thread, or a thread reading for

@@ -460,12 +460,12 @@ class Keeper:
     def read(self, entry: str) -> Any:
         return J.read_entry(self.path, entry)
 
-    def read_ahead(self, futures: list) -> None:
-        """The results of ``futures`` kept in the index's rows, read in one pass and handed to
-        them (``Future.prefill``): a gather of many small ones without a query each. Those
-        in files, damaged or gone are left for ``result()``."""
+    def read_ahead(self, states: list) -> None:
+        """The results of these keys' futures (their FutureStates) kept in the index's rows,
+        read in one pass and handed to them (``FutureState.prefill``): a gather of many small
+        ones without a query each. Those in files, damaged or gone are left for ``result()``."""
         waiting: dict = {}
-        for f in futures:
+        for f in states:
             lazy = f.in_journal()
             if lazy is not None:
                 waiting.setdefault(lazy.entry, []).append(f)

@@ -16,7 +16,7 @@ import time
 from typing import Any, Iterable, Iterator, Optional
 
 from .config import check_seconds
-from .future import Future, futures_of, refuse_in_fork
+from .future import Future, futures_of, gateway_of, refuse_in_fork
 from .worker import client as _in_tasks
 
 __all__ = ["wait", "as_completed", "wait_all", "check_timeout", "timed_out"]
@@ -102,9 +102,9 @@ def timed_out(what: str, fs: list, timeout: Optional[float]) -> TimeoutError:
     ours = [f for f in pending if isinstance(f, Future)]
     if not ours:
         return TimeoutError(text)
-    gateway = ours[0].client.gateway
+    gateway = gateway_of(ours[0].client)
     try:
-        why = gateway.why_not_done([f.key for f in ours if f.client.gateway is gateway])
+        why = gateway.why_not_done([f.key for f in ours if f.client is ours[0].client])
     except Exception:  # noqa: BLE001 - the timeout is the error to report, not this
         return TimeoutError(text)
     return TimeoutError(f"{text}: {why}")

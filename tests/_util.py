@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+from localcluster.future import gateway_of
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -37,7 +38,7 @@ def release(path) -> None:
 def wait_running(cluster, fut, timeout: float = 30.0):
     """Until ``fut``'s task is executing on a worker (read from the workers' status boards);
     returns that worker's WorkerInfo."""
-    running = fut.client.gateway.running_tasks
+    running = gateway_of(fut.client).running_tasks
     wait_for(lambda: fut.key in running(), timeout)
     return cluster.workers[running()[fut.key]]
 

@@ -16,7 +16,7 @@ import pytest
 from _util import shm_names as _shm
 
 from localcluster import Client, LocalCluster
-from localcluster.cluster import live_clusters, watch
+from localcluster.cluster import live_clusters, validate, watch
 
 
 def _fds() -> set:
@@ -152,7 +152,7 @@ def _validate_at_close(cluster: LocalCluster) -> None:
             return close(c, *args, **kwargs)
         checked = True
         try:
-            c.validate()
+            validate(c)
         except AssertionError as e:
             message = _broken(c, "at close", e)
             close(c, *args, **kwargs)
@@ -179,7 +179,7 @@ def validated():
         yield
         for c in live_clusters():
             try:
-                c.validate()
+                validate(c)
             except AssertionError as e:
                 found.append(_broken(c, "at the end of the test", e))
     finally:

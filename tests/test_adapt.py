@@ -12,6 +12,7 @@ from localcluster import Client, LocalCluster
 from localcluster.system.machine import usable_cpus
 
 from _util import block_until, release, wait_for
+from localcluster.future import gateway_of
 
 BIG = 1 << 20       # above INLINE_RESULT: the result stays on its worker
 
@@ -61,7 +62,7 @@ def test_scaling_down_hands_a_retiring_workers_data_to_the_one_that_stays(tmp_pa
         # one large result on each worker, both still wanted
         a = client.submit(big, 1, marker, runs, workers=["worker-0"])
         b = client.submit(big, 2, marker, runs, workers=["worker-1"])
-        wait_for(lambda: len(client.gateway.running_tasks()) == 2, timeout=30)
+        wait_for(lambda: len(gateway_of(client).running_tasks()) == 2, timeout=30)
         cluster.adapt(0, 2)
         release(marker)
         wait_for(lambda: a.done() and b.done(), timeout=30)  # noqa: F821 - called before the del below

@@ -92,7 +92,7 @@ def test_the_check_catches_a_name_that_is_not_there():
     fake, _ = cited("`Dispatcher.bind` and Supervisor.watch_channel and `Nanny.cork` and `frobnicate()`")
     assert fake == {"Dispatcher.bind", "Supervisor.watch_channel", "Nanny.cork", "frobnicate()"}
     assert not any(_exists(n, classes, names) for n in fake)
-    real, _ = cited("`Dispatcher.event`, Future.settle, `Lifecycle`, `classify()`, `_MAKING`")
+    real, _ = cited("`Dispatcher.event`, FutureState.conclude, `Lifecycle`, `classify()`, `_MAKING`")
     assert all(_exists(n, classes, names) for n in real), real
 
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from localcluster import as_completed, wait
+from localcluster.future import gateway_of
 
 
 def inc(x):
@@ -192,7 +193,7 @@ def test_run_answers_from_every_worker_while_their_task_slots_are_busy(client, t
     client.wait_for_workers(2)
     gate = str(tmp_path / "go")
     busy = client.map(wait_for_file, [gate] * 2, [1, 2], pure=False)     # one per worker: every slot taken
-    eventually(lambda: len(client.gateway.running_tasks()) == 2)
+    eventually(lambda: len(gateway_of(client).running_tasks()) == 2)
     pids = client.run(os.getpid)
     assert pids == {name: w.pid for name, w in client.cluster.workers.items()}
     first = sorted(pids)[0]

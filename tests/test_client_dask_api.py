@@ -11,6 +11,7 @@ import pytest
 
 from _util import wait_for
 from localcluster import Client, LocalCluster
+from localcluster.future import table_of
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_type_is_the_results_type_once_finished(shared, tmp_path):
     for fut in (small, big, failed):
         fut.exception(30)
     assert (small.type, big.type, failed.type) == (int, bytes, None)
-    assert big.needs_fetch()       # not fetched for it
+    assert table_of(shared).state(big.key).needs_fetch()       # not fetched for it
 
 
 def test_release_lets_go_of_the_key_at_once(shared):

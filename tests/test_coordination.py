@@ -20,6 +20,7 @@ from localcluster import Client, Event, KilledWorker, LocalCluster, Lock, Queue,
 from localcluster.scheduler.records import Reply
 from localcluster.wire import protocol as P
 from localcluster.wire import serialize
+from localcluster.cluster import validate
 
 # --- the pure scheduler -----------------------------------------------------------------
 
@@ -306,7 +307,7 @@ def test_a_lock_lets_one_task_at_a_time_in_across_workers(tmp_path):
     with LocalCluster(n_workers=2, threads_per_worker=2) as cluster, Client(cluster) as client:
         assert client.gather(client.map(locked_count, [path] * 8, range(8))) == list(range(8))
         assert text(path) == "0 1"          # never two at once, measured by the tasks
-        cluster.validate()
+        validate(cluster)
 
 
 def try_lock(name, timeout):
@@ -356,7 +357,7 @@ def test_a_lock_held_by_a_task_whose_worker_is_killed_is_released_and_the_death_
         assert message == cluster.deaths[-1].message and "killed from outside by SIGKILL" in message
         assert "Its tasks held Lock 'dying': released with the death, so that the tasks waiting for them go on." \
             in message
-        cluster.validate()
+        validate(cluster)
 
 
 def sem_count(path, i):
@@ -447,7 +448,7 @@ def test_futures_in_a_variable_and_a_queue_live_as_long_as_they_are_there(client
     Variable("shared").delete()
     with pytest.raises(TimeoutError, match="was not set within"):
         Variable("shared").get(timeout=0.1)
-    cluster.validate()
+    validate(cluster)
 
 
 def lock_arg(lock):
@@ -488,7 +489,7 @@ def test_timeouts_under_contention_leave_no_lease_behind(client, cluster):
         t.join(60)
     got += client.gather(tasks)
     assert len(got) == 5 and all(got) and Lock("race").get_value() == 0
-    cluster.validate()
+    validate(cluster)
 
 
 def test_bad_arguments_are_named():

@@ -20,6 +20,7 @@ from _util import block_until, wait_for
 
 import localcluster
 from localcluster import Client, LocalCluster, TaskError, as_completed, config, wait
+from localcluster.future import gateway_of, table_of
 
 
 def inc(x):
@@ -259,7 +260,7 @@ def test_runs_queued_behind_a_long_task_move_to_an_idle_worker(tmp_path, long_ta
     with LocalCluster(n_workers=2, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
         w0 = sorted(c.workers)[0]
         long = cl.submit(until, str(marker), workers=[w0], pure=False)
-        wait_for(lambda: long.key in cl.gateway.running_tasks())
+        wait_for(lambda: long.key in gateway_of(cl).running_tasks())
         shorts = cl.map(getpid, range(40), pure=False)
         if long_task != "running":
             cl.cancel([long])
@@ -285,7 +286,7 @@ def test_a_cancelled_run_ending_late_leaves_the_result_of_its_key_run_again(tmp_
     marker, n = tmp_path / "go", 1 << 20
     with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False) as c, Client(c) as cl:
         first = cl.submit(late_bytes, str(marker), n, key="k")
-        wait_for(lambda: "k" in cl.gateway.running_tasks())
+        wait_for(lambda: "k" in gateway_of(cl).running_tasks())
         cl.cancel([first])
         second = cl.submit(bytes, 3 * n, key="k")
         assert cl.submit(len, second).result(30) == 3 * n
@@ -629,7 +630,7 @@ def test_a_key_is_let_go_with_its_last_future_and_not_before(monkeypatch):
     from localcluster.future import Future
     with LocalCluster(n_workers=0, memory_limit=None, forward_logs=False) as cluster, Client(cluster) as client:
         let_go: list = []
-        monkeypatch.setattr(client.gateway, "release", let_go.append)
+        monkeypatch.setattr(gateway_of(client), "release", let_go.append)
         one = Future("one", client)
         del one
         assert let_go == ["one"]
@@ -638,12 +639,12 @@ def test_a_key_is_let_go_with_its_last_future_and_not_before(monkeypatch):
         for n in (1, 0):
             del three[n]
             assert let_go == ["one"]
-        three[0].cycle = three[0]        # the last one goes in a collection, weakref first
+        three[0].cycle = three[0]        # the last one goes in a collection
         del three
         gc.collect()
         assert let_go == ["one", "three"]
         two.pop()
-        client.fail_pending(RuntimeError("gone"))     # still found: the one left of "two"
+        table_of(client).fail_pending(RuntimeError("gone"))     # still found: the one left of "two"
         assert two[0].exception(0).args == ("gone",) and let_go == ["one", "three"]
         del two
         assert let_go == ["one", "three", "two"]

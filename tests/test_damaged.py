@@ -14,6 +14,7 @@ import pytest
 
 from localcluster import Client, LocalCluster, TransferError
 from localcluster.wire import vmcopy
+from localcluster.cluster import validate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,7 +86,7 @@ def test_a_relayed_copy_damaged_on_its_way_in_is_sent_again(cluster, monkeypatch
         assert repr(x.key) in said and repr(b) in said and f"came from worker {a!r}" in said
         assert "not of your data or code" in said
         assert client.submit(np.array_equal, x, made(3), workers=[b]).result(30)
-        cluster.validate()
+        validate(cluster)
 
 
 def test_a_tasks_arguments_damaged_on_their_way_in_are_sent_again(cluster, monkeypatch, warnings_said):
@@ -110,7 +111,7 @@ def test_a_copy_damaged_on_its_way_out_of_its_only_holder_is_computed_again(clus
         (said,) = warnings_said()
         assert f"copied out of worker {a!r}" in said and repr(x.key) in said
         assert len(list(tmp_path.iterdir())) == 2     # made once, and again from its lineage
-        cluster.validate()
+        validate(cluster)
 
 
 def made_counted(seed, folder):
@@ -135,7 +136,7 @@ def test_a_copy_damaged_every_time_fails_with_transfer_error_never_a_wrong_value
         assert "again 3 times" in text
         monkeypatch.undo()
         assert client.submit(total, x, workers=[b], pure=False).result(30) == 2.0 * N      # the cluster goes on
-        cluster.validate()
+        validate(cluster)
 
 
 @pytest.mark.slow

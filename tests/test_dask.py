@@ -14,6 +14,7 @@ import pytest
 from _util import wait_for
 from localcluster import Client, KilledWorker, LocalCluster
 from localcluster.integrations.daskgraph import name_of
+from localcluster.future import gateway_of
 
 dask = pytest.importorskip("dask")
 np = pytest.importorskip("numpy")
@@ -32,7 +33,7 @@ def recording(client, graphs: list):
 
 
 def forgotten(client, keys) -> bool:
-    return all(client.gateway.task_spec(name_of(k)) is None for k in keys)
+    return all(gateway_of(client).task_spec(name_of(k)) is None for k in keys)
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from _util import wait_for
 from _data import KINDS, SIZES, fingerprint, identity, make
 from localcluster import Client, LocalCluster, wait
 from localcluster.engine import dispatch
+from localcluster.cluster import validate
 
 # The quick tier (pytest -m "not slow") runs a diagonal of each table, the full run all of it:
 # one kind for each size (of each other path: sizes and paths of the same parity meet), the
@@ -67,7 +68,7 @@ def settle(client, cluster, deaths_before=0):
     """After a cell: no death beyond those the path caused, nothing held anywhere."""
     gc.collect()
     assert len(cluster.deaths) == deaths_before, [d.message for d in cluster.deaths]
-    cluster.validate()
+    validate(cluster)
     def empty():
         return all(i.managed == 0 and i.spilled == 0 for i in cluster.workers.values())
     wait_for(empty)

@@ -207,3 +207,39 @@ def test_the_readme_is_a_front_door_and_links_into_the_docs():
     assert len(README.encode()) <= 10 * 1024, f"README.md is {len(README.encode())} bytes: move the detail to docs/"
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README):
         assert (REPO / target).exists(), f"README.md links to {target}, which is not in the checkout"
+
+
+# --- the classes users hold: the names the API page lists, nothing else -----------------------
+
+def api_members() -> dict:
+    """{class name: the members docs/api.md lists for it} for the classes users hold."""
+    page = (REPO / "docs" / "api.md").read_text()
+    found = re.findall(r"^::: localcluster\.(\w+)\n    options:\n      members: \[([^\]]*)\]", page, flags=re.M)
+    return {name: {m.strip() for m in members.split(",") if m.strip()} for name, members in found}
+
+
+def _public(obj) -> set:
+    return {n for n in dir(obj) if not n.startswith("_")}
+
+
+@pytest.mark.timeout(60)
+def test_the_classes_users_hold_carry_the_names_the_api_page_lists_and_no_other():
+    from localcluster import Client, LocalCluster
+    listed = api_members()
+    assert set(listed) >= {"LocalCluster", "Client", "Future"}, "docs/api.md lists no members for them"
+    with LocalCluster(n_workers=0, forward_logs=False) as cluster, Client(cluster) as client:
+        fut = client.scatter(1)         # a Future with every attribute an instance has
+        for name, obj in (("LocalCluster", cluster), ("Client", client), ("Future", fut)):
+            extra = _public(obj) - listed[name]
+            assert not extra, (f"{name} has public names docs/api.md does not list: {sorted(extra)}. The "
+                               f"classes users hold carry dask's and concurrent.futures' names and the "
+                               f"documented extras only: put internal protocol on an internal object "
+                               f"(future.FutureTable, gateway.Gateway), or document the name there")
+            missing = listed[name] - _public(obj)
+            assert not missing, f"docs/api.md lists {name}.{sorted(missing)}, which it does not have"
+
+
+def test_the_check_of_the_listed_names_catches_a_new_public_method(monkeypatch):
+    from localcluster import Future
+    monkeypatch.setattr(Future, "track", lambda self: None, raising=False)
+    assert "track" in _public(Future) - api_members()["Future"]

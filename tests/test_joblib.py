@@ -18,6 +18,7 @@ from localcluster import Client, KilledWorker, LocalCluster
 joblib = pytest.importorskip("joblib")
 np = pytest.importorskip("numpy")
 import localcluster.joblib  # noqa: E402 - registers the backend
+from localcluster.future import gateway_of  # noqa: E402
 
 # joblib 1.3 (the oldest the joblib extra allows) has no "generator_unordered"
 UNORDERED = "generator_unordered" if tuple(int(p) for p in joblib.__version__.split(".")[:2]) >= (1, 4) else "generator"
@@ -166,7 +167,7 @@ def test_a_timeout_cancels_the_rest(client):
     with joblib.parallel_config(backend="localcluster", client=client):
         with pytest.raises(multiprocessing.TimeoutError):         # joblib's own choice of TimeoutError
             joblib.Parallel(timeout=0.3)(joblib.delayed(nap)(s) for s in [0.01, 5, 5, 0.01])
-    assert client.gateway.running_tasks() == {}
+    assert gateway_of(client).running_tasks() == {}
 
 
 @pytest.mark.slow

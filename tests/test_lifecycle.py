@@ -10,6 +10,7 @@ from _util import wait_for
 
 from localcluster import ClusterBroken, Client, LocalCluster
 from localcluster.engine.lifecycle import MOVES, Lifecycle, Phase
+from localcluster.future import gateway_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,10 +56,10 @@ def test_a_fork_marks_it_even_while_another_thread_holds_its_lock():
 def test_a_real_cluster_goes_running_then_closed():
     cluster = LocalCluster(n_workers=1, forward_logs=False)
     client = Client(cluster)
-    assert client.gateway.phase is Phase.RUNNING and "running" in repr(cluster)
+    assert gateway_of(client).phase is Phase.RUNNING and "running" in repr(cluster)
     assert client.submit(sum, [1, 2]).result(30) == 3
     cluster.close()
-    assert client.gateway.phase is Phase.CLOSED and "closed" in repr(cluster)
+    assert gateway_of(client).phase is Phase.CLOSED and "closed" in repr(cluster)
     with pytest.raises(RuntimeError, match="is closed; create a new one"):
         client.submit(sum, [1])
     client.close()
@@ -77,11 +78,11 @@ def test_a_break_stops_the_scheduler_thread_and_commands_fail_at_once(monkeypatc
         monkeypatch.setattr(cluster.scheduler, "submit", boom)
         with pytest.raises(ClusterBroken):
             client.submit(sum, [1])
-        wait_for(lambda: client.gateway.phase is Phase.STOPPED)   # the thread moves it as it ends
+        wait_for(lambda: gateway_of(client).phase is Phase.STOPPED)   # the thread moves it as it ends
         wait_for(lambda: not any(t.name == "localcluster-scheduler" for t in threading.enumerate()))
         with pytest.raises(ClusterBroken):
             cluster.scale(2)                               # refused before any command is handed over
-    assert client.gateway.phase is Phase.CLOSED
+    assert gateway_of(client).phase is Phase.CLOSED
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -91,7 +92,7 @@ def test_in_a_forked_child_the_phase_is_forked():
         pid = os.fork()
         if pid == 0:        # pragma: no cover - the child reports through the pipe
             try:
-                ok = client.gateway.phase is Phase.FORKED and client.status == "forked"
+                ok = gateway_of(client).phase is Phase.FORKED and client.status == "forked"
                 os.write(w, b"1" if ok else b"0")
             finally:
                 os._exit(0)
@@ -100,4 +101,4 @@ def test_in_a_forked_child_the_phase_is_forked():
         os.close(r)
         os.waitpid(pid, 0)
         assert answer == b"1"
-        assert client.gateway.phase is Phase.RUNNING and client.status == "running"
+        assert gateway_of(client).phase is Phase.RUNNING and client.status == "running"

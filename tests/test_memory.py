@@ -13,6 +13,7 @@ from _util import block_until, release, wait_for
 
 from localcluster import Client, KilledWorker, LocalCluster, config
 from localcluster.cluster import available_memory
+from localcluster.future import gateway_of
 
 np = pytest.importorskip("numpy")
 MiB = 2 ** 20
@@ -154,7 +155,7 @@ def test_paused_worker_receives_no_tasks_until_it_recovers(tmp_path):
         cl.submit(hog_until, 300, marker).result(30)     # pause at 320 MiB, terminate at 380
         wait_for(lambda: next(iter(c.workers.values())).status == "paused")
         later = cl.submit(sum, [1, 2])
-        assert cl.gateway.task_state(later.key) == "ready"          # held back, not sent
+        assert gateway_of(cl).task_state(later.key) == "ready"          # held back, not sent
         release(marker)
         name = next(iter(c.workers))
         assert later.result(30) == 3

@@ -3,7 +3,7 @@ cluster settings, submit options, keys, futures nested in containers (and future
 closed client), gather/wait/as_completed over mixed inputs. Every example ends in a
 correct result or a TypeError/ValueError/RuntimeError that names the argument; none in
 a hang, a dead scheduler thread or a leaked process (the no_leaks fixture, and
-``cluster.validate()`` after each example).
+``validate(cluster)`` after each example).
 
 CI runs a fixed seed and a bounded number of examples; ``LOCALCLUSTER_HYPOTHESIS=long``
 runs many more with a random seed.
@@ -20,6 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import localcluster  # noqa: E402
 from localcluster import Client, LocalCluster, config  # noqa: E402
+from localcluster.cluster import validate  # noqa: E402
 
 LONG = os.environ.get("LOCALCLUSTER_HYPOTHESIS") == "long"
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, max_examples=60,
@@ -129,7 +130,7 @@ def test_submit_options_run_or_name_the_option(cluster, client):
             assert fut.result(30) == 2
         except localcluster.TaskTimeoutError:
             assert isinstance(timeout, (int, float)) and timeout < 5
-        cluster.validate()
+        validate(cluster)
     prop()
     assert client.submit(inc, 41).result(30) == 42
 
@@ -150,7 +151,7 @@ def test_keys_are_strings_or_refused(cluster, client):
         if key is not None:
             assert fut.key == key
         assert fut.result(30) == 2
-        cluster.validate()
+        validate(cluster)
     prop()
 
 
@@ -197,7 +198,7 @@ def test_futures_nested_anywhere_arrive_as_values(cluster, client):
         flat = [f for f in futures]
         done, not_done = localcluster.wait(flat, timeout=30)
         assert not not_done and {f.key for f in localcluster.as_completed(flat)} == {f.key for f in flat}
-        cluster.validate()
+        validate(cluster)
     prop()
 
 

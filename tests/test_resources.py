@@ -19,6 +19,7 @@ from localcluster.death import KilledWorker
 from localcluster.wire import protocol as P
 from test_scheduler import Checked, death, died, finish, resolves, running, runs, sends, spec as _spec
 from localcluster.scheduler.records import Deliver
+from localcluster.future import gateway_of
 
 MEM1 = (("MEM", 1),)
 MEM2 = (("MEM", 2),)
@@ -283,7 +284,7 @@ def test_a_cancelled_task_holds_its_resources_while_it_runs_on_and_releases_them
     client.cancel([a])
     assert a.cancelled()
     # a runs on (Python cannot stop it) and still holds MEM: b waits, a free thread or not
-    assert client.gateway.task_state(b.key) == "ready"
+    assert gateway_of(client).task_state(b.key) == "ready"
     open(go, "w").close()
     alive, a_ended, _pid = b.result(30)
     assert a_ended                                   # b started only once a's run was over
@@ -296,7 +297,7 @@ def test_a_death_releases_the_resources_of_its_runs(cluster, client, tmp_path):
     a = client.submit(held, marker, str(tmp_path / "never"), resources={"MEM": 1}, pure=False)
     pid = started(client, a, marker)
     b = client.submit(after, marker, resources={"MEM": 1})
-    assert client.gateway.task_state(b.key) == "ready"       # MEM is a's, though a thread is free
+    assert gateway_of(client).task_state(b.key) == "ready"       # MEM is a's, though a thread is free
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(KilledWorker):
         a.result(30)
@@ -311,7 +312,7 @@ def test_a_timeout_releases_the_resources_of_its_run(client, tmp_path):
     a = client.submit(held, marker, str(tmp_path / "never"), resources={"MEM": 1}, timeout=1.0, pure=False)
     pid = started(client, a, marker)
     b = client.submit(after, marker, resources={"MEM": 1})
-    assert client.gateway.task_state(b.key) == "ready"
+    assert gateway_of(client).task_state(b.key) == "ready"
     with pytest.raises(TaskTimeoutError):
         a.result(30)
     alive, _ended, b_pid = b.result(60)
@@ -350,9 +351,9 @@ def test_scale_starts_workers_with_the_resources_and_a_waiting_task_says_what_it
         b = client.submit(after, marker, resources={"MEM": 1})
         cluster.scale(1)
         started(client, a, marker)
-        assert client.gateway.task_state(b.key) == "ready"
+        assert gateway_of(client).task_state(b.key) == "ready"
         assert "queued for resources={'MEM': 1}: what the workers declare is claimed" in \
-            client.gateway.why_pending(b.key)
+            gateway_of(client).why_pending(b.key)
         open(go, "w").close()
         assert b.result(30)[1]                                   # after a's end
 

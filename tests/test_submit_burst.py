@@ -6,6 +6,8 @@ import pytest
 from _util import block_until, release, wait_for
 
 from localcluster.engine import dispatch
+from localcluster.future import gateway_of
+from localcluster.cluster import validate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,9 +26,9 @@ def test_a_deferred_burst_starts_with_nobody_waiting_and_every_read_sees_it(burs
     marker = str(tmp_path / "go")
     blockers = [client.submit(block_until, marker, pure=False) for _ in range(2)]
     # The second was deferred: the scheduler thread, woken for it, sends it to the idle worker.
-    wait_for(lambda: len(client.gateway.running_tasks()) == 2)
+    wait_for(lambda: len(gateway_of(client).running_tasks()) == 2)
     queued = [client.submit(inc, i, pure=False) for i in range(50)]
-    assert {client.gateway.task_state(f.key) for f in queued} <= {"ready", "processing"}
+    assert {gateway_of(client).task_state(f.key) for f in queued} <= {"ready", "processing"}
     for i in range(200):                                # dropped as soon as made
         client.submit(inc, -i, pure=False)
     release(marker)
@@ -34,7 +36,7 @@ def test_a_deferred_burst_starts_with_nobody_waiting_and_every_read_sees_it(burs
     client.gather(blockers)
     kept = {f.key for f in blockers + queued}
     wait_for(lambda: set(cluster.scheduler.tasks) == kept)     # the dropped ones were let go
-    cluster.validate()
+    validate(cluster)
 
 
 def test_a_burst_that_the_cluster_closes_on_fails_every_future_of_it(burst, cluster, client, tmp_path):

@@ -16,6 +16,7 @@ from localcluster.wire.board import Board
 from localcluster.worker.process import Worker
 
 from _util import block_until, release, wait_for
+from localcluster.future import gateway_of
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,7 +41,7 @@ def test_a_worker_whose_every_thread_is_busy_still_sends_data_and_takes_cancels(
         big = cl.submit(bytes, 1 << 20, pure=False)      # > INLINE_RESULT: stays on the worker
         cl.gather([cl.submit(len, big)])     # done there; the parent holds no copy yet
         busy = [cl.submit(blocker, str(go), i, pure=False) for i in range(threads)]
-        wait_for(lambda: all(f.key in cl.gateway.running_tasks() for f in busy))
+        wait_for(lambda: all(f.key in gateway_of(cl).running_tasks() for f in busy))
         queued = cl.submit(marks, str(tmp_path / "ran"), pure=False)
         assert big.result(30) == bytes(1 << 20)          # an Export read, and its Data sent back
         cl.cancel([queued])

@@ -49,10 +49,9 @@ class GraphClient(Protocol):
     """What ``get`` uses of its client (``client.Client`` is one): declared here, below
     client.py, so that this module never imports it."""
 
-    def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
-                    key: Optional[str] = None, pure: bool = True, retries: int = 0,
-                    timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
-                    allow_other_workers: bool = False) -> Future: ...
+    def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True,
+               retries: int = 0, timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
+               allow_other_workers: bool = False) -> Future: ...
 
     def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
                timeout: Optional[float] = None) -> Any: ...
@@ -151,7 +150,7 @@ def _graph(expr: Any) -> dict:
 
 def _as_futures(client: GraphClient, refs: dict, options: dict) -> dict:
     """Every value a Future: a wanted literal becomes a task that returns it."""
-    return {k: v if isinstance(v, Future) else client.submit_call(literal, (v,), key=name_of(k), pure=True, **options)
+    return {k: v if isinstance(v, Future) else client.submit(literal, v, key=name_of(k), pure=True, **options)
             for k, v in refs.items()}
 
 
@@ -168,7 +167,7 @@ def _submit(client: GraphClient, key: Any, node: Any, deps: dict, uses: dict, op
         return node.value
     if isinstance(node, Alias):
         return deps[node.target]
-    return client.submit_call(run_node, (node, deps), key=name_of(key), pure=True, **options)
+    return client.submit(run_node, node, deps, key=name_of(key), pure=True, **options)
 
 
 def _small(value: Any) -> bool:

@@ -7,6 +7,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol
 
+from ..future import table_of
+
 if TYPE_CHECKING:
     from ..future import Future
 
@@ -14,11 +16,6 @@ if TYPE_CHECKING:
 class Submitter(Protocol):
     """What the executor uses of its client (``client.Client`` is one): declared here, below
     client.py, so that this module never imports it."""
-
-    def submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
-                    key: Optional[str] = None, pure: bool = True, retries: int = 0,
-                    timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
-                    allow_other_workers: bool = False) -> Future: ...
 
     def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
             timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
@@ -31,6 +28,10 @@ class ClusterExecutor(cf.Executor):
 
     def __init__(self, client: Submitter, **submit_kwargs: Any):
         self._client = client
+        # submit with the function's arguments passed explicitly: its keywords are fn's own
+        submit_call = table_of(client).submit_call
+        assert submit_call is not None      # the Client sets it as it makes its table
+        self._submit_call = submit_call
         self._kwargs = {"pure": False, **submit_kwargs}
         self._futures: "weakref.WeakSet[Future]" = weakref.WeakSet()
         self._shutdown = False
@@ -40,7 +41,7 @@ class ClusterExecutor(cf.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            fut = self._client.submit_call(fn, args, kwargs, **self._kwargs)
+            fut = self._submit_call(fn, args, kwargs, **self._kwargs)
             self._futures.add(fut)
             return fut
 

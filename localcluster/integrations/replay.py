@@ -13,22 +13,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from ..future import gateway_of
 from ..wire import serialize
 from ..death import KilledWorker, TaskTimeoutError, WorkerDeath, classify, crash_stack, exit_signal
 
 if TYPE_CHECKING:
     from ..future import Future
-    from ..gateway import Gateway
-
-
-class Replayer(Protocol):
-    """What a replay uses of the client (``client.Client`` is one): its gateway to the
-    cluster, which still holds the task and its inputs. Declared here, below client.py,
-    which it never imports."""
-    @property
-    def gateway(self) -> Gateway: ...
 
 
 _REPLAY = ("import sys, json, pickle, faulthandler; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
@@ -60,8 +52,8 @@ class ReplayedDeath(Exception):
                 f"{self.death.message}\nIts output:\n{tail}")
 
 
-def _task_inputs(client: Replayer, key: str) -> tuple:
-    gateway = client.gateway
+def _task_inputs(client: Any, key: str) -> tuple:
+    gateway = gateway_of(client)
     spec = gateway.task_spec(key)
     if spec is None:
         raise ValueError(f"task {key!r} is no longer known to the cluster (released or restarted); "
@@ -75,7 +67,7 @@ def _task_inputs(client: Replayer, key: str) -> tuple:
     return fn, args, kwargs
 
 
-def recreate_error_locally(client: Replayer, future: Future) -> Any:
+def recreate_error_locally(client: Any, future: Future) -> Any:
     exc = future.exception()
     if exc is None:
         raise ValueError(f"future {future.key!r} did not fail ({future.status}); nothing to recreate")

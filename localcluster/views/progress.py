@@ -42,12 +42,12 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
         ValueError: an ``interval`` that is not a positive number of seconds.
     """
     from ..config import check_seconds
-    from ..future import walk
+    from ..future import state_of, walk
     check_seconds(interval, "progress", "interval", none=False)
     fs = [f for group in futures for f in walk(group)]
     counts = _Counts(len(fs))
     # finished from the journal (journal.py), not run: said beside the count
-    counts.reused = sum(1 for f in fs if getattr(f, "in_journal", None) is not None and f.in_journal() is not None)
+    counts.reused = sum(1 for s in map(state_of, fs) if s is not None and s.in_journal() is not None)
     for f in fs:
         cf.Future.add_done_callback(f, counts.done)      # the count only: no need to leave the thread
     if live:

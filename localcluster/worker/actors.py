@@ -12,11 +12,19 @@ KilledWorker naming that death (its cause, signal, memory): the object is gone w
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import context
 
 _actors: dict = {}      # key -> (the object, the lock its calls take), on the worker that made it
+# client.py installs it: (a Client of this process, fn, args, key, worker, what) -> an
+# ActorFuture of the call made through that client's cluster (this module sits below it)
+_parent_call: Optional[Callable[..., Any]] = None
+
+
+def install_parent(call: Callable[..., Any]) -> None:
+    global _parent_call
+    _parent_call = call
 
 
 def make(cls: Any, args: tuple, kwargs: dict, client_id: Optional[str]) -> "Actor":
@@ -110,7 +118,8 @@ class Actor:
         caller = getattr(client, "actor_call", None)
         if caller is not None:      # a task's client: the call, answered at once
             return ActorFuture(_Done(caller(fn, args, self._worker)), lambda v: v, what)
-        return client.gateway.actor_call(fn, args, self._key, self._worker, what)
+        assert _parent_call is not None     # installed when client.py is imported, which made ``client``
+        return _parent_call(client, fn, args, self._key, self._worker, what)
 
 
 class _Done:

@@ -107,7 +107,7 @@ class Client:
         #: key -> (the Spec that reads it, its own Spec) of a task this client's futures finished
         #: from the journal, not given to the scheduler (until a task needs it as an input, or
         #: its entry is damaged)
-        self._held: dict = {}
+        self._from_journal: dict = {}
         self._dask = DaskCalls(self, self._gateway, self._check, self._specs, self._options)  # run, who_has...
         if set_as_default:      # dask's default scheduler while open, as distributed's Client
             become_default()
@@ -328,16 +328,16 @@ class Client:
             again.update(held_already)
             return futures
         # inputs finished from the journal go to the scheduler first: their workers read them
-        inputs = self._unheld(specs) if self._held else []
+        inputs = self._journal_inputs(specs) if self._from_journal else []
         return self._gateway.submit(inputs + specs if inputs else specs, track, again)
 
-    def _unheld(self, specs: list) -> list:
+    def _journal_inputs(self, specs: list) -> list:
         """The Specs of the inputs of ``specs`` this client finished from the journal, taken
-        out of ``_held``: the scheduler counts this client once for each, as its futures hold it."""
-        held, out = self._held, []
+        out of ``_from_journal``: the scheduler counts this client once for each, as its futures hold it."""
+        from_journal, out = self._from_journal, []
         for spec in specs:
             for d in spec.deps:
-                got = held.pop(d, None)
+                got = from_journal.pop(d, None)
                 if got is not None:
                     out.append(got[0])
         return out
@@ -419,8 +419,8 @@ class Client:
         """Futures of ``specs``: those whose entry (``entries``) the journal holds finished at
         once, their results read when asked for; the others submitted."""
         found = keeper.lookup([e[0] for e in entries if e is not None])
-        held, table = self._held, self._table
-        hit = [e is not None and e[0] in found and (s.key in held or not table.holds(s.key))
+        from_journal, table = self._from_journal, self._table
+        hit = [e is not None and e[0] in found and (s.key in from_journal or not table.holds(s.key))
                for s, e in zip(specs, entries)]
         if not any(hit):
             return self._submit(specs, resources)
@@ -441,7 +441,7 @@ class Client:
             else:
                 fn_id, data = keeper.reader(entry[1], new_fn_id, spec.terms)
                 reader = Spec.sharing(spec.key, spec.kept, (), Terms(fn_id, data))
-            held[spec.key] = (reader, spec)
+            from_journal[spec.key] = (reader, spec)
             state = table.state(spec.key)
             if state is not None:
                 state.conclude("finished", _journal.InJournal(keeper, entry[0], functools.partial(self._again, spec.key)))
@@ -451,10 +451,10 @@ class Client:
 
     def _again(self, key: str) -> Any:
         """The value of ``key`` computed again (its journal entry was damaged or gone)."""
-        held = self._held.pop(key, None)
-        if held is not None:
+        specs = self._from_journal.pop(key, None)
+        if specs is not None:
             self._table.renew(key)
-            return self._submit([held[1]])[0].result()
+            return self._submit([specs[1]])[0].result()
         fut = self._gateway.acquire(key, lambda: self._table.hold(key))      # a dependent had it made meanwhile
         if fut is None:
             raise RuntimeError(f"the journal entry of task {key!r} is damaged, and the task is no longer known "

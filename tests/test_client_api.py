@@ -283,8 +283,8 @@ def test_compute_turns_dask_collections_into_futures(client):
 def test_compute_optimizes_the_graph_as_dask_does_unless_told_not_to(client):
     da = pytest.importorskip("dask.array")
     submitted = []
-    original = client.submit_call
-    client.submit_call = lambda *a, **k: submitted.append(k["key"]) or original(*a, **k)
+    original = client.submit
+    client.submit = lambda *a, **k: submitted.append(k["key"]) or original(*a, **k)
     x = ((da.ones((8, 8), chunks=2) + 1) * 2).sum()
     assert client.compute(x).result(30) == 256
     fused = len(submitted)

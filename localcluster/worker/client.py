@@ -106,7 +106,7 @@ def rejoin() -> None:
     _worker().rejoin()
 
 
-class _Held(Mapping):
+class _WorkerData(Mapping):
     """The worker's data as a read-only mapping: key -> value (spilled values come back)."""
 
     def __init__(self, store: Any):
@@ -131,7 +131,7 @@ class TaskWorker:
     def __init__(self, worker: "process.Worker"):
         self.name = worker.name
         self.id = worker.name
-        self.data = _Held(worker.store)
+        self.data = _WorkerData(worker.store)
         self.nthreads = worker.nthreads
         self.pid = os.getpid()
         self.address = f"localcluster://{self.pid}/{worker.name}"
@@ -234,7 +234,8 @@ class TaskFuture:
         return {"memory": "finished", "erred": "error", "released": "cancelled", "unknown": "cancelled"}.get(
             state, "lost" if state == "lost" else "pending")
 
-    def settle(self, outcome: tuple) -> None:
+    def conclude(self, outcome: tuple) -> None:
+        """End this future as the scheduler says its task ended: (status, payload, error)."""
         self._outcome = outcome
 
     @property
@@ -306,8 +307,8 @@ class TaskClient:
         flat = list(dict.fromkeys(_walk(futures)))
         pending = [f for f in flat if f.outcome is None]
         for f, outcome in zip(pending, self.outcomes(pending, timeout) if pending else ()):
-            f.settle(outcome)
-        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)  # type: ignore[arg-type]  # all settled above
+            f.conclude(outcome)
+        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)  # type: ignore[arg-type]  # all concluded above
 
     def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""
@@ -328,7 +329,7 @@ class TaskClient:
             self.worker.tell(P.CancelKeys(tuple(f.key for f in fs)), _seq())
         for f in fs:
             if f.outcome is None or f.outcome[0] not in ("finished", "error", "lost"):
-                f.settle(("cancelled", None, None))
+                f.conclude(("cancelled", None, None))
 
     def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
             on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
@@ -428,7 +429,7 @@ class TaskClient:
         """(status, payload, error) of each future, once each has ended (one round trip)."""
         answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout, lend=True)
         for f, outcome in zip(futures, answer.data):
-            f.settle(outcome)
+            f.conclude(outcome)
         return list(answer.data)
 
     def coordinate(self, body: Any, timeout: Optional[float] = None) -> Any:

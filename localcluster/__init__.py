@@ -14,8 +14,8 @@ from .version import __version__
 # public name -> the module that defines it
 _WHERE = {
     "LocalCluster": "cluster", "WorkerInfo": "cluster",
-    "Client": "client", "Future": "future", "wait": "waiting", "as_completed": "waiting",
-    "fire_and_forget": "future", "futures_of": "future",
+    "Client": "client.client", "Future": "client.future", "wait": "client.waiting",
+    "as_completed": "client.waiting", "fire_and_forget": "client.future", "futures_of": "client.future",
     "get_client": "worker.client", "worker_client": "worker.client", "secede": "worker.client",
     "rejoin": "worker.client", "get_worker": "worker.client",
     "Lock": "coordination", "Semaphore": "coordination", "Event": "coordination", "Queue": "coordination",
@@ -25,7 +25,7 @@ _WHERE = {
     "ClusterBroken": "death", "TransferError": "death", "RemoteTraceback": "death",
     "ReplayedDeath": "integrations.replay", "StoreError": "worker.store", "progress": "views.progress",
     "report": "views.report", "live": "views.live", "previous_runs": "runs",
-    "get_task_stream": "client_dask", "WorkerPlugin": "worker.setup",
+    "get_task_stream": "client.dask_calls", "WorkerPlugin": "worker.setup",
     "JournalError": "journal",
 }
 
@@ -57,9 +57,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from . import config
-    from .client import Client
-    from .future import Future, fire_and_forget, futures_of
-    from .waiting import as_completed, wait
+    from .client.client import Client
+    from .client.future import Future, fire_and_forget, futures_of
+    from .client.waiting import as_completed, wait
     from .worker.client import get_client, get_worker, rejoin, secede, worker_client
     from .cluster import LocalCluster, WorkerInfo
     from .coordination import Event, Lock, Queue, Semaphore, Variable
@@ -69,7 +69,7 @@ if TYPE_CHECKING:   # for type checkers and IDEs: the same names, eagerly
     from .views.report import report
     from .views.live import live
     from .runs import previous_runs
-    from .client_dask import get_task_stream
+    from .client.dask_calls import get_task_stream
     from .worker.setup import WorkerPlugin
     from .integrations.replay import ReplayedDeath
     from .worker.store import StoreError

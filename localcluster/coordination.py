@@ -66,7 +66,7 @@ class _Named:
         if isinstance(client, task_client.TaskClient):
             answer = client.coordinate(body, timeout)
         else:
-            from .future import gateway_of     # the user's process: a worker never gets here
+            from .client.future import gateway_of     # the user's process: a worker never gets here
             answer = gateway_of(client).coordinate(body, timeout, undo)
         if isinstance(answer, BaseException):
             raise answer
@@ -264,7 +264,7 @@ def _give_back(client: Any, keys: tuple) -> None:
     if isinstance(client, task_client.TaskClient):
         client.give_back(keys)
     else:
-        from .future import gateway_of     # the user's process: a worker never gets here
+        from .client.future import gateway_of     # the user's process: a worker never gets here
         gateway = gateway_of(client)
         for key in keys:
             gateway.release(key)

@@ -5,7 +5,7 @@ import os
 import sys
 import threading
 import time
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:

@@ -12,7 +12,7 @@ from localcluster import Client, LocalCluster
 from localcluster.system.machine import usable_cpus
 
 from _util import block_until, release, wait_for
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 BIG = 1 << 20       # above INLINE_RESULT: the result stays on its worker
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from localcluster import as_completed, wait
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 
 def inc(x):

@@ -11,7 +11,7 @@ import pytest
 
 from _util import wait_for
 from localcluster import Client, LocalCluster
-from localcluster.future import table_of
+from localcluster.client.future import table_of
 
 
 @pytest.fixture(scope="module")

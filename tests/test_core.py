@@ -20,7 +20,7 @@ from _util import block_until, wait_for
 
 import localcluster
 from localcluster import Client, LocalCluster, TaskError, as_completed, config, wait
-from localcluster.future import gateway_of, table_of
+from localcluster.client.future import gateway_of, table_of
 
 
 def inc(x):
@@ -627,7 +627,7 @@ def test_map_pauses_the_cyclic_collector_while_it_makes_tasks_and_restores_it(cl
 
 
 def test_a_key_is_let_go_with_its_last_future_and_not_before(monkeypatch):
-    from localcluster.future import Future
+    from localcluster.client.future import Future
     with LocalCluster(n_workers=0, memory_limit=None, forward_logs=False) as cluster, Client(cluster) as client:
         let_go: list = []
         monkeypatch.setattr(gateway_of(client), "release", let_go.append)

@@ -14,7 +14,7 @@ import pytest
 from _util import wait_for
 from localcluster import Client, KilledWorker, LocalCluster
 from localcluster.integrations.daskgraph import name_of
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 dask = pytest.importorskip("dask")
 np = pytest.importorskip("numpy")

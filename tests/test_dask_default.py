@@ -15,7 +15,7 @@ import pytest
 
 import localcluster
 from localcluster import Client
-from localcluster.client_dask import DASK_DEFAULT
+from localcluster.client.dask_calls import DASK_DEFAULT
 from localcluster import futures_of
 
 dask = pytest.importorskip("dask")

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import localcluster
-from localcluster.future import state_of
+from localcluster.client.future import state_of
 from _util import wait_for
 
 

@@ -18,7 +18,7 @@ from localcluster import Client, KilledWorker, LocalCluster
 joblib = pytest.importorskip("joblib")
 np = pytest.importorskip("numpy")
 import localcluster.joblib  # noqa: E402 - registers the backend
-from localcluster.future import gateway_of  # noqa: E402
+from localcluster.client.future import gateway_of  # noqa: E402
 
 # joblib 1.3 (the oldest the joblib extra allows) has no "generator_unordered"
 UNORDERED = "generator_unordered" if tuple(int(p) for p in joblib.__version__.split(".")[:2]) >= (1, 4) else "generator"
@@ -321,7 +321,7 @@ def inner(x):
     return os.getpid()
 def outer(x):
     pids = joblib.Parallel(n_jobs=2, backend="localcluster")(joblib.delayed(inner)(i) for i in range(3))
-    return os.getpid(), set(pids), "localcluster.client" in sys.modules
+    return os.getpid(), set(pids), "localcluster.client.client" in sys.modules
 '''
 
 

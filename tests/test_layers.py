@@ -325,3 +325,28 @@ def test_the_mixin_check_finds_one():
     errors = "class E(Exception): pass\nclass F(E, TimeoutError): pass\nclass G(RuntimeError, F): pass\n"
     assert _mixins([base, errors]) == []
     assert _mixins([base, "class H(A, typing.Generic[int], B): pass\n"]) == ["H(A, B)"]
+
+
+# --- folders by role: at most 12 modules loose at the top of the package ---------------------
+
+LOOSE_AT_MOST = 12
+
+
+def _loose(package: Path) -> list:
+    return sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+
+
+def test_at_most_12_modules_sit_loose_at_the_top_of_the_package():
+    loose = _loose(PACKAGE)
+    assert len(loose) <= LOOSE_AT_MOST, (
+        f"{len(loose)} modules sit beside localcluster/__init__.py: {loose}. Put a new one in the folder of "
+        f"its role (client/, engine/, scheduler/, supervision/, worker/, wire/, system/, views/, "
+        f"integrations/), or make a folder for a role that has none")
+
+
+def test_the_count_of_loose_modules_sees_a_new_one(tmp_path):
+    for name in ("__init__.py", *(f"m{i}.py" for i in range(LOOSE_AT_MOST + 1))):
+        (tmp_path / name).write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inner.py").write_text("")
+    assert len(_loose(tmp_path)) == LOOSE_AT_MOST + 1

@@ -10,7 +10,7 @@ from _util import wait_for
 
 from localcluster import ClusterBroken, Client, LocalCluster
 from localcluster.engine.lifecycle import MOVES, Lifecycle, Phase
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ from _util import block_until, release, wait_for
 
 from localcluster import Client, KilledWorker, LocalCluster, config
 from localcluster.cluster import available_memory
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 np = pytest.importorskip("numpy")
 MiB = 2 ** 20

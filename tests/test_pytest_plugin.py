@@ -64,7 +64,7 @@ UNUSED = textwrap.dedent('''
     def test_nothing_is_started_or_imported_for_a_session_without_the_fixture():
         import psutil
         assert not psutil.Process().children()
-        assert not [m for m in ("localcluster.client", "localcluster.cluster", "cloudpickle") if m in sys.modules]
+        assert not [m for m in ("localcluster.client.client", "localcluster.cluster", "cloudpickle") if m in sys.modules]
 ''')
 
 # How pytest is started: ``python -m pytest`` puts the current directory on sys.path; the

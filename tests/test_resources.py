@@ -19,7 +19,7 @@ from localcluster.death import KilledWorker
 from localcluster.wire import protocol as P
 from test_scheduler import Checked, death, died, finish, resolves, running, runs, sends, spec as _spec
 from localcluster.scheduler.records import Deliver
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 MEM1 = (("MEM", 1),)
 MEM2 = (("MEM", 2),)

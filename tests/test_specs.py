@@ -1,10 +1,10 @@
-"""localcluster/client_specs.py on its own: the Specs of a map, made in one loop for plain
+"""localcluster/client/specs.py on its own: the Specs of a map, made in one loop for plain
 arguments, are the Specs that one ``spec`` call per task makes. No processes."""
 from __future__ import annotations
 
 import pytest
 
-from localcluster.client_specs import DEFAULT_OPTIONS, Options, Specs
+from localcluster.client.specs import DEFAULT_OPTIONS, Options, Specs
 
 
 def double(x, y=0):

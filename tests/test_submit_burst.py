@@ -6,7 +6,7 @@ import pytest
 from _util import block_until, release, wait_for
 
 from localcluster.engine import dispatch
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 from localcluster.cluster import validate
 
 pytestmark = pytest.mark.timeout(60)

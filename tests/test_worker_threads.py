@@ -16,7 +16,7 @@ from localcluster.wire.board import Board
 from localcluster.worker.process import Worker
 
 from _util import block_until, release, wait_for
-from localcluster.future import gateway_of
+from localcluster.client.future import gateway_of
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable, Optional, Protocol
 
-from ..future import Future
+from ..client.future import Future
 from ..wire.serialize import dumps
 
 

@@ -7,10 +7,10 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol
 
-from ..future import table_of
+from ..client.future import table_of
 
 if TYPE_CHECKING:
-    from ..future import Future
+    from ..client.future import Future
 
 
 class Submitter(Protocol):

@@ -49,7 +49,7 @@ from ..system.machine import usable_cpus
 from ..worker.context import cancelled, in_worker
 
 if TYPE_CHECKING:       # imported where used: a worker that unpickles a batch loads this
-    from ..client import Client     # module, and must not load the parent's machinery with it
+    from ..client.client import Client     # module, and must not load the parent's machinery with it
 
 __all__ = ["LocalClusterBackend"]
 
@@ -84,7 +84,7 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
     def client(self) -> Optional[Client]:
         """The client the work goes to: the given one, else the current one; None if there is
         none yet (a Parallel call then starts one of its own)."""
-        from ..client import Client
+        from ..client.client import Client
         if self._in_use is not None:
             return self._in_use
         if self._given is not None:
@@ -124,7 +124,7 @@ class LocalClusterBackend(AutoBatchingMixin, ParallelBackendBase):
             self.effective_n_jobs(n_jobs)
         client = self.client
         if client is None:
-            from ..client import Client
+            from ..client.client import Client
             # Not the process's current client: another Parallel call made meanwhile (a
             # second generator) would take it for the user's, and lose its work when this
             # call ends and closes it.
@@ -271,7 +271,7 @@ class UnlessCancelled:
 
 
 def _is_client(obj: object) -> bool:
-    from ..client import Client
+    from ..client.client import Client
     return isinstance(obj, Client)
 
 

@@ -15,12 +15,12 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..future import gateway_of
+from ..client.future import gateway_of
 from ..wire import serialize
 from ..death import KilledWorker, TaskTimeoutError, WorkerDeath, classify, crash_stack, exit_signal
 
 if TYPE_CHECKING:
-    from ..future import Future
+    from ..client.future import Future
 
 
 _REPLAY = ("import sys, json, pickle, faulthandler; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "

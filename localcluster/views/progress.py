@@ -42,7 +42,7 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
         ValueError: an ``interval`` that is not a positive number of seconds.
     """
     from ..config import check_seconds
-    from ..future import state_of, walk
+    from ..client.future import state_of, walk
     check_seconds(interval, "progress", "interval", none=False)
     fs = [f for group in futures for f in walk(group)]
     counts = _Counts(len(fs))

@@ -20,24 +20,24 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import cluster as _cluster
+from .. import cluster as _cluster
 from . import future as _future
-from .wire import serialize
-from .cluster import LocalCluster
-from .config import check_int, check_resources
-from .client_dask import DaskCalls, become_default, release_default
-from .client_specs import (DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, check_submit_options, dask_keywords,
-                           fresh_key, name_of, new_fn_id, terms_of)
-from . import journal as _journal
-from .scheduler.records import Spec, Terms
-from .engine.lifecycle import Phase
+from ..wire import serialize
+from ..cluster import LocalCluster
+from ..config import check_int, check_resources
+from .dask_calls import DaskCalls, become_default, release_default
+from .specs import (DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, check_submit_options, dask_keywords,
+                    fresh_key, name_of, new_fn_id, terms_of)
+from .. import journal as _journal
+from ..scheduler.records import Spec, Terms
+from ..engine.lifecycle import Phase
 from .future import Future
-from .published import NO_DEFAULT, Datasets
+from ..published import NO_DEFAULT, Datasets
 from .future import walk as _walk
 from . import waiting as _waiting
 from .waiting import as_completed, wait  # noqa: F401 - re-exported
-from .worker import actors as _actors
-from .worker import client as _in_tasks
+from ..worker import actors as _actors
+from ..worker import client as _in_tasks
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
 
@@ -182,7 +182,7 @@ class Client:
         """
         if setup is None:
             return {}
-        from .worker.setup import CallbackPlugin
+        from ..worker.setup import CallbackPlugin
         return self.register_plugin(CallbackPlugin(setup))
 
     # --- submitting -------------------------------------------------------------------
@@ -1096,7 +1096,7 @@ class Client:
             ValueError: ``future`` did not fail.
             ReplayedDeath: the task killed (or outlasted) the throwaway process too.
         """
-        from .integrations.replay import recreate_error_locally
+        from ..integrations.replay import recreate_error_locally
         return recreate_error_locally(self, future)
 
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
@@ -1113,7 +1113,7 @@ class Client:
             Exception: a task's exception, as itself.
             KilledWorker: a task was given up after its workers died.
         """
-        from .integrations.daskgraph import get
+        from ..integrations.daskgraph import get
         return get(self, dsk, keys, **kwargs)
 
     def compute(self, collections: Any, sync: bool = False, optimize_graph: bool = True, workers: Any = None,
@@ -1165,7 +1165,7 @@ class Client:
             ...         print(list(executor.map(abs, [-1, -2])))
             [1, 2]
         """
-        from .integrations.executor import ClusterExecutor
+        from ..integrations.executor import ClusterExecutor
         return ClusterExecutor(self, **submit_kwargs)
 
     # --- dask's calls that have no meaning on one machine: each says what to use instead ------

@@ -16,9 +16,9 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Optional
 
-from .wire import serialize
-from .config import check_int, check_seconds
-from .scheduler.records import Spec, Terms
+from ..wire import serialize
+from ..config import check_int, check_seconds
+from ..scheduler.records import Spec, Terms
 
 _fn_ids = itertools.count(1)         # function ids of this process, for every Client
 _unique = itertools.count()          # the numbers of fresh keys (impure tasks, scattered data)

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, P
 
 import weakref
 
-from .death import TransferError
-from .engine.lifecycle import Phase
-from .journal import InJournal
-from .wire import protocol as P, remote, serialize
+from ..death import TransferError
+from ..engine.lifecycle import Phase
+from ..journal import InJournal
+from ..wire import protocol as P, remote, serialize
 
 __all__ = ["Future", "fire_and_forget"]
 
 if TYPE_CHECKING:
-    from .gateway import Gateway
+    from ..gateway import Gateway
 
 
 class Owner(Protocol):
@@ -695,7 +695,7 @@ class Future(cf.Future):
                 raise cf.TimeoutError(f"result(timeout={timeout:g}) timed out: task {self.key!r} is done, but "
                                       f"fetching its data from the worker took longer") from None
             except BaseException as e:
-                from .death import LostDataError
+                from ..death import LostDataError
                 if isinstance(e, LostDataError):
                     s.lost = e
                 raise
@@ -852,7 +852,7 @@ class Future(cf.Future):
         return f"<Future: {self.status}, key: {self.key}>"
 
     def _repr_html_(self) -> str:
-        from .views.render import future_view
+        from ..views.render import future_view
         status = self.status
         detail = ""
         if status in ("error", "lost"):

@@ -21,16 +21,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from .engine.plugins import is_scheduler_plugin
-from .wire import serialize
-from .config import check_duration, check_int, check_resources
-from .client_specs import Options, Specs, dask_keywords, name_of
+from ..engine.plugins import is_scheduler_plugin
+from ..wire import serialize
+from ..config import check_duration, check_int, check_resources
+from .specs import Options, Specs, dask_keywords, name_of
 from .future import futures_of, gateway_of, loads_for
-from .published import Published, Subscription
-from .worker import setup
+from ..published import Published, Subscription
+from ..worker import setup
 
 if TYPE_CHECKING:
-    from .gateway import Gateway
+    from ..gateway import Gateway
 
 
 class DaskCalls:
@@ -80,7 +80,7 @@ class DaskCalls:
             self.unsubscribe_topic(topic)
 
     def get_versions(self, check: bool = False) -> dict:
-        from .worker.boot import versions
+        from ..worker.boot import versions
         mine = versions()
         theirs = self._gateway.worker_versions()
         if check:
@@ -367,7 +367,7 @@ class DaskCalls:
     def compute(self, collections: Any, sync: bool, optimize_graph: bool, options: dict, traverse: bool,
                 kwargs: dict) -> Any:
         import dask
-        from .integrations.daskgraph import compute
+        from ..integrations.daskgraph import compute
         options = self._graph_options("compute", kwargs, **options)
         single = not isinstance(collections, (list, tuple, set, frozenset))
         items = [collections] if single else list(collections)
@@ -379,7 +379,7 @@ class DaskCalls:
 
     def persist(self, collections: Any, optimize_graph: bool, options: dict, kwargs: dict) -> Any:
         import dask
-        from .integrations.daskgraph import persist
+        from ..integrations.daskgraph import persist
         options = self._graph_options("persist", kwargs, **options)
         single = not isinstance(collections, (list, tuple, set, frozenset))
         items = [collections] if single else list(collections)
@@ -427,7 +427,7 @@ _DUMP_LOG_LINES = 200           # each worker's last log lines written
 
 
 def _version() -> str:
-    from .version import __version__
+    from ..version import __version__
     return __version__
 
 

@@ -15,9 +15,9 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Optional
 
-from .config import check_seconds
+from ..config import check_seconds
 from .future import Future, futures_of, gateway_of, refuse_in_fork
-from .worker import client as _in_tasks
+from ..worker import client as _in_tasks
 
 __all__ = ["wait", "as_completed", "wait_all", "check_timeout", "timed_out"]
 

@@ -408,3 +408,48 @@ def as_completed_in_task():
 
 def test_as_completed_in_a_task_on_its_own_futures(client):
     assert client.submit(as_completed_in_task, pure=False).result(30) == [1, 2, 3, 4, 5, 6]
+
+
+# --- one reading of the Client API's arguments, for a Client and a task's client -------------
+
+def _bad_calls(client):
+    """The same calls, made with ``client``: each bad one's error as (type name, message)."""
+    def inc(x):
+        return x + 1
+    calls = [
+        lambda: client.submit(42),
+        lambda: client.submit(inc, 1, key=7),
+        lambda: client.submit(inc, 1, retries=-1),
+        lambda: client.submit(inc, 1, timeout="soon"),
+        lambda: client.submit(inc, 1, priority=1.5),
+        lambda: client.submit(inc, 1, allow_other_workers="yes"),
+        lambda: client.submit(inc, 1, resources={"GPU": -1}),
+        lambda: client.map(inc),
+        lambda: client.map(42, [1]),
+        lambda: client.map(inc, [1, 2], key=["only-one"]),
+        lambda: client.map(inc, [1, 2], key=7),
+    ]
+    said = []
+    for call in calls:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the error is what is compared
+            said.append((type(e).__name__, str(e)))
+        else:
+            said.append(None)
+    keys = [f.key for f in client.map(inc, [1, 2], key="pre", fifo_timeout="1s", batch_size=5)]
+    return said, [k.startswith("pre-") for k in keys], client.gather(client.map(inc, [1, 2], key="pre"))
+
+
+def _bad_calls_in_a_task():
+    return _bad_calls(get_client())
+
+
+def test_a_task_and_the_user_read_the_client_apis_arguments_alike(client):
+    """Differential: every bad argument is refused with the same error in a task (get_client)
+    as in the user's process, and map's key prefix and dask's hints mean the same."""
+    here, prefixed_here, values_here = _bad_calls(client)
+    there, prefixed_there, values_there = client.submit(_bad_calls_in_a_task, pure=False).result(60)
+    assert None not in here, here
+    assert there == here
+    assert prefixed_here == prefixed_there == [True, True] and values_here == values_there == [2, 3]

@@ -26,8 +26,7 @@ from ..wire import serialize
 from ..cluster import LocalCluster
 from ..config import check_int, check_resources
 from .dask_calls import DaskCalls, become_default, release_default
-from .specs import (DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, check_submit_options, dask_keywords,
-                    fresh_key, name_of, new_fn_id, terms_of)
+from .specs import DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, fresh_key, name_of, new_fn_id, terms_of
 from .. import journal as _journal
 from ..scheduler.records import Spec, Terms
 from ..engine.lifecycle import Phase
@@ -37,6 +36,7 @@ from .future import walk as _walk
 from . import waiting as _waiting
 from .waiting import as_completed, wait  # noqa: F401 - re-exported
 from ..worker import actors as _actors
+from ..worker import arguments as _arguments
 from ..worker import client as _in_tasks
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
@@ -234,7 +234,7 @@ class Client:
                                         key=key or fresh_key(name_of(fn)), pure=False, retries=retries,
                                         timeout=timeout, priority=priority, workers=workers,
                                         allow_other_workers=allow_other_workers, resources=resources)
-            dask_keywords("submit", kwargs, ("fifo_timeout",))
+            _arguments.dask_keywords("submit", kwargs, _arguments.HINTS["submit"])
         return self._submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
                                 priority=priority, workers=workers, allow_other_workers=allow_other_workers,
                                 resources=resources)
@@ -245,10 +245,8 @@ class Client:
                     allow_other_workers: bool = False, resources: Optional[dict] = None) -> Future:
         """``submit`` with the function's arguments passed explicitly, for wrappers (the
         Executor) whose callers may use keywords such as ``key`` or ``timeout`` for ``fn``."""
-        if not callable(fn):
-            raise TypeError(f"submit() needs a callable first, got {serialize.describe(fn)}")
-        if key is not None and not isinstance(key, str):
-            raise TypeError(f"key must be a string, got {type(key).__name__}")
+        _arguments.check_call("submit", fn)
+        _arguments.check_key(key)
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "submit"))
         if self._journal is not None and opts.pure:      # never pure=False (an actor's making among them)
@@ -271,23 +269,13 @@ class Client:
         Raises:
             TypeError: ``fn`` is not callable, or no iterable is given.
         """
-        if not callable(fn):
-            raise TypeError(f"map() needs a callable first, got {serialize.describe(fn)}")
-        if not iterables:
-            raise TypeError("map() needs at least one iterable")
-        dask_keywords("map", kwargs, ("fifo_timeout", "batch_size"))   # batches are sized here
+        _arguments.check_call("map", fn, iterables)
+        _arguments.dask_keywords("map", kwargs, _arguments.HINTS["map"])   # batches are sized here
         opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
                              check_resources(resources, "map"))
         with _no_collection():
             items = list(zip(*iterables))
-            if isinstance(key, (list, tuple)):
-                if len(key) != len(items):
-                    raise ValueError(f"map(key=...) got {len(key)} keys for {len(items)} tasks")
-                keys = list(key)
-            elif key is None or isinstance(key, str):
-                keys = [None] * len(items)
-            else:
-                raise TypeError("map(key=...) takes a list of keys, or a string prefix")
+            keys = _arguments.map_keys(key, len(items))
             if self._journal is not None and opts.pure:
                 journaled = self._journaled(self._journal, fn, items, kwargs, keys, opts,
                                             key if isinstance(key, str) else None)
@@ -301,7 +289,7 @@ class Client:
             for args, k in zip(items, keys):
                 spec = specs_of(fn, args, kwargs, k, opts, how)
                 if isinstance(key, str):
-                    spec = spec.with_key(f"{key}-{spec.key.rsplit('-', 1)[-1]}")
+                    spec = spec.with_key(_arguments.prefixed(key, spec.key))
                 specs.append(spec)
             return self._submit(specs, opts.resources)
 
@@ -311,9 +299,7 @@ class Client:
                 and workers is None and allow_other_workers is False and resources is None):
             self._check()                   # the defaults (a submit in a loop): nothing else to check
             return DEFAULT_OPTIONS[bool(pure)]
-        check_submit_options(retries, timeout, priority)
-        if not isinstance(allow_other_workers, bool):
-            raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
+        _arguments.check_options(retries, timeout, priority, allow_other_workers)
         self._check()
         names = self._gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
         return Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
@@ -373,7 +359,7 @@ class Client:
                 keeper.warn_unjournaled(how.name, why)
                 plain = plain or self._specs.how(fn, opts.pure)
                 spec = self._specs.spec(fn, args, kwargs, k, opts, plain)
-                specs.append(spec if prefix is None else spec.with_key(f"{prefix}-{spec.key.rsplit('-', 1)[-1]}"))
+                specs.append(spec.with_key(_arguments.prefixed(prefix, spec.key)))
                 entries.append(None)
                 continue
             specs.append(self._specs.spec(fn, args, kwargs, k, opts, run_as(fpk)))

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from ..engine.plugins import is_scheduler_plugin
 from ..wire import serialize
 from ..config import check_duration, check_int, check_resources
-from .specs import Options, Specs, dask_keywords, name_of
+from .specs import Options, Specs, name_of
+from ..worker.arguments import dask_keywords
 from .future import futures_of, gateway_of, loads_for
 from ..published import Published, Subscription
 from ..worker import setup

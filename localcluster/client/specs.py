@@ -17,18 +17,12 @@ from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..wire import serialize
-from ..config import check_int, check_seconds
 from ..scheduler.records import Spec, Terms
 
 _fn_ids = itertools.count(1)         # function ids of this process, for every Client
 _unique = itertools.count()          # the numbers of fresh keys (impure tasks, scattered data)
 PREFIX = os.urandom(4).hex()         # this process's part of every fresh key and Client id
 FN_CACHE = 512                       # functions each Client keeps pickled
-
-# dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
-# Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
-_DASK_REFUSED = {"actor": "actors", "actors": "actors"}
-
 
 def new_fn_id() -> int:
     """A function id never given before in this process (a task function wrapped anew)."""
@@ -44,21 +38,6 @@ def name_of(fn: Any) -> str:
     """A function's name, for its tasks' keys and for messages."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return "lambda" if name == "<lambda>" else name
-
-
-def dask_keywords(call: str, kwargs: dict, hints: tuple) -> None:
-    """Take dask's scheduling keywords out of ``kwargs``: ``hints`` dropped, the others refused."""
-    for name in hints:
-        kwargs.pop(name, None)
-    for name, what in _DASK_REFUSED.items():
-        if kwargs.pop(name, None):
-            raise NotImplementedError(f"{call}({name}=...) is dask's {what}, which localcluster does not have")
-
-
-def check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
-    check_int(retries, "", "retries")
-    check_seconds(timeout, "", "timeout")
-    check_int(priority, "", "priority", lo=None)
 
 
 class Function(NamedTuple):

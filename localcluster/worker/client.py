@@ -27,7 +27,7 @@ from ..config import check_resources
 from ..wire import protocol as P
 from ..wire import serialize
 from ..published import NO_DEFAULT, Datasets, Published
-from . import context, process
+from . import arguments, context, process
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
 
@@ -282,24 +282,33 @@ class TaskClient:
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
                allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> TaskFuture:
-        """As ``Client.submit``: ``fn(*args, **kwargs)`` on the cluster; a TaskFuture."""
-        for hint in ("fifo_timeout", "actor", "actors"):
-            kwargs.pop(hint, None)
-        task = self._task(fn, args, kwargs, key, pure, retries, timeout, priority, workers, allow_other_workers,
-                          check_resources(resources, "submit"))
+        """As ``Client.submit``: ``fn(*args, **kwargs)`` on the cluster; a TaskFuture. Its
+        arguments are read and checked as the Client's (worker/arguments.py)."""
+        if kwargs.pop("actor", False) | bool(kwargs.pop("actors", False)):
+            raise NotImplementedError("submit(actor=True) in a task: an actor is made by a Client of your own "
+                                      "process; pass its handle to the task, whose calls of it work there")
+        arguments.dask_keywords("submit", kwargs, arguments.HINTS["submit"])
+        arguments.check_call("submit", fn)
+        arguments.check_key(key)
+        need = check_resources(resources, "submit")
+        arguments.check_options(retries, timeout, priority, allow_other_workers)
+        task = self._task(fn, args, kwargs, key, pure, retries, timeout, priority, workers, allow_other_workers, need)
         return self._send([task])[0]
 
     def map(self, fn: Callable, /, *iterables: Any, key: Any = None, pure: bool = True, retries: int = 0,
             timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
             allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> list:
-        """As ``Client.map``: one task per item, sent in one message."""
-        for hint in ("fifo_timeout", "batch_size"):
-            kwargs.pop(hint, None)
+        """As ``Client.map``: one task per item, sent in one message. Its arguments are read and
+        checked as the Client's (worker/arguments.py)."""
+        arguments.check_call("map", fn, iterables)
+        arguments.dask_keywords("map", kwargs, arguments.HINTS["map"])
         need = check_resources(resources, "map")
+        arguments.check_options(retries, timeout, priority, allow_other_workers)
         items = list(zip(*iterables))
-        keys = list(key) if isinstance(key, (list, tuple)) else [None] * len(items)
-        tasks = [self._task(fn, a, kwargs, k, pure, retries, timeout, priority, workers, allow_other_workers, need)
-                 for a, k in zip(items, keys)]
+        keys = arguments.map_keys(key, len(items))
+        prefix = key if isinstance(key, str) else None
+        tasks = [self._task(fn, a, kwargs, k, pure, retries, timeout, priority, workers, allow_other_workers, need,
+                            prefix) for a, k in zip(items, keys)]
         return self._send(tasks)
 
     def gather(self, futures: Any, errors: str = "raise", timeout: Optional[float] = None, **kwargs: Any) -> Any:
@@ -458,9 +467,8 @@ class TaskClient:
         return futures
 
     def _task(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], pure: bool, retries: int,
-              timeout: Optional[float], priority: int, workers: Any, loose: bool, need: Optional[tuple]) -> P.NewTask:
-        if not callable(fn):
-            raise TypeError(f"submit() needs a callable first, got {serialize.describe(fn)}")
+              timeout: Optional[float], priority: int, workers: Any, loose: bool, need: Optional[tuple],
+              prefix: Optional[str] = None) -> P.NewTask:
         fn_bytes, name, hashed = self._function(fn)
         try:
             payload, found = serialize.dumps_collecting((tuple(args), dict(kwargs)))
@@ -476,6 +484,7 @@ class TaskClient:
                 key = f"{name}-{h.hexdigest()}"
             else:
                 key = f"{name}-{os.urandom(8).hex()}"
+            key = arguments.prefixed(prefix, key)
         names = frozenset((workers,) if isinstance(workers, str) else workers) if workers is not None else None
         return P.NewTask(key, fn_bytes, payload, tuple(found), priority, retries, timeout, names, bool(loose), need)
 

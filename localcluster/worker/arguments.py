@@ -1,0 +1,79 @@
+"""The arguments of the Client API's calls, read and checked the same way by both its
+implementations: the :class:`Client` of the user's process (client/client.py) and the
+:class:`TaskClient` of a task (worker/client.py, ``get_client()`` in a task).
+
+Each call's own keywords (``pure``, ``retries``, ``timeout``, ``priority``, ``workers``,
+``allow_other_workers``, ``resources``, ``key``) and dask's scheduling keywords (dropped as
+hints, or refused) are read here once, so that a call that a Client refuses is refused in a
+task with the same error, and one it takes is taken there with the same meaning.
+
+It lives beside the task's client because a worker loads it (for that client, on a task's
+first ``get_client()``, never as it starts); the Client of the user's process imports it from
+here (the client side sits above the worker's).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..config import check_int, check_seconds
+from ..wire import serialize
+
+__all__ = ["dask_keywords", "check_submit_options", "check_options", "check_call", "check_key", "map_keys", "prefixed",
+           "HINTS"]
+
+# dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
+# Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
+HINTS = {"submit": ("fifo_timeout",), "map": ("fifo_timeout", "batch_size")}
+_DASK_REFUSED = {"actor": "actors", "actors": "actors"}
+
+
+def dask_keywords(call: str, kwargs: dict, hints: tuple) -> None:
+    """Take dask's scheduling keywords out of ``kwargs``: ``hints`` dropped, the others refused."""
+    for name in hints:
+        kwargs.pop(name, None)
+    for name, what in _DASK_REFUSED.items():
+        if kwargs.pop(name, None):
+            raise NotImplementedError(f"{call}({name}=...) is dask's {what}, which localcluster does not have")
+
+
+def check_submit_options(retries: Any, timeout: Any, priority: Any) -> None:
+    check_int(retries, "", "retries")
+    check_seconds(timeout, "", "timeout")
+    check_int(priority, "", "priority", lo=None)
+
+
+def check_options(retries: Any, timeout: Any, priority: Any, allow_other_workers: Any) -> None:
+    """Check submit's options but ``workers`` and ``resources`` (a clear error naming the bad one)."""
+    check_submit_options(retries, timeout, priority)
+    if not isinstance(allow_other_workers, bool):
+        raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
+
+
+def check_call(call: str, fn: Any, iterables: Optional[tuple] = None) -> None:
+    """``fn`` is callable, and (``map``) there is an iterable."""
+    if not callable(fn):
+        raise TypeError(f"{call}() needs a callable first, got {serialize.describe(fn)}")
+    if iterables is not None and not iterables:
+        raise TypeError(f"{call}() needs at least one iterable")
+
+
+def check_key(key: Any) -> None:
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a string, got {type(key).__name__}")
+
+
+def map_keys(key: Any, n: int) -> list:
+    """``map(key=...)``'s key of each of ``n`` tasks: a list of keys, one a task; None or a
+    string prefix (``prefixed``): each task's own key."""
+    if isinstance(key, (list, tuple)):
+        if len(key) != n:
+            raise ValueError(f"map(key=...) got {len(key)} keys for {n} tasks")
+        return list(key)
+    if key is None or isinstance(key, str):
+        return [None] * n
+    raise TypeError("map(key=...) takes a list of keys, or a string prefix")
+
+
+def prefixed(prefix: Optional[str], key: str) -> str:
+    """A task's key under ``map(key="prefix")``: the prefix, then its own key's token."""
+    return key if prefix is None else f"{prefix}-{key.rsplit('-', 1)[-1]}"

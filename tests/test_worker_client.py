@@ -428,6 +428,9 @@ def _bad_calls(client):
         lambda: client.map(42, [1]),
         lambda: client.map(inc, [1, 2], key=["only-one"]),
         lambda: client.map(inc, [1, 2], key=7),
+        lambda: client.gather([], errors="bogus"),
+        lambda: client.run(os.getpid, on_error="bogus"),
+        lambda: client.run(42),
     ]
     said = []
     for call in calls:
@@ -438,7 +441,9 @@ def _bad_calls(client):
         else:
             said.append(None)
     keys = [f.key for f in client.map(inc, [1, 2], key="pre", fifo_timeout="1s", batch_size=5)]
-    return said, [k.startswith("pre-") for k in keys], client.gather(client.map(inc, [1, 2], key="pre"))
+    mixed = {"ok": client.submit(inc, 1), "bad": [client.submit(inc, "x"), client.submit(inc, 2)]}
+    return said, [k.startswith("pre-") for k in keys], client.gather(client.map(inc, [1, 2], key="pre")), \
+        client.gather(mixed, errors="skip")
 
 
 def _bad_calls_in_a_task():
@@ -447,9 +452,10 @@ def _bad_calls_in_a_task():
 
 def test_a_task_and_the_user_read_the_client_apis_arguments_alike(client):
     """Differential: every bad argument is refused with the same error in a task (get_client)
-    as in the user's process, and map's key prefix and dask's hints mean the same."""
-    here, prefixed_here, values_here = _bad_calls(client)
-    there, prefixed_there, values_there = client.submit(_bad_calls_in_a_task, pure=False).result(60)
+    as in the user's process, and map's key prefix, dask's hints and gather's skip mean the same."""
+    here, prefixed_here, values_here, skipped_here = _bad_calls(client)
+    there, prefixed_there, values_there, skipped_there = client.submit(_bad_calls_in_a_task, pure=False).result(60)
     assert None not in here, here
     assert there == here
     assert prefixed_here == prefixed_there == [True, True] and values_here == values_there == [2, 3]
+    assert skipped_here == skipped_there == {"ok": 2, "bad": [3]}

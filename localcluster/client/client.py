@@ -496,8 +496,7 @@ class Client:
             TimeoutError: past ``timeout``, saying how many are not done and why.
             KilledWorker: a task was running in more than ``allowed_failures`` worker deaths.
         """
-        if errors not in ("raise", "skip"):
-            raise ValueError(f"gather(errors={errors!r}): expected 'raise' or 'skip'")
+        _arguments.check_errors("gather", errors)
         if not isinstance(asynchronous, bool):
             raise TypeError(f"gather(asynchronous={asynchronous!r}): expected True or False")
         _waiting.check_timeout("gather", timeout)
@@ -1335,26 +1334,8 @@ def _not_here(call: str, why: str) -> NotImplementedError:
                                f"(docs/dask-api.md lists every name).")
 
 
-_SKIP = object()
-
-
 def _rebuild(obj: Any, errors: str) -> Any:
-    if isinstance(obj, Future):
-        if errors == "skip" and (obj.cancelled() or obj.exception() is not None):
-            return _SKIP
-        try:
-            return obj.result()
-        except BaseException:
-            if errors == "skip":
-                return _SKIP
-            raise
-    if isinstance(obj, dict):
-        out = {k: _rebuild(v, errors) for k, v in obj.items()}
-        return {k: v for k, v in out.items() if v is not _SKIP}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        items = [x for x in (_rebuild(v, errors) for v in obj) if x is not _SKIP]
-        return type(obj)(items) if not isinstance(obj, list) else items
-    return obj
+    return _arguments.rebuild(obj, Future, Future.result, errors)
 
 
 _collection_paused = 0       # maps under way that paused the cyclic collector (under _collection_lock)

@@ -25,7 +25,7 @@ from ..engine.plugins import is_scheduler_plugin
 from ..wire import serialize
 from ..config import check_duration, check_int, check_resources
 from .specs import Options, Specs, name_of
-from ..worker.arguments import dask_keywords
+from ..worker.arguments import check_run, dask_keywords, run_results
 from .future import futures_of, gateway_of, loads_for
 from ..published import Published, Subscription
 from ..worker import setup
@@ -101,13 +101,7 @@ class DaskCalls:
     def run(self, function: Callable, args: tuple, kwargs: dict, workers: Any, wait: bool, nanny: bool,
             on_error: str) -> Optional[dict]:
         """``Client.run``: {worker name: result}, or None with ``wait=False``."""
-        if on_error not in ("raise", "return", "ignore"):
-            raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
-        if not callable(function):
-            raise TypeError(f"run() needs a callable first, got {serialize.describe(function)}")
-        if nanny:
-            raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of this process, "
-                                      "not a process of its own; call the function here instead")
+        check_run(function, nanny, on_error, "this process")
         self._check()
         gateway = self._gateway
         names = gateway.check_worker_names(workers) if workers is not None else None
@@ -119,16 +113,8 @@ class DaskCalls:
         answers = gateway.run(fn_bytes, payload, names, f"client.run({name_of(function)})")
         if not wait:
             return None
-        out: dict = {}
-        for name, answer in answers.items():
-            try:
-                out[name] = serialize.loads(answer.result())
-            except Exception as e:
-                if on_error == "raise":
-                    raise
-                if on_error == "return":
-                    out[name] = e
-        return out
+        return run_results(((name, lambda a=answer: serialize.loads(a.result())) for name, answer in answers.items()),
+                           on_error)
 
     def who_has(self, futures: Any) -> dict[str, tuple]:
         self._check()

@@ -32,6 +32,7 @@ from ..death import TransferError
 from ..engine.lifecycle import Phase
 from ..journal import InJournal
 from ..wire import protocol as P, remote, serialize
+from ..worker import arguments as _arguments
 
 __all__ = ["Future", "fire_and_forget"]
 
@@ -866,16 +867,9 @@ class Future(cf.Future):
             state.table.let_go(self.key)
 
 
-def walk(obj: Any) -> Any:
+def walk(obj: Any) -> Iterator[Future]:
     """The Futures in (nested lists, tuples, sets and dicts of) ``obj``."""
-    if isinstance(obj, Future):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from walk(v)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            yield from walk(v)
+    return _arguments.walk(obj, Future)
 
 
 def futures_of(obj: Any) -> list:

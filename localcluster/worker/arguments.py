@@ -13,13 +13,14 @@ here (the client side sits above the worker's).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from concurrent.futures import CancelledError
+from typing import Any, Callable, Iterator, Optional
 
 from ..config import check_int, check_seconds
 from ..wire import serialize
 
 __all__ = ["dask_keywords", "check_submit_options", "check_options", "check_call", "check_key", "map_keys", "prefixed",
-           "HINTS"]
+           "HINTS", "check_errors", "walk", "rebuild", "check_run", "run_results"]
 
 # dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
 # Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
@@ -77,3 +78,71 @@ def map_keys(key: Any, n: int) -> list:
 def prefixed(prefix: Optional[str], key: str) -> str:
     """A task's key under ``map(key="prefix")``: the prefix, then its own key's token."""
     return key if prefix is None else f"{prefix}-{key.rsplit('-', 1)[-1]}"
+
+
+# --- futures nested in the arguments: gather's walk and rebuild ------------------------------
+
+def check_errors(call: str, errors: Any) -> None:
+    if errors not in ("raise", "skip"):
+        raise ValueError(f"{call}(errors={errors!r}): expected 'raise' or 'skip'")
+
+
+def walk(obj: Any, kind: type) -> Iterator[Any]:
+    """The futures (instances of ``kind``) in (nested lists, tuples, sets and dicts of) ``obj``."""
+    if isinstance(obj, kind):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from walk(v, kind)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from walk(v, kind)
+
+
+_SKIP = object()
+
+
+def rebuild(obj: Any, kind: type, value: Callable[[Any], Any], errors: str) -> Any:
+    """``obj`` with each future (an instance of ``kind``) replaced by ``value(future)``, nested
+    as it was; ``errors="skip"``: a future whose value raises is left out."""
+    if isinstance(obj, kind):
+        try:
+            return value(obj)
+        except (Exception, CancelledError):
+            if errors == "skip":
+                return _SKIP
+            raise
+    if isinstance(obj, dict):
+        out = {k: rebuild(v, kind, value, errors) for k, v in obj.items()}
+        return {k: v for k, v in out.items() if v is not _SKIP}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [x for x in (rebuild(v, kind, value, errors) for v in obj) if x is not _SKIP]
+        return items if isinstance(obj, list) else type(obj)(items)
+    return obj
+
+
+# --- run: a function on every worker ----------------------------------------------------------
+
+def check_run(function: Any, nanny: Any, on_error: Any, here: str) -> None:
+    """``run``'s arguments; ``here``: where a nanny's thread runs (for the message)."""
+    if on_error not in ("raise", "return", "ignore"):
+        raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
+    check_call("run", function)
+    if nanny:
+        raise NotImplementedError(f"run(nanny=True): a localcluster nanny is a thread of {here}, not a "
+                                  f"process of its own; call the function in {here} instead")
+
+
+def run_results(answers: Iterator[tuple], on_error: str) -> dict:
+    """{worker name: result} of ``run``, from (name, a call that gives that worker's result or
+    raises its error): an error raised, kept, or left out as ``on_error`` says."""
+    out: dict = {}
+    for name, result in answers:
+        try:
+            out[name] = result()
+        except Exception as e:
+            if on_error == "raise":
+                raise
+            if on_error == "return":
+                out[name] = e
+    return out

@@ -16,6 +16,7 @@ only when a task first asks for it: the worker's start imports none of this.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import threading
@@ -313,11 +314,12 @@ class TaskClient:
 
     def gather(self, futures: Any, errors: str = "raise", timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """As ``Client.gather``: the results of (nested lists, tuples and dicts of) futures."""
+        arguments.check_errors("gather", errors)
         flat = list(dict.fromkeys(_walk(futures)))
         pending = [f for f in flat if f.outcome is None]
         for f, outcome in zip(pending, self.outcomes(pending, timeout) if pending else ()):
             f.conclude(outcome)
-        return _rebuilt(futures, lambda f: self.value(f, f.outcome), errors)  # type: ignore[arg-type]  # all concluded above
+        return arguments.rebuild(futures, TaskFuture, lambda f: self.value(f, f.outcome), errors)
 
     def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""
@@ -346,13 +348,7 @@ class TaskClient:
         now, outside the task slots, on a thread of its own there (this worker's too: no
         deadlock); ``{worker name: result}``. Errors as ``on_error`` says; a worker that dies
         meanwhile gives KilledWorker. ``wait=False``: None at once, the calls go on."""
-        if on_error not in ("raise", "return", "ignore"):
-            raise ValueError(f"run(on_error={on_error!r}): expected 'raise', 'return' or 'ignore'")
-        if not callable(function):
-            raise TypeError(f"run() needs a callable first, got {serialize.describe(function)}")
-        if nanny:
-            raise NotImplementedError("run(nanny=True): a localcluster nanny is a thread of the client's "
-                                      "process, not a process of its own; call the function there instead")
+        arguments.check_run(function, nanny, on_error, "the client's process")
         fn_bytes, name, _ = self._function(function)
         payload, found = serialize.dumps_collecting((tuple(args), dict(kwargs)))
         if found:
@@ -366,18 +362,8 @@ class TaskClient:
         answer = self.worker.ask(body, _seq())
         if answer.error is not None:
             raise serialize.loads_exception(answer.error, f"run({name})")
-        out: dict = {}
-        for worker, (status, data, error) in answer.data:
-            try:
-                if status != "finished":
-                    raise serialize.loads_exception(error, f"run({name}) on {worker!r}")
-                out[worker] = serialize.loads(data)
-            except Exception as e:
-                if on_error == "raise":
-                    raise
-                if on_error == "return":
-                    out[worker] = e
-        return out
+        return arguments.run_results(((worker, functools.partial(_ran, name, worker, *outcome))
+                                      for worker, outcome in answer.data), on_error)
 
     def who_has(self, futures: Any = None, **kwargs: Any) -> dict:
         """As ``Client.who_has``: key -> the names of the workers holding its data (every key
@@ -525,32 +511,12 @@ def wait(fs: list, timeout: Optional[float], return_when: str) -> tuple:
     return done, set(distinct) - done
 
 
+def _ran(name: str, worker: str, status: str, data: Any, error: Any) -> Any:
+    """What ``run`` of ``name`` gave on ``worker``: its value, or its error raised."""
+    if status != "finished":
+        raise serialize.loads_exception(error, f"run({name}) on {worker!r}")
+    return serialize.loads(data)
+
+
 def _walk(obj: Any) -> Iterator[TaskFuture]:
-    if isinstance(obj, TaskFuture):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _walk(v)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            yield from _walk(v)
-
-
-_SKIP = object()
-
-
-def _rebuilt(obj: Any, value: Callable[[TaskFuture], Any], errors: str) -> Any:
-    if isinstance(obj, TaskFuture):
-        try:
-            return value(obj)
-        except Exception:
-            if errors == "skip":
-                return _SKIP
-            raise
-    if isinstance(obj, dict):
-        out = {k: _rebuilt(v, value, errors) for k, v in obj.items()}
-        return {k: v for k, v in out.items() if v is not _SKIP}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        items = [x for x in (_rebuilt(v, value, errors) for v in obj) if x is not _SKIP]
-        return items if isinstance(obj, list) else type(obj)(items)
-    return obj
+    return arguments.walk(obj, TaskFuture)

@@ -460,6 +460,11 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
 
 def test_dump_stacks_of_live_workers(client, tmp_path):
     cluster = client.cluster
+    # a worker is ready once it said Ready, and starts its threads after (its main thread, an
+    # executor a thread, the flusher, the heartbeat): a dump of that moment has fewer
+    pids = list(client.run(os.getpid).values())
+    wait_for(lambda: all(psutil.Process(p).num_threads() >= 3 + cluster.threads_per_worker for p in pids),
+             timeout=20)
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
     wait_running(cluster, fut)

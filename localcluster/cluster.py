@@ -160,8 +160,9 @@ class LocalCluster:
                                          self._callbacks, view)
         #: the journal of finished work (``journal=``), or None
         self.journal: Optional[Journal] = Journal(self._keeper) if self._keeper is not None else None
-        self._gateway = _gateways[self] = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
+        self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
                                 self._callbacks, self._loop, self._keeper, self._plugins)
+        _gateways[self] = weakref.ref(self._gateway)
         self._runs = self._record_run(runs, cfg["run_registry"], removed)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
@@ -518,14 +519,22 @@ class LocalCluster:
 
 
 # Each cluster's gateway: what its Clients hold, found here rather than on the LocalCluster a
-# user holds, which carries dask's names and the documented extras only.
-_gateways: "weakref.WeakKeyDictionary[LocalCluster, Gateway]" = weakref.WeakKeyDictionary()
+# user holds, which carries dask's names and the documented extras only. A weak reference both
+# ways: the gateway reaches back to its cluster, and a value held strongly by a
+# WeakKeyDictionary keeps its key alive (every cluster would outlive its user's last reference).
+_gateways: "weakref.WeakKeyDictionary[LocalCluster, weakref.ref[Gateway]]" = weakref.WeakKeyDictionary()
+
+
+def _gateway_of(cluster: LocalCluster) -> Gateway:
+    gateway = _gateways[cluster]()
+    assert gateway is not None, "a live cluster holds its gateway"
+    return gateway
 
 
 def connect(cluster: LocalCluster, listener: Optional[Listener] = None) -> Gateway:
     """The cluster's internal protocol (gateway.py) for a Client, with ``listener`` (its
     futures table) told how its tasks end."""
-    gateway = _gateways[cluster]
+    gateway = _gateway_of(cluster)
     if listener is not None:
         gateway.attach(listener)
     return gateway
@@ -533,7 +542,7 @@ def connect(cluster: LocalCluster, listener: Optional[Listener] = None) -> Gatew
 
 def validate(cluster: LocalCluster) -> None:
     """Check the cluster's scheduler's invariants (AssertionError naming the first broken one)."""
-    _gateways[cluster].validate()
+    _gateway_of(cluster).validate()
 
 
 def _check_processes(processes: Any) -> None:

@@ -102,3 +102,17 @@ def test_in_a_forked_child_the_phase_is_forked():
         os.waitpid(pid, 0)
         assert answer == b"1"
         assert gateway_of(client).phase is Phase.RUNNING and client.status == "running"
+
+
+def test_a_closed_cluster_the_user_lets_go_of_is_freed():
+    """Nothing of the package keeps a cluster alive once closed and let go of: its workers'
+    buffers, its scheduler and its futures' results go with it (one leaked cluster a cycle
+    held every result it gathered)."""
+    import gc
+    import weakref
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(abs, -1).result(30) == 1
+        ref = weakref.ref(cluster)
+    del cluster, client
+    gc.collect()
+    assert ref() is None

@@ -160,9 +160,8 @@ class LocalCluster:
                                          self._callbacks, view)
         #: the journal of finished work (``journal=``), or None
         self.journal: Optional[Journal] = Journal(self._keeper) if self._keeper is not None else None
-        self._gateway = Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor, self._stall,
-                                self._callbacks, self._loop, self._keeper, self._plugins)
-        _gateways[self] = weakref.ref(self._gateway)
+        self._gateway = _register(self, Gateway(life, self._lock, self.scheduler, self._dispatch, self._supervisor,
+                                                self._stall, self._callbacks, self._loop, self._keeper, self._plugins))
         self._runs = self._record_run(runs, cfg["run_registry"], removed)
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
@@ -523,6 +522,11 @@ class LocalCluster:
 # ways: the gateway reaches back to its cluster, and a value held strongly by a
 # WeakKeyDictionary keeps its key alive (every cluster would outlive its user's last reference).
 _gateways: "weakref.WeakKeyDictionary[LocalCluster, weakref.ref[Gateway]]" = weakref.WeakKeyDictionary()
+
+
+def _register(cluster: LocalCluster, gateway: Gateway) -> Gateway:
+    _gateways[cluster] = weakref.ref(gateway)
+    return gateway
 
 
 def _gateway_of(cluster: LocalCluster) -> Gateway:

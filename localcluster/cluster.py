@@ -32,7 +32,7 @@ from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from . import config as _config
-from .scheduler import state as S
+from .scheduler import events as E, state as S
 from .engine.callbacks import CallbackThread
 from .engine.plugins import SchedulerPlugins, SchedulerView
 from .config import check_duration, check_int, check_seconds, format_bytes
@@ -405,10 +405,9 @@ class LocalCluster:
 
         def begin() -> None:
             error = ClusterRestarted("the cluster was restarted (client.restart()); submit the task again")
-            with self._dispatch.held():
-                post = self._dispatch.apply(self.scheduler.clear(error))
+            # the workers are told to stop first: nothing is placed on them once the tasks are gone
             self._supervisor.stop_all()
-            self._dispatch.post(post)
+            self._dispatch.drive(lambda: (None, (E.Clear(error),)))
             self._dispatch.fail_requests(ClusterRestarted("the cluster was restarted"))
             self._supervisor.refill()     # every old one is leaving; adapting, if on, goes on
         self._loop.call(begin).result()
@@ -450,9 +449,7 @@ class LocalCluster:
     def _finish_close(self, timeout: float) -> None:
         """After the scheduler thread has ended: fail what is pending, release the rest."""
         if not self._life.broken:                 # broken: the futures failed already
-            with self._dispatch.held():
-                post = self._dispatch.apply(self.scheduler.clear(ClusterClosed("the cluster was closed")))
-            self._dispatch.post(post)
+            self._dispatch.drive(lambda: (None, (E.Clear(ClusterClosed("the cluster was closed")),)))
         self._dispatch.fail_requests(ClusterClosed("the cluster was closed"))
         self._supervisor.reap_all()
         if self._plugins:           # the last transitions told, then each plugin's close(), in that order

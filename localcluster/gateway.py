@@ -16,14 +16,13 @@ Threads: any thread (user threads, the garbage collector for ``release``).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import logging
 import os
 import threading
 import time
 from typing import Any, Callable, Optional
 
-from .scheduler import state as S
+from .scheduler import events as E, state as S
 from .wire import serialize
 from .engine.callbacks import CallbackThread
 from .engine.dispatch import Dispatcher, Listener
@@ -115,7 +114,7 @@ class Gateway:
 
     def submit(self, specs: list, track: Callable[[], Any], again: Optional[dict] = None) -> Any:
         """Hand tasks (Specs) to the scheduler; ``track()`` makes their futures first, and
-        fills ``again`` (Scheduler.submit) with the keys its client held already."""
+        fills ``again`` (events.Submit) with the keys its client held already."""
         if self._supervisor.nannies or self._supervisor.target or self._supervisor.adapting:
             self._said_no_worker = False
         elif self._life.phase is Phase.RUNNING and specs and not self._said_no_worker:
@@ -133,14 +132,14 @@ class Gateway:
     def scatter(self, items: list, track: Callable[[], Any], workers: Optional[frozenset] = None,
                 broadcast: bool = False) -> Any:
         """Place ``[(key, Payload)]`` on workers (the scheduler chooses which)."""
-        return self._dispatch.event(self._scheduler.scatter, items, workers, broadcast, before=track)
+        return self._dispatch.event(E.Scatter(items, workers, broadcast), before=track)
 
     def cancel(self, keys: list) -> None:
-        self._dispatch.event(self._scheduler.cancel, keys)
+        self._dispatch.event(E.CancelKeys(keys))
 
     def retry(self, keys: list) -> None:
         """Run these erred tasks again (Client.retry); their futures were reopened first."""
-        self._dispatch.event(self._scheduler.retry, keys)
+        self._dispatch.event(E.Retry(keys))
 
     def release(self, key: str) -> None:
         """The last Future of ``key`` is gone (any thread, even inside the garbage collector)."""
@@ -151,35 +150,34 @@ class Gateway:
         """One more Future of ``key`` (one unpickled in this process), made by ``make()``
         under the lock (the Future, and whether its client held no future of the key until
         now: Client.adopt), resolved at once if the task has ended; None if the key is gone."""
-        made: list = []
-
-        def make_if_known() -> None:
-            if self._scheduler.knows(key):
-                made.append(make())
-        self._dispatch.event(lambda: self._scheduler.acquire(key, made[0][1]) if made else [], before=make_if_known)
-        return made[0][0] if made else None
+        def make_if_known() -> tuple:
+            if not self._scheduler.knows(key):
+                return None, ()
+            fut, counted = make()
+            return fut, (E.Hold(key, counted),)
+        return self._dispatch.drive(make_if_known)
 
     def replicate(self, keys: list, n: Optional[int], timeout: Optional[float]) -> None:
         """Copies of these keys' data on ``n`` workers; returns when they have arrived."""
-        fut = self._dispatch.request(lambda: self._scheduler.replicate(keys, n))
+        fut = self._dispatch.request(E.Replicate(keys, n))
         try:
             fut.result(timeout)
         except cf.TimeoutError:
             raise TimeoutError(f"replicate() did not finish within {timeout:g} s") from None
 
     def rebalance(self, keys: Optional[list], names: Optional[frozenset], timeout: Optional[float]) -> None:
-        """Spread these keys' data evenly over these workers (Scheduler.rebalance); returns once moved."""
+        """Spread these keys' data evenly over these workers (events.Rebalance); returns once moved."""
         moves: list = []
-        fut = self._dispatch.request(lambda: self._scheduler.rebalance(keys, names, moves))
+        fut = self._dispatch.request(E.Rebalance(keys, names, moves))
         try:
             fut.result(timeout)
         except cf.TimeoutError:
             raise TimeoutError(f"rebalance() did not finish within {timeout:g} s") from None
-        self._dispatch.event(self._scheduler.drop_copies, moves)
+        self._dispatch.event(E.DropCopies(moves))
 
     def fetch(self, keys: list) -> list[cf.Future]:
         """Futures for the data (Payloads) of ``keys``, however far away it is."""
-        return [self._dispatch.request(functools.partial(self._scheduler.fetch, key)) for key in keys]
+        return [self._dispatch.request(E.Fetch(key)) for key in keys]
 
     def run(self, fn: bytes, args: Any, workers: Optional[frozenset], what: str) -> dict[str, cf.Future]:
         """``Client.run``: a Future per worker (each running one, or those named) for the
@@ -187,9 +185,7 @@ class Gateway:
         with self._lock:
             names = sorted(workers if workers is not None else
                            (w for w, ws in self._scheduler.workers.items() if not ws.closing))
-        call = self._scheduler.call
-        return {name: self._dispatch.request(functools.partial(call, name, fn, args, f"{what} on {name!r}"))
-                for name in names}
+        return {name: self._dispatch.request(E.Call(name, fn, args, f"{what} on {name!r}")) for name in names}
 
     def actor_call(self, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:
         """An actor's method call or attribute read: ``fn(*args)`` on ``worker``, outside the task
@@ -205,49 +201,43 @@ class Gateway:
         request is withdrawn then, and its answer (now, or already on its way) is awaited.
         Interrupted (Ctrl-C), it is withdrawn too, and ``undo`` gets an answer that came anyway
         (a lease granted to nobody would block everyone)."""
-        ids: list = []
-
-        def ask() -> tuple:
-            req, actions = self._scheduler.coordinate(body)
-            ids.append(req)
-            return req, actions
-        fut = self._dispatch.request(ask)
+        request, fut = self._dispatch.open(E.Coordinate(body))
         try:
             return fut.result(timeout)
         except cf.TimeoutError:
-            self._dispatch.event(self._scheduler.withdraw, ids[0])
+            self._dispatch.event(E.Withdraw(request))
             return fut.result()
         except BaseException:
-            if ids and not fut.done():
-                self._dispatch.event(self._scheduler.withdraw, ids[0])
+            if not fut.done():
+                self._dispatch.event(E.Withdraw(request))
             if undo is not None and fut.done() and fut.exception() is None:
                 undo(fut.result())
             raise
 
     def validate(self) -> None:
         """Check the scheduler's invariants (AssertionError naming the first broken one)."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             self._scheduler.validate()
 
     def task_spec(self, key: str) -> Optional[Spec]:
         """The Spec ``key`` was submitted with, while the cluster still knows it."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             return self._scheduler.spec_of(key)
 
     def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
         """Key -> the names of the workers holding its data (``keys``, or every key known)."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             return self._scheduler.who_has(keys)
 
     def story(self, keys: list) -> list[tuple]:
         """``Client.story``: [("scheduler", key, start, finish, event)] of these keys, from the
         scheduler's ring of recent transitions, each key's oldest first."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             return [("scheduler", key, old, new, event) for key in keys for old, new, event in self._scheduler.transitions.of(key)]
 
     def nbytes(self, keys: Optional[list] = None) -> dict[str, int]:
         """Key -> the size of its result, for the keys in memory (of ``keys``, or every one)."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             tasks = self._scheduler.tasks
             found = (tasks.get(k) for k in keys) if keys is not None else tasks.values()
             return {ts.key: ts.nbytes for ts in found if ts is not None and ts.state == "memory"}
@@ -255,7 +245,7 @@ class Gateway:
     def tasks_dump(self) -> tuple[dict, list]:
         """Every task the scheduler knows, as plain data (dump_cluster_state), and the
         transitions it keeps of all keys, oldest first: [(key, start, finish, event)]."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             tasks = {ts.key: {"state": ts.state, "worker": ts.worker, "who_has": sorted(ts.who_has),
                               "dependencies": list(ts.deps), "dependents": sorted(ts.dependents),
                               "waiting_on": sorted(ts.waiting_on), "nbytes": ts.nbytes, "type": ts.type_name or None,
@@ -268,7 +258,7 @@ class Gateway:
 
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""
-        with self._dispatch.held():
+        with self._dispatch.locked():
             return self._scheduler.whereabouts(key).state
 
     def running_tasks(self) -> dict[str, str]:
@@ -290,7 +280,7 @@ class Gateway:
         return self._why_pending(keys[0], stall) if keys else "they are not done"
 
     def _why_pending(self, key: str, stall: Optional[Stall]) -> str:
-        with self._dispatch.held():
+        with self._dispatch.locked():
             where = self._scheduler.whereabouts(key)
             started = self._supervisor.running_since(where.worker, where.seq)
         why = _why(key, where, started)
@@ -320,7 +310,7 @@ class Gateway:
         runs on a worker whose channel is free to lend (Supervisor.read_for). Returns when
         ``done()``, or when the caller is to wait as usual; ``watch(bell)``: ring ``bell``
         once the key ends (FutureState.watch)."""
-        self._dispatch.settle()
+        self._dispatch.end_burst()
         worker = self._scheduler.worker_of(key)
         if worker is not None and self._life.error is None and not self._loop.on_loop():
             self._supervisor.read_for(worker, done, watch, deadline)

@@ -82,7 +82,7 @@ def test_failure_on_a_user_thread_breaks_the_cluster_too(monkeypatch, tmp_path):
 
         def boom(specs, again=None):
             raise KeyError("injected failure in Scheduler.submit")
-        monkeypatch.setattr(cluster.scheduler, "submit", boom)
+        monkeypatch.setattr(cluster.scheduler.admission, "submit", boom)     # what a Submit event calls
         with pytest.raises(ClusterBroken) as info:
             client.submit(inc, 1)
         assert_broken(info.value)

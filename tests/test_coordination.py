@@ -21,6 +21,7 @@ from localcluster.scheduler.records import Reply
 from localcluster.wire import protocol as P
 from localcluster.wire import serialize
 from localcluster.cluster import validate
+from localcluster.scheduler import events as E
 
 # --- the pure scheduler -----------------------------------------------------------------
 
@@ -28,13 +29,13 @@ from localcluster.cluster import validate
 def sched(*workers):
     s = Checked()
     for w in workers:
-        s.add_worker(w, 2)
+        s.handle(E.AddWorker(w, 2))
     return s
 
 
 def ask(s, worker, request, body, seq=0):
     """A task's request: the answers it gets now, {request: data}."""
-    return answers(s.asked(worker, [P.Ask(request, seq, body)]))
+    return answers(s.handle(E.Asked(worker, [P.Ask(request, seq, body)])))
 
 
 def answers(actions, worker=None):
@@ -58,7 +59,7 @@ def test_leases_are_granted_in_order_and_a_release_hands_the_next_one_on():
     assert ask(s, "w1", 2, acquire("s", "d", 2)) == {}          # waits behind c
     assert ask(s, "w1", 3, acquire("s", "e", 2, wait=False)) == {3: False}
     assert ask(s, "w1", 4, P.Leases("semaphore", "s")) == {4: 2}
-    out = s.asked("w1", [P.Ask(5, 0, P.Release("semaphore", "s", "a"))])
+    out = s.handle(E.Asked("w1", [P.Ask(5, 0, P.Release("semaphore", "s", "a"))]))
     assert answers(out, "w1") == {5: True} and answers(out, "w2") == {2: True}     # c, first in line
     assert ask(s, "w1", 6, P.Release("semaphore", "s", "a")) == {6: False}          # not held any more
     assert ask(s, "w1", 7, P.Release("semaphore", "s", "b")) == {7: True, 2: True}  # d's turn
@@ -90,19 +91,19 @@ def test_a_withdrawn_request_is_answered_with_what_a_timeout_means_and_only_once
     assert not s.coordination.semaphores
     # a request answered before its withdrawal arrives is not answered again
     ask(s, "w1", 4, P.WaitEvent("e"))
-    assert answers(s.coordinate(P.SetEvent("e", True))[1], "w1") == {4: True}
+    assert answers(E.opened(s.handle(E.Coordinate(P.SetEvent("e", True))))[1], "w1") == {4: True}
     assert ask(s, "w1", 0, P.Withdraw(4)) == {}
 
 
 def test_the_parent_asks_and_is_answered_with_replies():
     s = sched("w1")
-    req, out = s.coordinate(acquire("L", "p", kind="lock"))
+    req, out = E.opened(s.handle(E.Coordinate(acquire("L", "p", kind="lock"))))
     assert answers(out) == {("parent", req): True}
-    req2, out = s.coordinate(acquire("L", "q", kind="lock"))
+    req2, out = E.opened(s.handle(E.Coordinate(acquire("L", "q", kind="lock"))))
     assert answers(out) == {}
-    assert answers(s.withdraw(req2)) == {("parent", req2): False}
+    assert answers(s.handle(E.Withdraw(req2))) == {("parent", req2): False}
     assert ask(s, "w1", 1, acquire("L", "t", kind="lock")) == {}
-    _, out = s.coordinate(P.Release("lock", "L", "p"))
+    _, out = E.opened(s.handle(E.Coordinate(P.Release("lock", "L", "p"))))
     assert answers(out, "w1") == {1: True}
 
 
@@ -111,10 +112,10 @@ def test_an_event_wakes_every_waiter_and_clear_makes_them_wait_again():
     assert ask(s, "w1", 1, P.WaitEvent("e")) == {}
     assert ask(s, "w2", 1, P.WaitEvent("e")) == {}
     assert ask(s, "w2", 2, P.WaitEvent("e", False)) == {2: False}
-    out = s.coordinate(P.SetEvent("e", True))[1]
+    out = E.opened(s.handle(E.Coordinate(P.SetEvent("e", True))))[1]
     assert answers(out, "w1") == {1: True} and answers(out, "w2") == {1: True}
     assert ask(s, "w1", 3, P.WaitEvent("e")) == {3: True}
-    s.coordinate(P.SetEvent("e", False))
+    E.opened(s.handle(E.Coordinate(P.SetEvent("e", False))))
     assert ask(s, "w1", 4, P.WaitEvent("e")) == {}
     assert ask(s, "w1", 0, P.Withdraw(4)) == {4: False}
     assert not s.coordination.events          # down with no waiter: nothing kept
@@ -144,7 +145,7 @@ def test_a_queue_is_first_in_first_out_and_bounded_by_maxsize():
 
 def test_a_withdrawn_put_lets_its_futures_go_and_a_withdrawn_get_takes_nothing():
     s = sched("w1")
-    s.submit([spec("a")])
+    s.handle(E.Submit([spec("a")]))
     finish(s, "a")
     ask(s, "w1", 1, P.QueuePut("q", *item(0), maxsize=1))
     ask(s, "w1", 2, P.QueuePut("q", *item("future", "a"), maxsize=1))
@@ -158,17 +159,17 @@ def test_a_withdrawn_put_lets_its_futures_go_and_a_withdrawn_get_takes_nothing()
 
 def test_futures_in_a_queued_value_are_held_while_queued_and_handed_to_the_task_that_takes_it():
     s = sched("w1", "w2")
-    s.submit([spec("a")])
+    s.handle(E.Submit([spec("a")]))
     finish(s, "a")
     ask(s, "w1", 1, P.QueuePut("q", *item("future", "a")))
-    s.release("a")                            # the client's future is gone: the queue keeps it
+    s.handle(E.Drop(["a"]))                            # the client's future is gone: the queue keeps it
     assert "a" in s.tasks and s.tasks["a"].wanted == 1
     got = ask(s, "w2", 2, P.QueueGet("q"))
     assert got[2][0][1] == ("a",)
     assert s.asking.holds["w2"]["a"][0] == 1      # the reference is w2's now
-    s.asked("w2", [P.Ask(0, 0, P.Hold(("a",))), P.Ask(0, 0, P.Drop(("a",)))])   # its own, then the handed one back
+    s.handle(E.Asked("w2", [P.Ask(0, 0, P.Hold(("a",))), P.Ask(0, 0, P.Drop(("a",)))]))   # its own, then the handed one back
     assert s.tasks["a"].wanted == 1
-    s.asked("w2", [P.Ask(0, 0, P.Drop(("a",)))])
+    s.handle(E.Asked("w2", [P.Ask(0, 0, P.Drop(("a",)))]))
     assert "a" not in s.tasks
 
 
@@ -176,16 +177,16 @@ def test_a_future_cancelled_while_queued_is_not_let_go_of_twice():
     """Found by the state machine: a cancel drops every reference to a key, the queue's too;
     the key submitted again is another task, whose one reference (the client's) stays."""
     s = sched("w1")
-    s.submit([spec("a")])                   # pending: a cancel drops it for everyone
+    s.handle(E.Submit([spec("a")]))                   # pending: a cancel drops it for everyone
     ask(s, "w1", 1, P.QueuePut("q", *item("future", "a")))
-    s.cancel(["a"])
-    s.submit([spec("a")])
+    s.handle(E.CancelKeys(["a"]))
+    s.handle(E.Submit([spec("a")]))
     assert ask(s, "w1", 2, P.QueueGet("q"))[2][0][1] == ()
     assert s.tasks["a"].wanted == 1
-    s.coordinate(P.SetVariable("v", *item("future", "a")))
-    s.cancel(["a"])
-    s.submit([spec("a")])
-    s.coordinate(P.SetVariable("v", None))
+    E.opened(s.handle(E.Coordinate(P.SetVariable("v", *item("future", "a")))))
+    s.handle(E.CancelKeys(["a"]))
+    s.handle(E.Submit([spec("a")]))
+    E.opened(s.handle(E.Coordinate(P.SetVariable("v", None))))
     assert s.tasks["a"].wanted == 1
 
 
@@ -195,9 +196,9 @@ def test_a_future_cancelled_while_queued_whose_task_an_erred_dependent_keeps_is_
     dependent runs that Task again. The token counts no more (the cancel dropped every
     reference): nothing is handed over or let go of for it."""
     s = sched("w1", "w2")
-    s.submit([spec("a")])
+    s.handle(E.Submit([spec("a")]))
     finish(s, "a")
-    s.submit([spec("d", "a")])
+    s.handle(E.Submit([spec("d", "a")]))
     assert s.tasks["d"].worker in s.tasks["a"].who_has      # a is there: no transfer
     fail(s, "d")
     ask(s, "w1", 1, P.QueuePut("q", *item("future", "a")))
@@ -205,10 +206,10 @@ def test_a_future_cancelled_while_queued_whose_task_an_erred_dependent_keeps_is_
     where = next(iter(s.tasks["a"].who_has))
     died(s, death(where), {})                       # a is lost, and wanted: it runs again
     assert s.tasks["a"].state in ("waiting", "ready", "processing")
-    s.cancel(["a"])                                 # validate() runs after it (Checked)
+    s.handle(E.CancelKeys(["a"]))                                 # validate() runs after it (Checked)
     kept = s.tasks["a"]
     assert kept.state == "released" and kept.wanted == 0 and "d" in s.tasks
-    s.submit([spec("e", "a")])                      # a runs again, the same Task, for e
+    s.handle(E.Submit([spec("e", "a")]))                      # a runs again, the same Task, for e
     assert s.tasks["a"] is kept and kept.state != "released" and kept.wanted == 0
     assert ask(s, "w1", 2, P.QueueGet("q"))[2][0][1] == ()
     assert kept.wanted == 0 and s.tasks["e"].wanted == 1
@@ -216,18 +217,18 @@ def test_a_future_cancelled_while_queued_whose_task_an_erred_dependent_keeps_is_
 
 def test_a_variable_keeps_its_futures_until_set_again_or_deleted_and_wakes_its_waiters():
     s = sched("w1")
-    s.submit([spec("a"), spec("b")])
+    s.handle(E.Submit([spec("a"), spec("b")]))
     finish(s, "a")
     finish(s, "b")
     assert ask(s, "w1", 1, P.GetVariable("v")) == {}
-    req, out = s.coordinate(P.SetVariable("v", *item("future", "a")))
+    req, out = E.opened(s.handle(E.Coordinate(P.SetVariable("v", *item("future", "a")))))
     assert answers(out)[("parent", req)] is None and answers(out, "w1")[1][1] == ("a",)
     assert s.tasks["a"].wanted == 3        # the client's, the variable's, the one handed to w1
-    s.release("a")
-    s.asked("w1", [P.Ask(0, 0, P.Drop(("a",)))])
-    s.coordinate(P.SetVariable("v", *item("future", "b")))
+    s.handle(E.Drop(["a"]))
+    s.handle(E.Asked("w1", [P.Ask(0, 0, P.Drop(("a",)))]))
+    E.opened(s.handle(E.Coordinate(P.SetVariable("v", *item("future", "b")))))
     assert "a" not in s.tasks and s.tasks["b"].wanted == 2
-    s.coordinate(P.SetVariable("v", None))
+    E.opened(s.handle(E.Coordinate(P.SetVariable("v", None))))
     assert s.tasks["b"].wanted == 1 and not s.coordination.variables
     assert ask(s, "w1", 2, P.GetVariable("v")) == {}
     assert ask(s, "w1", 0, P.Withdraw(2)) == {2: None}
@@ -235,7 +236,7 @@ def test_a_variable_keeps_its_futures_until_set_again_or_deleted_and_wakes_its_w
 
 def test_a_death_gives_back_the_leases_of_its_tasks_and_forgets_what_they_waited_for():
     s = sched("w1", "w2")
-    s.submit([spec("t")])
+    s.handle(E.Submit([spec("t")]))
     seq = s.tasks["t"].seq
     worker = s.tasks["t"].worker
     other = "w2" if worker == "w1" else "w1"
@@ -258,9 +259,9 @@ def test_a_death_gives_back_the_leases_of_its_tasks_and_forgets_what_they_waited
 def test_a_restart_gives_back_the_tasks_leases_to_the_parent_that_waits():
     s = sched("w1")
     ask(s, "w1", 1, acquire("L", "a", kind="lock"))
-    req, out = s.coordinate(acquire("L", "p", kind="lock"))
+    req, out = E.opened(s.handle(E.Coordinate(acquire("L", "p", kind="lock"))))
     assert answers(out) == {}
-    assert answers(s.clear(RuntimeError("restart"))) == {("parent", req): True}
+    assert answers(s.handle(E.Clear(RuntimeError("restart")))) == {("parent", req): True}
 
 
 def test_a_restart_grants_nothing_to_the_tasks_it_forgets():
@@ -273,8 +274,8 @@ def test_a_restart_grants_nothing_to_the_tasks_it_forgets():
     ask(s, "w1", 2, P.QueuePut("q", *item(1)))
     assert ask(s, "w1", 3, P.QueueGet("q", 2)) == {}                       # a batch of 2: waits
     assert ask(s, "w2", 2, P.QueueGet("q", 1)) == {}                       # behind it
-    req, out = s.coordinate(acquire("L", "p", kind="lock"))
-    out = s.clear(RuntimeError("restart"))
+    req, out = E.opened(s.handle(E.Coordinate(acquire("L", "p", kind="lock"))))
+    out = s.handle(E.Clear(RuntimeError("restart")))
     assert answers(out) == {("parent", req): True}                         # the parent's turn; no task's
     assert s.coordination.waits == {}
 

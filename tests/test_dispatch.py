@@ -14,7 +14,7 @@ from localcluster.wire.channel import BlockingChannel, Channel
 from localcluster.engine import dispatch
 from localcluster.engine.dispatch import Dispatcher, Flush
 from localcluster.engine.lifecycle import Lifecycle, Phase
-from localcluster.scheduler import state as S
+from localcluster.scheduler import events as E, state as S
 from localcluster.scheduler.records import Retire, Send, Spec
 from localcluster.wire.serialize import dumps
 
@@ -25,14 +25,14 @@ class Recording:
     def __init__(self) -> None:
         self.calls: list[list] = []
 
-    def release_many(self, keys: list) -> list:
-        self.calls.append(list(keys))
+    def handle(self, *events) -> list:
+        self.calls += [list(e.keys) for e in events if type(e) is E.Drop]
         return []
 
 
 def dispatcher(scheduler, loop=None, life=None, lock=None) -> Dispatcher:
     lock = lock or threading.Lock()
-    return Dispatcher(lock, threading.Condition(lock), scheduler, loop=loop, history=None, life=life or Lifecycle())
+    return Dispatcher(lock, threading.Condition(lock), scheduler, loop=loop or Loop(), history=None, life=life or Lifecycle())
 
 
 def test_released_keys_are_let_go_in_order_in_bounded_chunks():
@@ -63,17 +63,19 @@ def test_keys_released_while_the_cluster_closes_are_not_let_go_one_by_one():
     assert s.calls == []
 
 
+PING = E.CancelKeys(["k"])          # a stand-in's event: a message to worker ``w``
+LET_GO = E.HandOff("w")         # a stand-in's event: worker ``w`` retired
+
+
 class Sending:
-    """A stand-in scheduler whose one event sends a message to worker ``w``."""
+    """A stand-in scheduler whose events send a message to worker ``w`` (PING) or retire
+    it (LET_GO)."""
 
-    def __init__(self) -> None:
-        self.workers: dict = {}
+    def handle(self, *events) -> list:
+        return [Retire("w") if e == LET_GO else Send("w", P.Free(("k",))) for e in events]
 
-    def ping(self) -> list:
-        return [Send("w", P.Free(("k",)))]
-
-    def let_go(self) -> list:
-        return [Retire("w")]
+    def backlogged(self, worker: str) -> bool:
+        return False
 
 
 class Loop:
@@ -108,12 +110,12 @@ def test_a_message_is_queued_under_the_lock_and_sent_after_it():
         d = dispatcher(s, loop=Loop(), lock=lock)
         with lock:
             d.connect("w", chan)
-            post = d.apply(s.ping())
+            post = d.apply(s.handle(PING))
         assert [type(a) for a in post] == [Flush] and held_at_flush == []    # queued, not sent
         d.post(post)
         assert held_at_flush == [False]
         assert peer.recv_all() == [P.Free(("k",))]
-        d.event(s.ping)                  # the same, as one event
+        d.event(PING)                    # the same, as one event
         assert held_at_flush == [False, False]
         assert peer.recv_all() == [P.Free(("k",))]
     finally:
@@ -127,7 +129,7 @@ def test_a_retire_from_a_user_thread_is_left_for_the_scheduler_thread():
     loop = Loop()
     s = Sending()
     d = dispatcher(s, loop=loop)
-    d.event(s.let_go)
+    d.event(LET_GO)
     assert loop.woken == 1
     assert d.take_retired() == ["w"] and d.take_retired() == []
 
@@ -139,8 +141,8 @@ def test_a_landed_is_never_corked_behind_a_backlog():
     (in one frame with a Run whose buffers land too, the worker held the Landed behind the
     value it lets go: a map of large arrays hung, issue 53)."""
     class Backlogged(Sending):
-        def __init__(self) -> None:
-            self.workers = {"w": type("WS", (), {"processing": {1, 2, 3}, "nthreads": 1})()}
+        def backlogged(self, worker: str) -> bool:
+            return True
     here, there = socket.socketpair()
     chan, peer = Channel(here), BlockingChannel(there)
     try:
@@ -149,9 +151,9 @@ def test_a_landed_is_never_corked_behind_a_backlog():
         d = dispatcher(s, loop=Loop(), lock=lock)
         with lock:
             d.connect("w", chan)
-        d.event(s.ping)
+        d.event(PING)
         assert select.select([there], [], [], 0)[0] == []      # corked: nothing sent yet
-        d.event(lambda: [Send("w", P.Landed((5,)))])
+        d.drive(lambda: (None, ()), also=[Send("w", P.Landed((5,)))])
         assert select.select([there], [], [], 5)[0] == [there], "the Landed was corked"
         got = peer.recv_all()
         if len(got) < 2:
@@ -203,13 +205,11 @@ class Batches(S.Scheduler):
         super().__init__()
         self.events: list = []
 
-    def submit(self, specs, again=None):
-        self.events.append([s.key for s in specs])
-        return super().submit(specs, again)
-
-    def submit_batches(self, batches):
-        self.events.append([s.key for specs, _ in batches for s in specs])
-        return super().submit_batches(batches)
+    def handle(self, *events):
+        keys = [s.key for e in events if type(e) is E.Submit for s in e.specs]
+        if keys:
+            self.events.append(keys)
+        return super().handle(*events)
 
 
 def spec(key: str) -> Spec:
@@ -224,14 +224,14 @@ def burst(monkeypatch):
 
 def test_a_burst_of_submits_reaches_the_scheduler_once_in_order_and_wakes_the_loop_once(burst):
     s, loop = Batches(), Loop()
-    s.add_worker("w", 1)
+    s.handle(E.AddWorker("w", 1))
     d = dispatcher(s, loop=loop)
     made = [d.submit([spec(f"k{i}")], None, lambda i=i: f"future {i}") for i in range(5)]
     assert made == [f"future {i}" for i in range(5)]        # track()'s futures, at once
     assert s.events == [["k0"]]                             # the first went straight; four wait
     assert loop.woken == 1                                  # the scheduler thread, for them
     assert sorted(s.tasks) == ["k0"]
-    with d.held():                                          # a reader of the state sees every one
+    with d.locked():                                          # a reader of the state sees every one
         assert sorted(s.tasks) == [f"k{i}" for i in range(5)]
     assert s.events == [["k0"], ["k1", "k2", "k3", "k4"]]
     assert [s.tasks[f"k{i}"].order for i in range(5)] == sorted(s.tasks[f"k{i}"].order for i in range(5))
@@ -244,7 +244,7 @@ def test_a_deferred_submit_comes_before_any_other_event_and_before_its_key_is_le
     d = dispatcher(s, loop=Loop())
     d.submit([spec("a")], None, list)
     d.submit([spec("b")], None, list)                       # deferred
-    d.event(s.cancel, ["b"])                                # comes after b's submit
+    d.event(E.CancelKeys(["b"]))                                # comes after b's submit
     assert s.events == [["a"], ["b"]] and "b" not in s.tasks
     d.submit([spec("c")], None, list)                       # deferred, then let go
     d.release("c")
@@ -257,7 +257,7 @@ def test_a_wait_ends_the_burst_and_the_scheduler_thread_never_defers(burst):
     d = dispatcher(s, loop=loop)
     d.submit([spec("a")], None, list)
     d.submit([spec("b")], None, list)
-    d.settle()                                              # about to wait: b goes now
+    d.end_burst()                                              # about to wait: b goes now
     d.submit([spec("c")], None, list)                       # and the next goes straight
     assert s.events == [["a"], ["b"], ["c"]]
     loop.on_loop = lambda: True
@@ -283,5 +283,5 @@ def test_a_long_burst_is_admitted_by_the_submitting_thread_a_batch_at_a_time(bur
     for i in range(8):
         d.submit([spec(f"k{i}")], None, list)
     assert s.events == [["k0"], ["k1", "k2", "k3"], ["k4", "k5", "k6"]]
-    d.settle()
+    d.end_burst()
     assert s.events[-1] == ["k7"]

@@ -75,7 +75,7 @@ def test_a_break_stops_the_scheduler_thread_and_commands_fail_at_once(monkeypatc
     with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
         def boom(specs, again=None):
             raise KeyError("injected failure in Scheduler.submit")
-        monkeypatch.setattr(cluster.scheduler, "submit", boom)
+        monkeypatch.setattr(cluster.scheduler.admission, "submit", boom)     # what a Submit event calls
         with pytest.raises(ClusterBroken):
             client.submit(sum, [1])
         wait_for(lambda: gateway_of(client).phase is Phase.STOPPED)   # the thread moves it as it ends

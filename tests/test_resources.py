@@ -20,6 +20,7 @@ from localcluster.wire import protocol as P
 from test_scheduler import Checked, death, died, finish, resolves, running, runs, sends, spec as _spec
 from localcluster.scheduler.records import Deliver
 from localcluster.client.future import gateway_of
+from localcluster.scheduler import events as E
 
 MEM1 = (("MEM", 1),)
 MEM2 = (("MEM", 2),)
@@ -33,7 +34,7 @@ def spec(key, *deps, resources=None, **kw):
 def sched(*workers, nthreads=1, resources=None, **kw):
     s = Checked(resources=resources, **kw)
     for w in workers:
-        s.add_worker(w, nthreads)
+        s.handle(E.AddWorker(w, nthreads))
     return s
 
 
@@ -46,7 +47,7 @@ def claimed(s, worker):
 
 def test_a_worker_is_sent_no_more_runs_than_its_resources_allow_prefetch_included():
     s = sched("w1", nthreads=4, resources={"MEM": 2})
-    acts = s.submit([spec(f"t{i}", resources=MEM1) for i in range(6)])
+    acts = s.handle(E.Submit([spec(f"t{i}", resources=MEM1) for i in range(6)]))
     assert runs(acts) == [("t0", "w1"), ("t1", "w1")]          # 4 threads, 12 slots: MEM allows 2
     assert s.workers["w1"].available == {"MEM": 0}
     assert runs(finish(s, "t0")) == [("t2", "w1")]
@@ -58,8 +59,8 @@ def test_a_worker_is_sent_no_more_runs_than_its_resources_allow_prefetch_include
 
 def test_a_task_waiting_for_resources_holds_up_neither_plain_tasks_nor_other_requests():
     s = sched("w1", nthreads=4, resources={"MEM": 2, "GPU": 1})
-    acts = s.submit([spec("m0", resources=MEM2), spec("m1", resources=MEM2, priority=9),
-                     spec("g0", resources=GPU1), spec("plain0"), spec("plain1")])
+    acts = s.handle(E.Submit([spec("m0", resources=MEM2), spec("m1", resources=MEM2, priority=9),
+                     spec("g0", resources=GPU1), spec("plain0"), spec("plain1")]))
     assert sorted(k for k, _ in runs(acts)) == ["g0", "m1", "plain0", "plain1"]
     assert s.tasks["m0"].state == "ready"
     assert runs(finish(s, "m1")) == [("m0", "w1")]
@@ -67,15 +68,15 @@ def test_a_task_waiting_for_resources_holds_up_neither_plain_tasks_nor_other_req
 
 def test_queues_are_merged_by_priority():
     s = Checked(resources={"MEM": 1})
-    s.submit([spec("low", priority=0), spec("mem", resources=MEM1, priority=5), spec("mid", priority=1)])
-    assert [k for k, _ in runs(s.add_worker("w1", 1))] == ["mem", "mid", "low"]
+    s.handle(E.Submit([spec("low", priority=0), spec("mem", resources=MEM1, priority=5), spec("mid", priority=1)]))
+    assert [k for k, _ in runs(s.handle(E.AddWorker("w1", 1)))] == ["mem", "mid", "low"]
 
 
 def test_only_workers_that_declare_a_resource_get_the_tasks_asking_for_it():
     s = Checked()
-    s.add_worker("w1", 2)
-    s.add_worker("gpu", 1, {"GPU": 1})
-    acts = s.submit([spec(f"g{i}", resources=GPU1) for i in range(3)] + [spec(f"p{i}") for i in range(4)])
+    s.handle(E.AddWorker("w1", 2))
+    s.handle(E.AddWorker("gpu", 1, {"GPU": 1}))
+    acts = s.handle(E.Submit([spec(f"g{i}", resources=GPU1) for i in range(3)] + [spec(f"p{i}") for i in range(4)]))
     assert [w for k, w in runs(acts) if k.startswith("g")] == ["gpu"]
     assert s.workers["w1"].claims == {} and s.workers["w1"].available == {}
 
@@ -83,50 +84,50 @@ def test_only_workers_that_declare_a_resource_get_the_tasks_asking_for_it():
 def test_a_cancelled_run_keeps_its_claim_until_its_worker_answers():
     """Python cannot stop a running task: a cancelled one runs on, and holds what it asked."""
     s = sched("w1", nthreads=2, resources={"MEM": 1})
-    s.submit([spec("a", resources=MEM1), spec("b", resources=MEM1)])
+    s.handle(E.Submit([spec("a", resources=MEM1), spec("b", resources=MEM1)]))
     seq_a = s.tasks["a"].seq
-    acts = s.cancel(["a"])
+    acts = s.handle(E.CancelKeys(["a"]))
     assert sends(acts, P.Cancel) == [("w1", P.Cancel((seq_a,)))] and runs(acts) == []
     assert s.workers["w1"].claims == {seq_a: MEM1} and s.tasks["b"].state == "ready"
-    assert runs(s.finished("w1", seq_a, 8, "int", None)) == [("b", "w1")]     # it ended: b goes
+    assert runs(s.handle(E.Reported("w1", [P.Finished(seq_a, 8, "int", None, 0.0)]))) == [("b", "w1")]     # it ended: b goes
 
 
 def test_a_cancelled_run_dropped_before_it_started_releases_at_once():
     s = sched("w1", resources={"MEM": 1})
-    s.submit([spec("a", resources=MEM1), spec("b", resources=MEM1)])
+    s.handle(E.Submit([spec("a", resources=MEM1), spec("b", resources=MEM1)]))
     seq_a = s.tasks["a"].seq
-    s.cancel(["a"])
-    assert runs(s.skipped("w1", seq_a)) == [("b", "w1")]
+    s.handle(E.CancelKeys(["a"]))
+    assert runs(s.handle(E.Reported("w1", [P.Skipped(seq_a)]))) == [("b", "w1")]
 
 
 def test_a_death_releases_and_its_runs_claim_again_where_they_run_next():
     s = sched("w1", "w2", resources={"MEM": 1})
-    s.submit([spec("a", resources=MEM1), spec("b", resources=MEM1), spec("c", resources=MEM1)])
+    s.handle(E.Submit([spec("a", resources=MEM1), spec("b", resources=MEM1), spec("c", resources=MEM1)]))
     assert sorted(claimed(s, "w1") + claimed(s, "w2")) == ["a", "b"]
     on_w1 = claimed(s, "w1")[0]
     acts = died(s, death("w1", "requested"), running(s, on_w1))
     assert runs(acts) == [] and s.tasks[on_w1].state == "ready"    # w2's MEM is taken: it waits
-    acts = s.add_worker("w3", 1)                                   # the replacement declares MEM too
+    acts = s.handle(E.AddWorker("w3", 1))                                   # the replacement declares MEM too
     assert runs(acts) == [(on_w1, "w3")] and s.workers["w3"].available == {"MEM": 0}
 
 
 def test_a_timeout_releases():
     s = sched("w1", nthreads=2, resources={"MEM": 1}, allowed_failures=0)
-    s.submit([spec("slow", resources=MEM1, timeout=1.0), spec("next", resources=MEM1)])
+    s.handle(E.Submit([spec("slow", resources=MEM1, timeout=1.0), spec("next", resources=MEM1)]))
     seq = s.tasks["slow"].seq
     acts = died(s, death("w1", "timeout"), running(s, "slow"), timed_out=(seq, 1.5))
     assert isinstance(resolves(acts)["slow"].value, TaskTimeoutError)
-    assert runs(s.add_worker("w2", 2)) == [("next", "w2")]
+    assert runs(s.handle(E.AddWorker("w2", 2))) == [("next", "w2")]
 
 
 def test_a_run_given_back_moves_its_claim_to_the_worker_that_takes_it():
     s = sched("w1", "w2", resources={"MEM": 1})
-    s.submit([spec("a"), spec("b"), spec("m", resources=MEM1)])
+    s.handle(E.Submit([spec("a"), spec("b"), spec("m", resources=MEM1)]))
     assert s.tasks["m"].worker == "w1" and claimed(s, "w1") == ["m"]       # queued behind a
     acts = finish(s, "b")                                                  # w2 idle: m asked back
     seq_m = s.tasks["m"].seq
     assert sends(acts, P.Steal) == [("w1", P.Steal((seq_m,)))]
-    acts = s.unqueued("w1", (seq_m,), (seq_m,))
+    acts = s.handle(E.Reported("w1", [P.Unqueued((seq_m,), (seq_m,))]))
     assert runs(acts) == [("m", "w2")]
     assert claimed(s, "w1") == [] and s.workers["w1"].available == {"MEM": 1}
     assert claimed(s, "w2") == ["m"] and s.workers["w2"].available == {"MEM": 0}
@@ -134,9 +135,9 @@ def test_a_run_given_back_moves_its_claim_to_the_worker_that_takes_it():
 
 def test_a_run_is_not_asked_back_for_a_worker_without_its_resources():
     s = Checked()
-    s.add_worker("w1", 1, {"MEM": 1})
-    s.add_worker("w2", 1)
-    s.submit([spec("a"), spec("b"), spec("m", resources=MEM1)])
+    s.handle(E.AddWorker("w1", 1, {"MEM": 1}))
+    s.handle(E.AddWorker("w2", 1))
+    s.handle(E.Submit([spec("a"), spec("b"), spec("m", resources=MEM1)]))
     assert s.tasks["m"].worker == "w1"
     asked = [seq for _w, m in sends(finish(s, "b"), P.Steal) for seq in m.seqs]
     assert asked == [s.tasks["a"].seq]             # a plain run may move; m may not
@@ -144,36 +145,36 @@ def test_a_run_is_not_asked_back_for_a_worker_without_its_resources():
 
 def test_a_paused_worker_gives_its_queued_runs_back_with_their_claims():
     s = sched("w1", resources={"MEM": 1})
-    s.submit([spec("a"), spec("m", resources=MEM1)])
+    s.handle(E.Submit([spec("a"), spec("m", resources=MEM1)]))
     seq_a, seq_m = s.tasks["a"].seq, s.tasks["m"].seq
-    assert sends(s.set_paused("w1", True), P.Steal) == [("w1", P.Steal((seq_a, seq_m)))]
-    assert runs(s.unqueued("w1", (seq_a, seq_m), (seq_m,))) == []       # a had started: it stays
+    assert sends(s.handle(E.SetPaused("w1", True)), P.Steal) == [("w1", P.Steal((seq_a, seq_m)))]
+    assert runs(s.handle(E.Reported("w1", [P.Unqueued((seq_a, seq_m), (seq_m,))]))) == []       # a had started: it stays
     assert s.workers["w1"].claims == {} and s.workers["w1"].available == {"MEM": 1}
-    assert runs(s.add_worker("w2", 1)) == [("m", "w2")]
+    assert runs(s.handle(E.AddWorker("w2", 1))) == [("m", "w2")]
 
 
 def test_restricted_tasks_that_do_not_fit_now_are_set_aside():
     s = sched("w1", "w2", nthreads=2, resources={"MEM": 1})
-    acts = s.submit([spec("m1", resources=MEM1, workers=["w1"]), spec("m2", resources=MEM1, workers=["w1"]),
-                     spec("p", workers=["w1"])])
+    acts = s.handle(E.Submit([spec("m1", resources=MEM1, workers=["w1"]), spec("m2", resources=MEM1, workers=["w1"]),
+                     spec("p", workers=["w1"])]))
     assert sorted(runs(acts)) == [("m1", "w1"), ("p", "w1")]
     assert runs(finish(s, "m1")) == [("m2", "w1")]
 
 
 def test_scaled_up_workers_declare_the_clusters_resources_and_a_retiring_one_gets_nothing():
     s = sched(resources={"MEM": 2})
-    s.submit([spec(f"m{i}", resources=MEM2) for i in range(3)])
-    assert runs(s.add_worker("w1", 2)) == [("m0", "w1")]
-    assert runs(s.add_worker("w2", 2)) == [("m1", "w2")]
-    s.retire("w1")
+    s.handle(E.Submit([spec(f"m{i}", resources=MEM2) for i in range(3)]))
+    assert runs(s.handle(E.AddWorker("w1", 2))) == [("m0", "w1")]
+    assert runs(s.handle(E.AddWorker("w2", 2))) == [("m1", "w2")]
+    s.handle(E.HandOff("w1"))
     assert runs(finish(s, "m0")) == []                       # w1 is leaving: m2 waits for w2
     assert runs(finish(s, "m1")) == [("m2", "w2")]
 
 
 def test_clear_gives_every_worker_back_all_it_declares():
     s = sched("w1", resources={"MEM": 2})
-    s.submit([spec("a", resources=MEM1)])
-    s.clear(RuntimeError("restart"))
+    s.handle(E.Submit([spec("a", resources=MEM1)]))
+    s.handle(E.Clear(RuntimeError("restart")))
     assert s.workers["w1"].available == {"MEM": 2} and s.workers["w1"].claims == {}
 
 
@@ -184,8 +185,8 @@ def test_a_task_no_worker_can_ever_run_is_named_with_what_it_asks_and_what_each_
     assert isinstance(err, ValueError)
     assert "task 'f-1' asks for resources={'MEM': 3}" in str(err)
     assert "no worker runs now, and each worker this cluster starts has {'MEM': 2}" in str(err)
-    s.add_worker("w1", 1)
-    s.add_worker("w2", 1, {"GPU": 1})
+    s.handle(E.AddWorker("w1", 1))
+    s.handle(E.AddWorker("w2", 1, {"GPU": 1}))
     assert s.unsatisfiable("f-2", GPU1) is None
     msg = str(s.unsatisfiable("f-2", (("GPU", 1), ("MEM", 1))))
     assert "task 'f-2' asks for resources={'GPU': 1, 'MEM': 1}" in msg
@@ -194,7 +195,7 @@ def test_a_task_no_worker_can_ever_run_is_named_with_what_it_asks_and_what_each_
 
 def test_the_invariants_catch_a_claim_that_does_not_add_up():
     s = sched("w1", resources={"MEM": 2})
-    s.submit([spec("a", resources=MEM1)])
+    s.handle(E.Submit([spec("a", resources=MEM1)]))
     s.workers["w1"].available["MEM"] = 2                   # the claim of a forgotten
     with pytest.raises(AssertionError, match=r"w1: MEM 2 - available 2 != claimed 1"):
         s.validate()
@@ -206,7 +207,7 @@ def test_the_invariants_catch_a_claim_that_does_not_add_up():
 
 def test_tasks_asking_nothing_leave_no_trace():
     s = sched("w1", "w2", resources={"MEM": 1})
-    s.submit([spec(f"t{i}") for i in range(20)])
+    s.handle(E.Submit([spec(f"t{i}") for i in range(20)]))
     assert all(not ws.claims and ws.available == {"MEM": 1} for ws in s.workers.values())
 
 
@@ -382,12 +383,12 @@ def test_a_key_submitted_again_with_other_resources_is_not_placed_by_its_stale_q
     no worker has, must not be sent to a worker by the old plain entry (KeyError 'GPU'
     broke the cluster)."""
     s = Checked()
-    s.submit([spec("a")])
-    s.release("a")
-    s.submit([spec("a", resources=GPU1)])
-    acts = s.add_worker("w1", 1, {"MEM": 2})
+    s.handle(E.Submit([spec("a")]))
+    s.handle(E.Drop(["a"]))
+    s.handle(E.Submit([spec("a", resources=GPU1)]))
+    acts = s.handle(E.AddWorker("w1", 1, {"MEM": 2}))
     assert runs(acts) == [] and s.tasks["a"].state == "ready"
-    acts = s.add_worker("w2", 1, {"GPU": 1})
+    acts = s.handle(E.AddWorker("w2", 1, {"GPU": 1}))
     assert runs(acts) == [("a", "w2")]
 
 
@@ -395,12 +396,12 @@ def test_a_key_submitted_again_unrestricted_survives_the_death_of_its_old_worker
     """'b' restricted to w1 and released, then submitted without restriction: w1's death
     scans w1's stale queue and must take 'b' for what it is now (a TypeError broke the cluster)."""
     s = sched("w1", "w2")
-    s.set_paused("w1", True)                      # nothing is sent: 'b' stays queued on w1's queue
-    s.set_paused("w2", True)
-    s.submit([spec("b", workers=frozenset({"w1"}))])
-    s.release("b")
-    s.submit([spec("b")])
-    s.worker_died(death("w1"))
+    s.handle(E.SetPaused("w1", True))                      # nothing is sent: 'b' stays queued on w1's queue
+    s.handle(E.SetPaused("w2", True))
+    s.handle(E.Submit([spec("b", workers=frozenset({"w1"}))]))
+    s.handle(E.Drop(["b"]))
+    s.handle(E.Submit([spec("b")]))
+    s.handle(E.WorkerDied(death("w1")))
     assert s.tasks["b"].state == "ready"
 
 
@@ -408,9 +409,9 @@ def test_a_fetch_waiting_on_a_released_key_is_answered():
     """A fetch of a key not yet in memory, and its last future dropped: the fetch gets an
     answer (the key is gone) instead of waiting for ever."""
     s = Checked()
-    s.submit([spec("c")])
-    req, acts = s.fetch("c")
+    s.handle(E.Submit([spec("c")]))
+    req, acts = E.opened(s.handle(E.Fetch("c")))
     assert acts == []
-    acts = s.release("c")
+    acts = s.handle(E.Drop(["c"]))
     delivered = [a for a in acts if isinstance(a, Deliver) and a.request == req]
     assert len(delivered) == 1 and delivered[0].error is not None

@@ -16,6 +16,7 @@ from localcluster.scheduler import state as S
 from localcluster.death import WorkerDeath
 from localcluster.scheduler.records import TRANSITIONS, Reply, Retire, Send, Spec, Task, TaskState, Transitions
 from localcluster.wire.serialize import dumps
+from localcluster.scheduler import events as E
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
@@ -63,13 +64,13 @@ def test_an_event_that_would_break_the_table_raises_instead_of_corrupting_state(
     """Scattering onto a key that failed (the client never does: scatter makes new keys)
     used to turn the error into a value behind its futures' backs; now the scheduler refuses."""
     s = S.Scheduler()
-    s.add_worker("w1", 1)
-    s.submit([Spec("a", 1, b"fn", ARGS, ("gone",))])           # an input nobody knows: erred
+    s.handle(E.AddWorker("w1", 1))
+    s.handle(E.Submit([Spec("a", 1, b"fn", ARGS, ("gone",))]))           # an input nobody knows: erred
     assert s.tasks["a"].state == "erred"
     with pytest.raises(AssertionError, match=r"(?s)'a' may not go from 'erred' to 'memory' "
                                                 r"\(event 'scatter'\).*story of 'a'.*\n"
                                                 r"  released -> erred  \(submit: an input is forgotten\)"):
-        s.scatter([("a", SMALL)])
+        s.handle(E.Scatter([("a", SMALL)]))
     assert s.tasks["a"].state == "erred"
 
 
@@ -86,10 +87,10 @@ def test_the_story_is_bounded_and_kept_for_all_keys_together():
 
 def test_a_broken_invariant_is_reported_with_the_story_of_its_key():
     s = S.Scheduler()
-    s.add_worker("w1", 1)
-    s.submit([Spec("a", 1, b"fn", ARGS, ())])
+    s.handle(E.AddWorker("w1", 1))
+    s.handle(E.Submit([Spec("a", 1, b"fn", ARGS, ())]))
     ts = s.tasks["a"]
-    s.finished("w1", ts.seq, 4, "int", SMALL)
+    s.handle(E.Reported("w1", [P.Finished(ts.seq, 4, "int", SMALL, 0.0)]))
     s.workers["w1"].has.discard("a")                  # a copy the worker no longer lists
     with pytest.raises(AssertionError) as info:
         s.validate()
@@ -183,7 +184,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _add(self, nthreads: int, resources: dict = WORKER_RESOURCES[0]) -> None:
         name = next(self.names)
         self.workers[name] = Worker(nthreads, resources)
-        self._do(self.s.add_worker(name, nthreads, resources))
+        self._do(self.s.handle(E.AddWorker(name, nthreads, resources)))
 
     def _die(self, name: str, cause: str, crashed: bool = False, timed_out: bool = False) -> None:
         w = self.workers.pop(name, None)
@@ -196,7 +197,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         d = WorkerDeath(worker=name, pid=1, cause=cause, exitcode=-9, signal="SIGKILL",
                         blamed=self.s.blame(cause, board, crashed_seq, late))
         self._forget_asker(name)
-        self._do(self.s.worker_died(d, (late, 2.0) if late is not None else None))
+        self._do(self.s.handle(E.WorkerDied(d, (late, 2.0) if late is not None else None)))
 
     def _answers(self, actions: list) -> set:
         """Coordination answers, as the asking thread takes them: each request is answered
@@ -223,9 +224,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 [value] if type(body) is P.GetVariable and value else []
             keys = [k for _payload, ks in items for k in ks]
             if keys and asker[0] is None:
-                self._do(self.s.release_many(keys))
+                self._do(self.s.handle(E.Drop(keys)))
             elif keys and asker[0] in self.workers:
-                self._do(self.s.asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))]))
+                self._do(self.s.handle(E.Asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))])))
         return answered
 
     def _forget_asker(self, worker: str) -> None:
@@ -252,7 +253,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         spec = Spec(key, 1, b"fn", ARGS, deps, priority, retries, 1.0 if timeout else None, workers,
                     restricted == "loose", resources)
         self.held[key] += 1
-        self._do(self.s.submit([spec]))
+        self._do(self.s.handle(E.Submit([spec])))
 
     @rule(small=st.booleans(), broadcast=st.booleans(), data=st.data())
     def scatter(self, small, broadcast, data):
@@ -261,35 +262,35 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.workers and data.draw(st.booleans()):
             to = frozenset(data.draw(st.lists(st.sampled_from(sorted(self.workers)), min_size=1, unique=True)))
         self.held[key] += 1
-        self._do(self.s.scatter([(key, SMALL if small else BIG)], to, broadcast))
+        self._do(self.s.handle(E.Scatter([(key, SMALL if small else BIG)], to, broadcast)))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data())
     def release(self, data):
         key = data.draw(st.sampled_from(self._held_keys()))
         self.held[key] -= 1
-        self._do(self.s.release(key))
+        self._do(self.s.handle(E.Drop([key])))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data())
     def cancel(self, data):
-        self._do(self.s.cancel([data.draw(st.sampled_from(self._held_keys()))]))
+        self._do(self.s.handle(E.CancelKeys([data.draw(st.sampled_from(self._held_keys()))])))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data())
     def fetch_or_acquire(self, data):
         key = data.draw(st.sampled_from(self._held_keys()))
         if data.draw(st.booleans()):
-            self._do(self.s.fetch(key)[1])
+            self._do(E.opened(self.s.handle(E.Fetch(key)))[1])
         else:
             self.held[key] += 1
-            self._do(self.s.acquire(key))
+            self._do(self.s.handle(E.Hold(key)))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data(), n=st.sampled_from([None, 1, 2]))
     def replicate(self, data, n):
         keys = data.draw(st.lists(st.sampled_from(self._held_keys()), min_size=1, max_size=2, unique=True))
-        self._do(self.s.replicate(keys, n)[1])
+        self._do(E.opened(self.s.handle(E.Replicate(keys, n)))[1])
 
     @rule(dice=st.integers(0, 5))
     def restart(self, dice):
@@ -297,7 +298,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for name in list(self.workers):
             self._forget_asker(name)
-        self._do(self.s.clear(RuntimeError("restart")))
+        self._do(self.s.handle(E.Clear(RuntimeError("restart"))))
         for name in list(self.workers):
             self._die(name, "requested")
         self._add(1)
@@ -331,13 +332,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _ask(self, worker, body) -> None:
         if worker is None:
-            req, actions = self.s.coordinate(body)
+            req, actions = E.opened(self.s.handle(E.Coordinate(body)))
             self.asking[(None, req)] = body
             self._do(actions)
         else:
             req = next(self.ids)
             self.asking[(worker, req)] = body
-            self._do(self.s.asked(worker, [P.Ask(req, 0, body)]))
+            self._do(self.s.handle(E.Asked(worker, [P.Ask(req, 0, body)])))
 
     @precondition(lambda self: self.asking)
     @rule(data=st.data())
@@ -346,9 +347,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         was already; never twice (``_answers`` checks)."""
         worker, req = data.draw(st.sampled_from(sorted(self.asking, key=str)))
         if worker is None:
-            self._do(self.s.withdraw(req))
+            self._do(self.s.handle(E.Withdraw(req)))
         else:
-            self._do(self.s.asked(worker, [P.Ask(0, 0, P.Withdraw(req))]))
+            self._do(self.s.handle(E.Asked(worker, [P.Ask(0, 0, P.Withdraw(req))])))
         assert (worker, req) not in self.asking, f"request {(worker, req)} still waits after its withdrawal"
 
     # --- cluster events ---
@@ -366,12 +367,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.workers)
     @rule(data=st.data())
     def retire(self, data):
-        self._do(self.s.retire(data.draw(st.sampled_from(sorted(self.workers)))))
+        self._do(self.s.handle(E.HandOff(data.draw(st.sampled_from(sorted(self.workers))))))
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), paused=st.booleans())
     def pause(self, data, paused):
-        self._do(self.s.set_paused(data.draw(st.sampled_from(sorted(self.workers))), paused))
+        self._do(self.s.handle(E.SetPaused(data.draw(st.sampled_from(sorted(self.workers))), paused)))
 
     # --- what the workers do ---
     @rule(on=st.booleans())
@@ -404,7 +405,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                              else P.Finished(seq, BIG.nbytes, "bytes", None, 0.001))
         if now:
             msgs, w.replies = w.replies, []
-            self._do(self.s.handle_messages(name, msgs))
+            self._do(self.s.handle(E.Reported(name, msgs)))
 
     @precondition(lambda self: any(w.queue for w in self.workers.values()))
     @rule(data=st.data())
@@ -435,7 +436,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             body = P.WhoHas(None) if kind == "who_has" else P.Info()
         if request and kind != "cancel":
             self.awaiting.add((name, request))
-        self._do(self.s.asked(name, [P.Ask(request, seq, body)]))
+        self._do(self.s.handle(E.Asked(name, [P.Ask(request, seq, body)])))
 
     @precondition(lambda self: any(w.exports or w.steals or w.calls for w in self.workers.values()))
     @rule(data=st.data())
@@ -466,7 +467,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.replies)))
         w = self.workers[name]
         msgs, w.replies = w.replies, []
-        self._do(self.s.handle_messages(name, msgs))
+        self._do(self.s.handle(E.Reported(name, msgs)))
 
     # --- after every step ---
     @invariant()

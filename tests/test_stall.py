@@ -15,6 +15,7 @@ import pytest
 from _util import block_until, release, wait_for, wait_running
 
 from localcluster import Client, LocalCluster, as_completed, wait
+from localcluster.scheduler import events as E
 from localcluster.supervision.stall import (BUSY_FACTOR, ClusterView, QueuedTask, RunningTask, Stall, StallClock,
                                       WorkerView, diagnose, unexplained)
 
@@ -285,11 +286,11 @@ def test_runs_sent_are_progress_so_a_submit_longer_than_stall_warning_is_no_stal
     from localcluster.engine.history import History
     from localcluster.wire.serialize import dumps
     scheduler = Scheduler()
-    scheduler.add_worker("w0", 1)
+    scheduler.handle(E.AddWorker("w0", 1))
     watch = StallWatch(threading.Lock(), scheduler, _NoWorkerRuns(), History(),
                        {"stall_warning": 30, "memory_pause": 0.8}, None)
     watch.tick(0.0)                                      # idle
-    scheduler.submit([Spec(f"k-{i}", 1, b"fn", dumps(((), {})), ()) for i in range(3)])
+    scheduler.handle(E.Submit([Spec(f"k-{i}", 1, b"fn", dumps(((), {})), ()) for i in range(3)]))
     assert scheduler.placement.assigned >= 1
     with caplog.at_level(logging.WARNING, logger="localcluster"):
         for now in (40.0, 55.0, 69.0):                  # admitted and sent at 40 s

@@ -13,6 +13,7 @@ from _util import block_until, released_once_reading, wait_for
 import localcluster
 from localcluster import Client, ClusterBroken, LocalCluster
 from localcluster.engine import dispatch
+from localcluster.scheduler import events as E
 from localcluster.scheduler import state as S
 
 
@@ -22,15 +23,16 @@ def inc(x):
 
 def test_a_stuck_scheduler_thread_breaks_the_cluster_with_its_stack(monkeypatch):
     release = threading.Event()
-    handle = S.Scheduler.handle_messages
+    handle = S.Scheduler.handle
 
-    def stuck_in_handling(self, worker, msgs):
-        release.wait(30)             # what a deadlock inside the scheduler looks like
-        return handle(self, worker, msgs)
+    def stuck_in_handling(self, *events):
+        if any(type(e) is E.Reported for e in events):
+            release.wait(30)             # what a deadlock inside the scheduler looks like
+        return handle(self, *events)
 
     with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=0.5) as c, Client(c) as cl:
         assert cl.submit(inc, 1).result(30) == 2
-        monkeypatch.setattr(S.Scheduler, "handle_messages", stuck_in_handling)
+        monkeypatch.setattr(S.Scheduler, "handle", stuck_in_handling)
         fut = cl.submit(inc, 2)
         try:
             # wait() leaves the reply to the scheduler thread (result() would read it itself:
@@ -52,12 +54,12 @@ def test_a_thread_stuck_handling_what_it_read_for_its_future_fails_every_other_w
     handling of it: it is the waiter and stays stuck, but every other waiter fails at once
     with that thread's stack."""
     release = threading.Event()
-    handle = S.Scheduler.handle_messages
+    handle = S.Scheduler.handle
 
-    def stuck_in_handling(self, worker, msgs):
-        if threading.current_thread() is threading.main_thread():
+    def stuck_in_handling(self, *events):
+        if threading.current_thread() is threading.main_thread() and any(type(e) is E.Reported for e in events):
             release.wait(30)
-        return handle(self, worker, msgs)
+        return handle(self, *events)
 
     with LocalCluster(n_workers=1, threads_per_worker=2, forward_logs=False, scheduler_watchdog=0.5) as c, \
             Client(c) as cl:
@@ -74,7 +76,7 @@ def test_a_thread_stuck_handling_what_it_read_for_its_future_fails_every_other_w
             finally:
                 release.set()
         helper = threading.Thread(target=other_waiter)
-        monkeypatch.setattr(S.Scheduler, "handle_messages", stuck_in_handling)
+        monkeypatch.setattr(S.Scheduler, "handle", stuck_in_handling)
         # its reply comes once this thread reads the channel itself: under load, a task that
         # ends at once may be read by the scheduler thread before result() is called
         fut, releaser = released_once_reading(cl, tmp_path)
@@ -102,17 +104,18 @@ def test_an_idle_scheduler_or_a_long_task_is_not_a_stall():
 
 @pytest.mark.slow
 def test_keys_let_go_at_once_are_freed_in_turns_not_taken_for_a_stall(monkeypatch):
-    release_many = S.Scheduler.release_many
+    handle = S.Scheduler.handle
 
-    def slow_release(self, keys):
-        time.sleep(0.2)              # one chunk of keys as slow as 5,000 are on a loaded machine
-        return release_many(self, keys)
+    def slow_release(self, *events):
+        if any(type(e) is E.Drop for e in events):
+            time.sleep(0.2)          # one chunk of keys as slow as 5,000 are on a loaded machine
+        return handle(self, *events)
 
     monkeypatch.setattr(dispatch, "_RELEASE_CHUNK", 10)
     with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=0.5) as c, Client(c) as cl:
         futures = cl.map(inc, range(100))
         assert cl.gather(futures) == list(range(1, 101))
-        monkeypatch.setattr(S.Scheduler, "release_many", slow_release)
+        monkeypatch.setattr(S.Scheduler, "handle", slow_release)
         del futures                  # 10 chunks of 0.2 s: 2 s, four times the watchdog's limit
         wait_for(lambda: not c.scheduler.tasks, timeout=30)
         assert cl.submit(inc, 1).result(30) == 2        # the cluster is not broken

@@ -1,9 +1,9 @@
-"""The dispatcher: scheduler events in, the scheduler's actions carried out.
+"""The dispatcher: scheduler events in, the scheduler's instructions carried out.
 
 Data flow::
 
     user threads (submit, scatter, fetch ...) ─┐
-    worker messages (scheduler thread) ────────┼─► event(): Scheduler under the lock ─► actions
+    worker messages (scheduler thread) ────────┼─► drive(): Scheduler.handle under the lock ─► instructions
     released keys (any thread, lock-free) ─────┘         │
         Send    -> queued on the worker's Outlet under the lock, in order; the Flush that
                    sends them is carried out by the same thread right after it lets go of
@@ -15,15 +15,19 @@ Data flow::
                            "retrying" under it: futures pending again before the run can end)
         Deliver, Reply -> the waiting request
 
-Threads: ``event`` runs on whichever thread brings the event, so a submit costs no
+``drive`` is the one place the scheduler is driven (``Scheduler.handle``) and the cluster's
+lock taken for it; ``event``, ``request``, ``submit``, ``on_worker_messages``,
+``free_released``, ``uncork`` and the supervisor's decisions all go through it.
+
+Threads: ``drive`` runs on whichever thread brings the event, so a submit costs no
 thread hop; ``on_worker_messages``, ``free_released``, ``uncork`` and ``take_retired``
 run on the scheduler thread.
 
 A loop of submits (each within ``BURST`` seconds of the one before, with no wait between)
-is deferred: ``submit`` queues its tasks lock-free, and whoever next takes the lock through
-here (the next event, a wait or read of the state, the scheduler thread, woken by the first
-of them, or the submit that makes ``BATCH``) hands them all to the scheduler at once, in
-order, before anything else. One placement and one send a batch instead of one each: ~15%
+is deferred: ``submit`` queues its ``Submit`` events lock-free, and whoever next passes
+``drive`` (the next event, a wait or read of the state, the scheduler thread, woken by the
+first of them, or the submit that makes ``BATCH``) hands them to ``Scheduler.handle``
+first, in order, ahead of its own events. One placement and one send a batch instead of one each: ~15%
 less of the parent's time a task (benchmarks/README.md). A submit followed by ``result()``
 is never deferred.
 
@@ -49,12 +53,12 @@ import weakref
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from ..wire import protocol as P
 from ..wire import vmcopy
 from ..wire.recycle import Recycler
-from ..scheduler import state as S
+from ..scheduler import events as E, state as S
 from ..scheduler.records import Reply
 from ..wire.channel import Channel, let_go
 from ..death import ClusterBroken
@@ -228,20 +232,47 @@ class Dispatcher:
         thread frees released keys on its next tick or wake-up."""
         self._released.append(key)
 
-    def event(self, fn: Callable, *args: Any, before: Optional[Callable[[], Any]] = None) -> Any:
-        """Run a scheduler event from any thread and carry out its actions. ``before()`` runs
-        first under the same lock (futures must exist before any answer can arrive); its
-        return value is returned."""
+    def drive(self, make: Callable[[], tuple[Any, Sequence]], also: list = (),  # type: ignore[assignment]
+              answer: Any = None, reporter: Optional[str] = None,
+              heard: Optional[Callable[[list], Any]] = None) -> Any:
+        """The one place the scheduler is driven, and its lock taken for it. Under the
+        cluster's lock: ``make()`` returns (a value to return, the events for the scheduler)
+        and may do what must happen in the same hold of the lock (futures made before any
+        answer can arrive; the policy's verdict); the deferred submits go through the door
+        first, then those events (``Scheduler.handle``); ``also`` (sends of the dispatcher's
+        own) after them. ``answer``: the Future (or _Slot) of the request an event opens;
+        then the request's id is returned instead. On the scheduler thread, what was corked
+        goes too; elsewhere, what was corked for ``reporter`` (the worker whose frame this
+        thread read). ``heard(instructions)``: a look at what the scheduler asked, under the
+        same lock (to record what they say). What the scheduler asked is carried out after
+        the lock (``post``)."""
+        with self._lock:
+            value, events = make()
+            deferred = self._take_deferred() if self._deferred else ()
+            actions = self._scheduler.handle(*deferred, *events) if deferred or events else []
+            if heard is not None:
+                heard(actions)
+            if answer is not None:
+                value = next(a.request for a in actions if type(a) is E.Opened)
+                self._requests[value] = answer
+            post = self.apply(actions + also if also else actions)
+            if self._loop.on_loop():
+                post += self._uncorked()
+            elif reporter is not None and (outlet := self._outlets.get(reporter)) is not None and outlet.cork:
+                post += self._queue(outlet, [])
+        self.post(post)
+        return value
+
+    def event(self, event: Any, before: Optional[Callable[[], Any]] = None, answer: Any = None) -> Any:
+        """Drive one scheduler event (events.py) from any thread and carry out its instructions.
+        ``before()`` runs first under the same lock (futures must exist before any answer can
+        arrive); its return value is returned (``answer``: as :meth:`drive`)."""
         if self._life.error is not None:
             raise self._life.error
         try:
-            with self._lock:
-                ret = before() if before is not None else None
-                post = self.apply(self._admitted_then(fn, *args))
-            self.post(post)
+            return self.drive(lambda: (before() if before is not None else None, (event,)), answer=answer)
         except Exception:
             raise self.break_("scheduler", traceback.format_exc()) from None
-        return ret
 
     # --- submits, deferred in a burst ---------------------------------------------------------
 
@@ -252,9 +283,9 @@ class Dispatcher:
         burst = now - self._last_submit < BURST
         self._last_submit = now
         if not burst or self._life.error is not None or self._loop.on_loop():
-            return self.event(self._scheduler.submit, specs, again, before=track)
+            return self.event(E.Submit(specs, again), before=track)
         ret = track()
-        self._deferred.append((specs, again or None))
+        self._deferred.append(E.Submit(specs, again or None))
         if len(self._deferred) >= BATCH:   # admitted here: what a batch holds meanwhile stays small
             self.admit()
         elif not self._wake_due:
@@ -262,51 +293,46 @@ class Dispatcher:
             self._loop.wake()
         return ret
 
-    def _admit(self) -> list:
-        """Caller holds the lock: the deferred submits handed to the scheduler, in the order
-        made; their actions."""
+    def _take_deferred(self) -> list:
+        """Caller holds the lock: the deferred submits, in the order made, taken."""
         self._wake_due = False      # before taking: a submit appended after this wakes again
-        batches = []
+        taken = []
         while self._deferred:
-            batches.append(self._deferred.popleft())
-        return self._scheduler.submit_batches(batches) if batches else []
-
-    def _admitted_then(self, fn: Callable, *args: Any) -> list:
-        """Caller holds the lock: the deferred submits admitted, then ``fn(*args)``; the
-        actions of both, in that order."""
-        return self._admit() + fn(*args) if self._deferred else fn(*args)
+            taken.append(self._deferred.popleft())
+        return taken
 
     def admit(self) -> None:
         """Any thread, not holding the lock: what was deferred goes to the scheduler now
         (a broken cluster failed it already)."""
         if self._deferred and self._life.error is None:
-            self.event(list)
+            try:
+                self.drive(_nothing)
+            except Exception:
+                raise self.break_("scheduler", traceback.format_exc()) from None
 
-    def settle(self) -> None:
+    def end_burst(self) -> None:
         """:meth:`admit`, and the burst ends: the caller is about to wait for a future (its
         next submit goes at once, as the round trip of ``submit(f).result()`` wants)."""
         self._last_submit = -math.inf
         self.admit()
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """The cluster's lock, for reading or changing the scheduler's state, with every
-        submit this thread made before handed to it first."""
+    def locked(self) -> Iterator[None]:
+        """The cluster's lock, for reading the scheduler's state through its queries, with
+        every submit this thread made before handed to it first."""
         self.admit()
         with self._lock:
             yield
 
-    def request(self, ask: Callable[[], tuple]) -> Future:
-        """``ask()`` (run as an event) returns (request id, actions); the answer arrives as a
-        Deliver that resolves the returned Future."""
-        fut: Future = Future()
+    def request(self, event: Any) -> Future:
+        """Drive ``event``, one that opens a request (events.py); the answer arrives as a
+        Deliver or a Reply that resolves the returned Future."""
+        return self.open(event)[1]
 
-        def run() -> list:
-            req, actions = ask()
-            self._requests[req] = fut
-            return actions
-        self.event(run)
-        return fut
+    def open(self, event: Any) -> tuple[int, Future]:
+        """:meth:`request`, with the id of the request opened (to withdraw it)."""
+        fut: Future = Future()
+        return self.event(event, answer=fut), fut
 
     def on_worker_messages(self, worker: str, msgs: list) -> None:
         """Task messages of one worker as one batch (placement runs once); what was corked
@@ -331,7 +357,8 @@ class Dispatcher:
                 msgs = [m for m in msgs if m is not None]
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         damaged: list = []
-        with self._lock:
+
+        def make() -> tuple:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key
                 t = type(m)
                 if t is P.Damaged:
@@ -343,12 +370,8 @@ class Dispatcher:
                         submitter, counts = ending(key, finished)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
                                "finished" if finished else "error", m.serde if finished else 0.0, submitter, counts)
-            actions = (self._admitted_then(self._scheduler.handle_messages, worker, msgs) if msgs
-                       else self._admitted_then(list))
-            post = self.apply(actions + unpin)
-            if outlet is not None and outlet.cork and self._outlets.get(worker) is outlet:
-                post += self._queue(outlet, [])
-        self.post(post)
+            return None, (E.Reported(worker, msgs),) if msgs else ()
+        self.drive(make, also=unpin, reporter=worker)
         for m, run in damaged:
             _tell_damaged(worker, m, run)
 
@@ -357,22 +380,16 @@ class Dispatcher:
         before the frame's other task messages (a task submits before it finishes). The
         scheduler answers what it can at once (as Sends); ``Results`` waits on one fetch a
         key, and the answer goes to the task once all are in. Scheduler thread."""
-        with self._lock:
-            post = self.apply(self._admitted_then(self._scheduler.asked, worker, asks))
-        self.post(post)
+        self.drive(lambda: (None, (E.Asked(worker, asks),)))
         for ask in asks:
             if type(ask.body) is P.Results:
                 self._answer_results(worker, ask.request, ask.body.keys)
 
     def _answer_results(self, worker: str, request: int, keys: tuple) -> None:
-        gathering = _Gathering(len(keys), lambda outcomes: self.event(
-            lambda: [S.Send(worker, P.Answer(request, outcomes))]))
+        gathering = _Gathering(len(keys), lambda outcomes: self.drive(
+            _nothing, also=[S.Send(worker, P.Answer(request, outcomes))]))
         for i, key in enumerate(keys):
-            def ask(i: int = i, key: str = key) -> list:
-                req, actions = self._scheduler.fetch(key)
-                self._requests[req] = _Slot(gathering, i)
-                return actions
-            self.event(ask)
+            self.event(E.Fetch(key), answer=_Slot(gathering, i))
 
     def free_released(self) -> bool:
         """In chunks, so that neither a submit waiting for the lock nor close() waits behind
@@ -387,9 +404,8 @@ class Dispatcher:
             keys: list = []
             while released and len(keys) < _RELEASE_CHUNK:
                 keys.append(released.popleft())
-            with self._lock:       # submits deferred before these keys were let go come first
-                post = self.apply(self._admitted_then(self._scheduler.release_many, keys))
-            self.post(post)
+            # submits deferred before these keys were let go come first (drive)
+            self.drive(lambda keys=keys: (None, (E.Drop(keys),)))
             if released and time.monotonic() >= end:
                 return self._life.open
         return False
@@ -433,8 +449,7 @@ class Dispatcher:
                 continue
             if outlet.pid is None and any(type(m) is P.Export and m.locate for m in msgs):
                 msgs = [P.Export(m.key, m.request) if type(m) is P.Export else m for m in msgs]   # not ours to read
-            ws = self._scheduler.workers.get(worker)
-            if (not on_loop and ws is not None and len(ws.processing) > 2 * ws.nthreads
+            if (not on_loop and self._scheduler.backlogged(worker)
                     and not any(type(m) is P.Landed for m in msgs)):
                 # The worker has a backlog: it will not miss these for a while. Leave them
                 # for the scheduler thread to send in one frame when the worker next reports
@@ -525,13 +540,17 @@ class Dispatcher:
         self._recycler.trim(everything)
 
     def uncork(self) -> None:
-        """Scheduler thread, every tick: send what was held back behind a backlog."""
-        with self._lock:
-            flush = self.apply(self._admitted_then(list))
-            for outlet in self._outlets.values():
-                if outlet.cork:
-                    flush += self._queue(outlet, [])
-        self.post(flush)
+        """Scheduler thread, every tick: send what was held back behind a backlog (and admit
+        what was deferred)."""
+        self.drive(_nothing)
+
+    def _uncorked(self) -> list:
+        """Caller holds the lock: what every outlet held back, queued; the Flushes."""
+        flush: list = []
+        for outlet in self._outlets.values():
+            if outlet.cork:
+                flush += self._queue(outlet, [])
+        return flush
 
     # --- failing everyone ---------------------------------------------------------------
 
@@ -563,6 +582,10 @@ class Dispatcher:
         for fut in requests:
             if type(fut) is not _Slot and not fut.done():
                 fut.set_exception(exc)
+
+
+def _nothing() -> tuple:
+    return None, ()
 
 
 class _Gathering:

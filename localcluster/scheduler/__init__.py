@@ -1,7 +1,9 @@
-"""The scheduler: a pure state machine, no I/O, no threads, no clock. Events in, actions out.
+"""The scheduler: a pure state machine, no I/O, no threads, no clock. Events in, instructions out.
 
-- ``state.py``: ``Scheduler``, the one writer of ``Task.state`` (``Transitions.apply``,
-  checked against ``records.TRANSITIONS``), and the events it takes.
+- ``state.py``: ``Scheduler``, its one door ``handle(*events) -> instructions`` (the table
+  ``HANDLERS``) and its queries; the one writer of ``Task.state`` (``Transitions.apply``,
+  checked against ``records.TRANSITIONS``).
+- ``events.py``: the events the door takes, a small frozen class per meaning.
 - ``records.py``: ``Task``, ``WorkerState``, ``Spec``, the actions (Send, Resolve, Retire,
   Deliver, FailAll) and the table of allowed transitions.
 - its parts, each with narrow methods: ``admission.py`` (the tasks' way in: submit,

@@ -14,7 +14,7 @@
   seceded, until it ends (rejoined too): such a run has left its executor's row of the status
   board, so the supervisor reads it here to watch its timeout and name its thread in a death.
 - the function ids of what tasks submit: negative, so they never meet a Client's.
-- ``calls``: request id of a ``Scheduler.call`` -> (its :class:`_RunAnswer`, index) of each
+- ``calls``: request id of a call to a worker (``Calls.call``) -> (its :class:`_RunAnswer`, index) of each
   call made for a task's ``run`` (``RunOn``): the calls' answers (Delivers) are gathered here,
   not handed to the dispatcher, and the task gets one Answer once every worker has answered.
 """
@@ -153,7 +153,7 @@ class Asking:
 
     def run_asked(self, worker: str, request: int, body: P.RunOn, asker: Optional[str], known: Callable[[str], bool],
                   live: list, call: Callable[[str, str], tuple]) -> list:
-        """``Client.run`` from a task on ``worker``: ``call(name, what)`` (``Scheduler.call``) on
+        """``Client.run`` from a task on ``worker``: ``call(name, what)`` (``Calls.call``) on
         each worker ``body`` names (those in ``live`` when None); the answers are gathered
         (``answering``) into one Answer to ``request``. A name no worker has is refused at once."""
         names = list(body.workers) if body.workers is not None else live

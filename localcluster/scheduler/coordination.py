@@ -92,7 +92,7 @@ class Coordination:
     def __init__(self, task: Callable[[str], Optional[Task]], release: Callable[[list], list],
                  held: Callable[[str, list, Optional[str]], None], key_of: Callable[[int], Optional[str]]):
         self._task = task              # the scheduler's tasks.get
-        self._release_keys = release   # the scheduler's release_many: one reference less to each key
+        self._release_keys = release   # the scheduler's letting go (a Drop): one reference less to each key
         self._held = held              # Asking.held: a task's worker holds these references
         self._key_of = key_of          # the key a run (seq) runs
         #: (kind, name) -> _Semaphore; a Lock is kind "lock". Dropped when nothing is held or waits

@@ -1,5 +1,5 @@
 """What a worker's death does to the tasks: a part of the Scheduler (composition: same thread,
-same lock, no I/O). It owns no state; ``Scheduler.worker_died`` runs its steps in order:
+same lock, no I/O). It owns no state; the scheduler's ``WorkerDied`` event runs its steps in order:
 
 1. ``lost``: every copy the dead worker held is forgotten; a key whose last copy it was is
    computed again if something needs it, let go of if nothing does, or fails with

@@ -10,7 +10,7 @@ longer cares about (cancelled, released, superseded) leaves only a ``Free`` of w
 (``Forgetting.orphan``). A closing worker is retired once its last run ends.
 
 The Scheduler's events of the same names call these (placement runs once at their end),
-and so does ``Scheduler.handle_messages`` for a frame of them.
+and so does ``Scheduler.handle`` for a frame of them (a ``Reported`` event).
 """
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ class FailAll:
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """Answer to :meth:`Scheduler.fetch` (the data of ``key`` or the exception that stops it)
-    or to :meth:`Scheduler.call` (``key`` says what was called; data: its result)."""
+    """Answer to a Fetch event (the data of ``key`` or the exception that stops it) or to a
+    Call (``key`` says what was called; data: its result)."""
     request: int
     key: str
     data: Optional[P.Payload] = None

@@ -1,9 +1,10 @@
 """The scheduler's decisions: a state machine with no I/O.
 
-Events come in as method calls (task submitted, run finished, worker died, ...);
-each returns a list of actions for the caller to carry out (:class:`Send` a
-message to a worker, :class:`Resolve` a key's futures, :class:`Deliver` a fetched
-value, :class:`Retire` a worker). Nothing here touches a process, a socket, a
+One door, as dask's worker state machine: ``Scheduler.handle(*events)`` takes events
+(events.py: task submitted, worker reported, worker died, ...) and returns the instructions
+for the caller to carry out (:class:`Send` a message to a worker, :class:`Resolve` a key's
+futures, :class:`Deliver` a fetched value, :class:`Retire` a worker). ``HANDLERS`` is the
+one table from event class to handler; everything else public is a query. Nothing here touches a process, a socket, a
 clock or a thread, so it is tested with plain asserts (tests/test_scheduler.py).
 
 Task states. A task is made ``released`` and moved on in the same event; from then on
@@ -50,19 +51,20 @@ may go), ``Calls`` (``Client.run``) and ``Asking`` (the books of tasks that subm
 Small results travel with their ``Finished`` message and are kept here, so relaying them,
 and answering ``result()``, costs no extra round trip.
 
-Every public event runs placement (``_assign``) once at its end; a frame of worker
-messages goes through ``handle_messages``, which runs placement once for all of them.
+``handle`` runs placement once, after its last event, when one of them may have made a task
+ready or freed a slot (``HANDLERS`` says which): a frame of worker messages (``Reported``)
+or a burst of submits handed in together is placed once.
 ``validate()`` checks every invariant (invariants.py); the tests call it after each event.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Any, Callable, Optional
 
 from ..wire import protocol as P, serialize
 from ..config import format_bytes
 from ..death import TransferError, WorkerDeath, death_event
+from . import events as E
 from .admission import Admission
 from .asking import Asking
 from .coordination import Asker, Coordination
@@ -82,17 +84,6 @@ from .transfers import Transfers, gone as _gone
 #: copies of one value (or of one run's arguments) that may arrive damaged before what waits for
 #: it fails with TransferError: a mix-up that repeats is not mended by a fourth try
 MAX_DAMAGES = 3
-
-
-def _placing(event: Callable) -> Callable:
-    """A public event: placement runs once at its end (or at the end of the batch)."""
-    @functools.wraps(event)
-    def run(self: "Scheduler", *args: Any, **kwargs: Any) -> list:
-        out = event(self, *args, **kwargs)
-        # inline _assign: in a frame of worker messages, skipped once a message
-        return out if self._deferring else out + self.placement.assign()
-    return run
-
 
 
 class Scheduler:
@@ -138,8 +129,6 @@ class Scheduler:
         #: the tasks' way in: submitted, scattered, held by one more Future
         self.admission = Admission(tasks.get, tasks.__setitem__, workers.values, self.forgetting.forget,
                                    self.readiness.make_ready_or_wait, self._to)
-        #: inside handle_messages: placement waits for the end of the frame
-        self._deferring = False
         #: Client.run's calls not answered yet (request ids from the same counter)
         self.calls = Calls(self._request, workers.get, self.gone.__contains__)
         #: the ends of runs as workers report them (finished, failed, skipped, given back)
@@ -148,7 +137,26 @@ class Scheduler:
                                  self._to)
         #: Lock, Semaphore, Event, Queue and Variable (coordination.py): what is held, set,
         #: queued, and who waits for it
-        self.coordination = Coordination(tasks.get, self.release_many, self.asking.held, self.key_of)
+        self.coordination = Coordination(tasks.get, self._release, self.asking.held, self.key_of)
+
+    def handle(self, *events: Any) -> list:
+        """The door: every change to the scheduler's state comes in here as events
+        (events.py), in order, and goes out as instructions (Send, Resolve, FailAll,
+        Deliver, Reply, Retire; an ``Opened`` for an event that opens a request). ``HANDLERS``
+        says what handles each; placement runs once, after the last, when one of them
+        may have made a task ready or freed a slot. The caller holds the cluster's lock."""
+        out: list = []
+        place = False
+        for event in events:
+            handler, places, opens = HANDLERS[type(event)]
+            if opens:
+                request, actions = handler(self, event)
+                out.append(E.Opened(request))
+                out += actions
+            else:
+                out += handler(self, event)
+            place = place or places
+        return out + self.placement.assign() if place else out
 
     def validate(self) -> None:
         """Raise AssertionError naming the first broken invariant, with the story of the key
@@ -188,10 +196,6 @@ class Scheduler:
         terms = ts.terms
         return (terms.submitter if terms is not None else None), (not ts.type_name if finished else ts.retries <= 0)
 
-    def acquire(self, key: str, counted: bool = True) -> list:
-        """One more Future of ``key`` holds it like any other (``Admission.acquire``)."""
-        return self.admission.acquire(key, counted)
-
     def who_has(self, keys: Optional[list] = None) -> dict[str, tuple]:
         """Key -> the names of the workers holding its data (sorted; empty while it has none),
         for ``keys`` or every task known (dask's ``who_has``)."""
@@ -204,6 +208,12 @@ class Scheduler:
         too) plus the ready tasks no worker has taken. Read only."""
         runs = sum(len(ws.processing) for ws in self.workers.values())
         return cap if runs >= cap else runs + self.placement.waiting(cap - runs)
+
+    def backlogged(self, worker: str) -> bool:
+        """Whether ``worker`` has more than twice as many runs sent as it has threads: it will
+        not miss a message held back for a moment (the dispatcher's cork)."""
+        ws = self.workers.get(worker)
+        return ws is not None and len(ws.processing) > 2 * ws.nthreads
 
     def holding(self) -> bool:
         """Whether a worker holds data that a future or a pending task still needs and that
@@ -241,21 +251,19 @@ class Scheduler:
         run (measured by ``Roster.unsatisfiable``), or None when one can."""
         return self.roster.unsatisfiable(key, need)
 
-    @_placing
-    def add_worker(self, name: str, nthreads: int, resources: Optional[dict] = None) -> list:
+    def _add_worker(self, name: str, nthreads: int, resources: Optional[dict] = None) -> list:
         """``resources``: what it declares (None: the scheduler's ``resources``)."""
         self.workers[name] = WorkerState(name, nthreads, self.resources if resources is None else resources)
         return []
 
-    @_placing
-    def set_paused(self, name: str, paused: bool) -> list:
+    def _set_paused(self, name: str, paused: bool) -> list:
         ws = self.workers.get(name)
         if ws is None or ws.paused == paused:
             return []
         ws.paused = paused
         return self.placement.take_back(ws) if paused else []
 
-    def retire(self, name: str) -> list:
+    def _hand_off(self, name: str) -> list:
         """Stop giving ``name`` work; move data only it holds elsewhere; then Retire it."""
         ws = self.workers.get(name)
         if ws is None or ws.closing:
@@ -267,8 +275,7 @@ class Scheduler:
         """The keys a death is blamed on (the taxonomy's rules: ``blamed_runs``), for ``death.blamed``."""
         return self.deaths.blame(cause, running, crashed_seq, timed_out_seq)
 
-    @_placing
-    def worker_died(self, death: WorkerDeath, timed_out: Optional[tuple] = None) -> list:
+    def _worker_died(self, death: WorkerDeath, timed_out: Optional[tuple] = None) -> list:
         """``death.blamed`` (from ``blame``) names the runs that count towards KilledWorker;
         ``timed_out`` is (seq, elapsed) of a run past its timeout.
 
@@ -298,31 +305,7 @@ class Scheduler:
 
     # --- tasks --------------------------------------------------------------------------
 
-    @_placing
-    def submit(self, specs: list, again: Optional[dict] = None) -> list:
-        """``again``: {key: n} for n of the specs whose key the submitting client holds
-        already, which do not count once more in the key's ``wanted`` (``Admission.submit``)."""
-        return self.admission.submit(specs, again)
-
-    @_placing
-    def submit_batches(self, batches: list) -> list:
-        """Several submits in the order made, ``[(specs, again)]``, placed once at the end
-        (a burst of submits, deferred by the dispatcher)."""
-        out: list = []
-        for specs, again in batches:
-            out += self.admission.submit(specs, again)
-        return out
-
-    def scatter(self, items: list, workers: Optional[frozenset] = None, broadcast: bool = False) -> list:
-        """Data from the client: ``items`` is [(key, Payload)], placed by ``Admission.scatter``."""
-        return self.admission.scatter(items, workers, broadcast)
-
-    def replicate(self, keys: list, n: Optional[int]) -> tuple[int, list]:
-        """Copies of each key's data on ``n`` open workers (all when None): (request id,
-        actions). The request is answered by a Deliver once every copy is stored."""
-        return self.transfers.replicate(keys, n)
-
-    def rebalance(self, keys: Optional[list], names: Optional[frozenset], moves: list) -> tuple[int, list]:
+    def _rebalance(self, keys: Optional[list], names: Optional[frozenset], moves: list) -> tuple[int, list]:
         """``Client.rebalance``: the data of ``keys`` (every key held on workers when None) spread
         over ``names`` (every open worker when None) so that each holds about as many bytes of it:
         each move from the fullest worker to the emptiest, largest values first, while it brings
@@ -348,7 +331,7 @@ class Scheduler:
                 pairs.append((ts, self.workers[dst]))
         return self.transfers.copies(pairs)
 
-    def drop_copies(self, moves: list) -> list:
+    def _drop_copies(self, moves: list) -> list:
         """After ``rebalance``'s copies: each original copy let go of, where the new one is stored,
         nothing sent to its worker needs it and no transfer reads it."""
         out: list = []
@@ -364,73 +347,25 @@ class Scheduler:
             out.append(Send(src, P.Free((key,))))
         return out
 
-    def stored(self, ack: int) -> list:
+    def _stored(self, ack: int) -> list:
         """A worker acknowledged a Put: a copy that ``replicate`` waits for exists."""
         return self.transfers.stored(ack)
 
-    def handle_messages(self, worker: str, msgs: list) -> list:
-        """A frame of task messages from one worker (Finished, Failed, Skipped, Unqueued,
-        Data, Stored, Called), with placement run once for all of them (the events skip it meanwhile)."""
+    def _reported(self, worker: str, msgs: list) -> list:
+        """A frame of task messages from one worker, each to its handler (``REPORTS``)."""
         out: list = []
-        self._deferring = True
-        outcomes = self.outcomes
-        try:
-            for m in msgs:
-                t = type(m)
-                if t is P.Finished:
-                    out += outcomes.finished(worker, m.seq, m.nbytes, m.type_name, m.data, m.duration)
-                elif t is P.Failed:
-                    out += outcomes.failed(worker, m.seq, m.error)
-                elif t is P.Skipped:
-                    out += outcomes.skipped(worker, m.seq)
-                elif t is P.Unqueued:
-                    out += outcomes.unqueued(worker, m.asked, m.taken)
-                elif t is P.Data:
-                    out += self.data(worker, m.request, m.key, m.data, m.error)
-                elif t is P.Stored:
-                    out += self.stored(m.ack)
-                elif t is P.Called:
-                    out += self.called(m.request, m.data, m.error)
-                elif t is P.Damaged:
-                    out += self.damaged(worker, m)
-                else:
-                    raise TypeError(f"not a task message: {m!r}")
-        finally:
-            self._deferring = False
-        return out + self._assign()
-
-    def _assign(self) -> list:
-        return [] if self._deferring else self.placement.assign()
+        for m in msgs:
+            handler = REPORTS.get(type(m))
+            if handler is None:
+                raise TypeError(f"not a task message: {m!r}")
+            out += handler(self, worker, m)
+        return out
 
     # --- the ends of runs (outcomes.py) ------------------------------------------------
 
-    @_placing
-    def finished(self, worker: str, seq: int, nbytes: int, type_name: str,
-                 data: Optional[P.Payload], duration: float = 0.0) -> list:
-        return self.outcomes.finished(worker, seq, nbytes, type_name, data, duration)
-
-    @_placing
-    def failed(self, worker: str, seq: int, error: bytes) -> list:
-        return self.outcomes.failed(worker, seq, error)
-
-    @_placing
-    def skipped(self, worker: str, seq: int) -> list:
-        """The worker dropped a cancelled run before starting it."""
-        return self.outcomes.skipped(worker, seq)
-
-    @_placing
-    def unqueued(self, worker: str, asked: tuple, taken: tuple) -> list:
-        """The answer to a steal: the runs ``taken`` back before they started are placed again."""
-        return self.outcomes.unqueued(worker, asked, taken)
-
     # --- Client.run: a function on a worker, outside the tasks ---------------------------
 
-    def call(self, worker: str, fn: bytes, args: P.Payload, what: str) -> tuple[int, list]:
-        """Run a function on ``worker`` now (``Client.run``): (request id, actions); the part
-        ``Calls`` keeps it until its worker answers (``Called``) or dies."""
-        return self.calls.call(worker, fn, args, what)
-
-    def called(self, request: int, data: Optional[P.Payload], error: Optional[bytes]) -> list:
+    def _called(self, request: int, data: Optional[P.Payload], error: Optional[bytes]) -> list:
         """A worker answered a Call; a task's run gathers its answers into one (asking.py)."""
         out = self.calls.called(request, data, error)
         return self.asking.answering(out) if self.asking.calls else out
@@ -442,18 +377,14 @@ class Scheduler:
 
     # --- tasks that submit tasks (get_client on a worker; asking.py keeps the books) ------
 
-    def asked(self, worker: str, asks: list) -> list:
+    def _asked_all(self, worker: str, asks: list) -> list:
         """Requests from tasks on ``worker`` (Ask): submit, scatter, hold and drop futures,
         secede, rejoin, states; cancel, run, who_has, scheduler_info. ``Results`` waits on
-        fetches: the dispatcher's (dispatch.py). Placement runs once for them all."""
+        fetches: the dispatcher's (dispatch.py)."""
         out: list = []
-        self._deferring = True
-        try:
-            for ask in asks:
-                out += self._asked(worker, ask)
-        finally:
-            self._deferring = False
-        return out + self._assign()
+        for ask in asks:
+            out += self._asked(worker, ask)
+        return out
 
     def _asked(self, worker: str, ask: P.Ask) -> list:
         body, t = ask.body, type(ask.body)
@@ -462,11 +393,11 @@ class Scheduler:
             owner = self.key_of(ask.seq)
             specs = [Spec(n.key, books.fn_id(n.fn), n.fn, n.args, n.deps, n.priority, n.retries, n.timeout,
                           n.workers, n.loose, n.resources, owner) for n in body.tasks]
-            out = self.submit.__wrapped__(self, specs)  # type: ignore[attr-defined]
+            out = self.admission.submit(specs, None)
             books.held(worker, [n.key for n in body.tasks], owner)
             return out
         if t is P.Drop:
-            return self.release_many(books.dropped(worker, body.keys))
+            return self._release(books.dropped(worker, body.keys))
         if t is P.Hold:
             known = [k for k in body.keys if k in self.tasks and self.tasks[k].state != "released"]
             for k in known:
@@ -474,7 +405,7 @@ class Scheduler:
             books.held(worker, known, self.key_of(ask.seq))
             return []
         if t is P.Scatter:
-            out = self.scatter(list(body.items), None, body.broadcast)
+            out = self.admission.scatter(list(body.items), None, body.broadcast)
             books.held(worker, [k for k, _ in body.items], self.key_of(ask.seq))
             return out
         if t is P.Secede:
@@ -498,7 +429,7 @@ class Scheduler:
         if t is P.RunOn:
             return books.run_asked(worker, ask.request, body, self.key_of(ask.seq), self.workers.__contains__,
                                    sorted(w for w, ws in self.workers.items() if not ws.closing),
-                                   lambda name, what: self.call(name, body.fn, body.args, what))
+                                   lambda name, what: self.calls.call(name, body.fn, body.args, what))
         if t is P.WhoHas:
             return [Send(worker, P.Answer(ask.request, self.who_has(None if body.keys is None else list(body.keys))))]
         if t is P.Info:
@@ -509,13 +440,13 @@ class Scheduler:
 
     # --- Lock, Semaphore, Event, Queue, Variable from the parent (coordination.py) ----------
 
-    def coordinate(self, body: Any) -> tuple[int, list]:
+    def _coordinate(self, body: Any) -> tuple[int, list]:
         """A coordination request from a thread of the parent: (request id, actions); the
         answer is a Reply to that request, now or later."""
         req = next(self._request)
         return req, self.coordination.asked(Asker(None, req), body)
 
-    def withdraw(self, request: int) -> list:
+    def _withdraw(self, request: int) -> list:
         """The parent's thread stopped waiting for ``request``: answered now if still waiting."""
         return self.coordination.withdraw(Asker(None, request))
 
@@ -525,12 +456,42 @@ class Scheduler:
         the others are let go."""
         let_go = self.asking.worker_gone(worker, lambda owner: (ts := self.tasks.get(owner)) is not None
                                          and ts.state in PENDING)
-        return self.release_many(let_go) if let_go else []
+        return self._release(let_go) if let_go else []
 
     def _orphans_settled(self) -> list:
         """Let go of what dead workers held for tasks that have now ended."""
         keys = self.asking.settled(lambda owner: (ts := self.tasks.get(owner)) is not None and ts.state in PENDING)
-        return self.release_many(keys) if keys else []
+        return self._release(keys) if keys else []
+
+    def death_notes(self, worker: str) -> list[str]:
+        """What the scheduler knows of what ``worker`` was doing, for its death's message: which
+        of its runs submitted which, what it was asked to send out, what its tasks held."""
+        return [note for note in (self.lineage(worker), self.exporting(worker), self.coordination.held_by(worker))
+                if note]
+
+    def seceding(self) -> bool:
+        """Whether a run that seceded still runs, off its worker's board. Safe without the lock
+        (one dict's truth): most clusters never see one, and skip :meth:`off_board`."""
+        return bool(self.asking.offboard)
+
+    def off_board(self, worker: str) -> dict:
+        """seq -> (thread ident, start) of the runs on ``worker`` that seceded and run on
+        (``Asking.off_board``)."""
+        return self.asking.off_board(worker)
+
+    def load(self, worker: str) -> Optional[tuple[int, int]]:
+        """(runs sent, keys held) of ``worker``; None when the scheduler does not have it."""
+        ws = self.workers.get(worker)
+        return None if ws is None else (len(ws.processing), len(ws.has))
+
+    def processing_on(self, worker: str) -> tuple:
+        """The keys of the runs sent to ``worker`` and not answered yet."""
+        ws = self.workers.get(worker)
+        return tuple(k for k in ws.processing.values() if k) if ws is not None else ()
+
+    def died(self, worker: str) -> bool:
+        """Whether the scheduler was told ``worker`` died."""
+        return worker in self.gone
 
     def lineage(self, worker: str) -> Optional[str]:
         """Which task submitted which among the runs on ``worker``, for its death's message."""
@@ -568,7 +529,7 @@ class Scheduler:
 
     # --- data for the client ------------------------------------------------------------
 
-    def fetch(self, key: str) -> tuple[int, list]:
+    def _fetch(self, key: str) -> tuple[int, list]:
         """The client wants the data of ``key``: (request id, actions). The answer is a Deliver."""
         req = next(self._request)
         ts = self.tasks.get(key)
@@ -581,8 +542,7 @@ class Scheduler:
             return req, []
         return req, self.transfers.fetch(ts, req)
 
-    @_placing
-    def data(self, worker: str, request: int, key: str, payload: Optional[P.Payload],
+    def _data(self, worker: str, request: int, key: str, payload: Optional[P.Payload],
              error: Optional[bytes]) -> list:
         """A holder answered an Export: the data (or why not) for a relay or a client fetch."""
         entry, out = self.transfers.answered(request)
@@ -618,7 +578,7 @@ class Scheduler:
 
     # --- a copy that broke its seal (protocol.Damaged) ---------------------------------
 
-    def damaged(self, worker: str, m: P.Damaged) -> list:
+    def _damaged(self, worker: str, m: P.Damaged) -> list:
         """A copy on ``worker``, or copied out of it, is not what it was sealed as where it was
         pickled: localcluster's own failure, never the user's. The copy is dropped, and the
         value is got again: from another copy, or computed again from its lineage when it was
@@ -710,11 +670,7 @@ class Scheduler:
 
     # --- forgetting (forgetting.py) ---------------------------------------------------
 
-    def release(self, key: str) -> list:
-        """The client dropped its last future of ``key``."""
-        return self.release_many([key])
-
-    def release_many(self, keys: list) -> list:
+    def _release(self, keys: list) -> list:
         """``release`` for many keys (a map's futures dropped at once): placement runs once,
         not once a key, and each worker gets one Free for all its keys."""
         out: list = []
@@ -729,10 +685,9 @@ class Scheduler:
                 kept.append(a)
         if self.asking.orphans:
             kept += self._orphans_settled()
-        return kept + [Send(w, P.Free(tuple(ks))) for w, ks in frees.items()] + self._assign()
+        return kept + [Send(w, P.Free(tuple(ks))) for w, ks in frees.items()]
 
-    @_placing
-    def retry(self, keys: list) -> list:
+    def _retry_keys(self, keys: list) -> list:
         """``Client.retry``: each erred task runs again, and first the erred inputs it failed
         with (dask's meaning); its futures are told (Resolve "retrying"). Other keys stay as they are."""
         out: list = []
@@ -757,13 +712,12 @@ class Scheduler:
         self._to(ts, "released", "retry")
         return out + [Resolve(key, "retrying", None)] + self.readiness.make_ready_or_wait(ts)
 
-    @_placing
-    def cancel(self, keys: list, by: str = "by Client.cancel or Future.cancel in your process") -> list:
+    def _cancel(self, keys: list, by: str = "by Client.cancel or Future.cancel in your process") -> list:
         """``by``: who cancelled them, for their futures' CancelledError."""
         out = self.forgetting.cancel(keys, by)
         return out + self._orphans_settled() if self.asking.orphans else out
 
-    def clear(self, error: BaseException) -> list:
+    def _clear(self, error: BaseException) -> list:
         """Everything is forgotten (restart, close): every unfinished future gets ``error``."""
         out: list = [FailAll(error)] if any(ts.state in PENDING for ts in self.tasks.values()) else []
         for ts, req in fetches_waiting(self.tasks.values()):
@@ -781,3 +735,43 @@ class Scheduler:
             ws.has.clear()
         return out
 
+
+
+#: A frame of task messages: each message's type -> (scheduler, worker, message) -> instructions
+#: (each an unbound method of Scheduler, hence ``self``).
+REPORTS: dict[type, Callable[[Scheduler, str, Any], list]] = {
+    P.Finished: lambda self, w, m: self.outcomes.finished(w, m.seq, m.nbytes, m.type_name, m.data, m.duration),
+    P.Failed: lambda self, w, m: self.outcomes.failed(w, m.seq, m.error),
+    P.Skipped: lambda self, w, m: self.outcomes.skipped(w, m.seq),         # a cancelled run dropped unstarted
+    P.Unqueued: lambda self, w, m: self.outcomes.unqueued(w, m.asked, m.taken),    # the answer to a steal
+    P.Data: lambda self, w, m: self._data(w, m.request, m.key, m.data, m.error),
+    P.Stored: lambda self, w, m: self._stored(m.ack),
+    P.Called: lambda self, w, m: self._called(m.request, m.data, m.error),
+    P.Damaged: lambda self, w, m: self._damaged(w, m),
+}
+
+#: The one table of the door: event class -> (handler, whether placement runs after it,
+#: whether it opens a request, its handler returning (request id, instructions)). Each handler
+#: is an unbound method of Scheduler, hence ``self``.
+HANDLERS: dict[type, tuple[Callable[[Scheduler, Any], Any], bool, bool]] = {
+    E.AddWorker: (lambda self, e: self._add_worker(e.name, e.nthreads, e.resources), True, False),
+    E.SetPaused: (lambda self, e: self._set_paused(e.worker, e.paused), True, False),
+    E.HandOff: (lambda self, e: self._hand_off(e.worker), False, False),
+    E.WorkerDied: (lambda self, e: self._worker_died(e.death, e.timed_out), True, False),
+    E.Reported: (lambda self, e: self._reported(e.worker, e.msgs), True, False),
+    E.Asked: (lambda self, e: self._asked_all(e.worker, e.asks), True, False),
+    E.Submit: (lambda self, e: self.admission.submit(e.specs, e.again), True, False),
+    E.Scatter: (lambda self, e: self.admission.scatter(e.items, e.workers, e.broadcast), False, False),
+    E.Hold: (lambda self, e: self.admission.acquire(e.key, e.counted), False, False),
+    E.Drop: (lambda self, e: self._release(e.keys), True, False),
+    E.CancelKeys: (lambda self, e: self._cancel(e.keys, e.by), True, False),
+    E.Retry: (lambda self, e: self._retry_keys(e.keys), True, False),
+    E.Clear: (lambda self, e: self._clear(e.error), False, False),
+    E.Fetch: (lambda self, e: self._fetch(e.key), False, True),
+    E.Replicate: (lambda self, e: self.transfers.replicate(e.keys, e.n), False, True),
+    E.Rebalance: (lambda self, e: self._rebalance(e.keys, e.names, e.moves), False, True),
+    E.DropCopies: (lambda self, e: self._drop_copies(e.moves), False, False),
+    E.Call: (lambda self, e: self.calls.call(e.worker, e.fn, e.args, e.what), False, True),
+    E.Coordinate: (lambda self, e: self._coordinate(e.body), False, True),
+    E.Withdraw: (lambda self, e: self._withdraw(e.request), False, False),
+}

@@ -16,7 +16,7 @@ Data flow (all on the scheduler thread unless said)::
                      ─► adapting: Scheduler.demand ─► policy.adapting ─► Spawn / HandOff
     Retire (scheduler, any thread) ─► queued in the dispatcher ─► taken here (take_retired),
                         after each event and on every wake-up ─► policy.retired ─► SendStop
-    pidfd readable   ─► reap ─► classify ─► WorkerDeath ─► Scheduler.worker_died
+    pidfd readable   ─► reap ─► classify ─► WorkerDeath ─► WorkerDied event
                         ─► policy.exited ─► a respawn, or GiveUp (WorkerStartupError)
 
 Each policy event runs under the cluster's lock (``_decide``), with what it asks of the
@@ -52,7 +52,7 @@ from typing import Callable, Optional
 from ..worker import logs
 from ..wire import protocol as P
 from ..wire import vmcopy
-from ..scheduler import state as S
+from ..scheduler import events as E, state as S
 from ..death import WorkerDeath, classify, crash_stack, crashing_thread, exit_signal, thread_ident, thread_stack
 from ..engine.dispatch import Dispatcher
 from ..engine.history import History, key_group
@@ -127,34 +127,9 @@ class Supervisor:
     def _decide(self, event: Callable[[], list]) -> None:
         """Run a policy event under the lock, with what it asks of the scheduler; then the
         rest (signals, messages, spawns) outside it. Scheduler thread only."""
-        with self._lock:
-            todo = event()
-            self.policy.validate()
-            if not todo:
-                self._changed.notify_all()      # the event may have freed a slot wait_for() counts
-                return
-            actions: list = []
-            for i in todo:
-                t = type(i)
-                if t is SetPaused:
-                    actions += self._scheduler.set_paused(i.worker, i.paused)
-                elif t is HandOff:
-                    actions += self._scheduler.retire(i.worker)     # it hands its data on first
-                elif t is Accept and i.worker in self.nannies:
-                    # Before its first task, what it allocates meets the kernel's limit; in the
-                    # same hold of the lock as the policy's verdict, so that nobody sees it ready
-                    # before the scheduler can give it work.
-                    n = self.nannies[i.worker]
-                    n.enforce_ceiling()
-                    actions += self._scheduler.add_worker(n.name, n.nthreads)
-                elif t is Refuse:
-                    self._life.to(Phase.REFUSED, i.error)           # the constructor raises it
-                elif t is GiveUp:
-                    self._life.to(Phase.REFUSED, i.error)
-                    actions += self._scheduler.clear(i.error)
-            post = self._dispatch.apply(actions)
-            self._changed.notify_all()
-        self._dispatch.post(post)
+        todo = self._dispatch.drive(lambda: self._verdict(event))
+        if not todo:
+            return
         spawns = 0
         for i in todo:
             t = type(i)
@@ -175,6 +150,33 @@ class Supervisor:
         if spawns:
             self.spawn(spawns)
         self.retire_pending()
+
+    def _verdict(self, event: Callable[[], list]) -> tuple[list, list]:
+        """Caller holds the lock (Dispatcher.drive): the policy's instructions, and the
+        scheduler events they ask for."""
+        todo = event()
+        self.policy.validate()
+        self._changed.notify_all()      # waiters wake once the lock is let go of, after the events
+        events: list = []
+        for i in todo:
+            t = type(i)
+            if t is SetPaused:
+                events.append(E.SetPaused(i.worker, i.paused))
+            elif t is HandOff:
+                events.append(E.HandOff(i.worker))     # it hands its data on first
+            elif t is Accept and i.worker in self.nannies:
+                # Before its first task, what it allocates meets the kernel's limit; in the
+                # same hold of the lock as the policy's verdict, so that nobody sees it ready
+                # before the scheduler can give it work.
+                n = self.nannies[i.worker]
+                n.enforce_ceiling()
+                events.append(E.AddWorker(n.name, n.nthreads))
+            elif t is Refuse:
+                self._life.to(Phase.REFUSED, i.error)           # the constructor raises it
+            elif t is GiveUp:
+                self._life.to(Phase.REFUSED, i.error)
+                events.append(E.Clear(i.error))
+        return todo, events
 
     def retire_pending(self) -> None:
         """Stop the workers the scheduler let go of (from any thread's event): here, on the
@@ -214,10 +216,8 @@ class Supervisor:
     def _idleness(self) -> dict:
         """Caller holds the lock. Each worker's rank for a scale-down, the idlest first: not
         ready, then fewest runs, then least data."""
-        def one(name: str) -> tuple:
-            ws = self._scheduler.workers.get(name)
-            return (0, 0, 0) if ws is None else (1, len(ws.processing), len(ws.has))
-        return {name: one(name) for name in self.policy.slots}
+        load = self._scheduler.load
+        return {name: (0, 0, 0) if (runs_keys := load(name)) is None else (1, *runs_keys) for name in self.policy.slots}
 
     def scale(self, target: int) -> None:
         """The user's scale(): adapting stops."""
@@ -317,8 +317,8 @@ class Supervisor:
                     raise self._life.error
                 # A worker the scheduler was told is dead is not up, though the policy hears of
                 # its death a moment later: its futures (KilledWorker) may wake the caller first.
-                gone = self._scheduler.gone
-                slots = {name: s for name, s in self.policy.slots.items() if name not in gone}
+                died = self._scheduler.died
+                slots = {name: s for name, s in self.policy.slots.items() if not died(name)}
                 ready = sum(1 for s in slots.values() if s.ready)
                 if ready == len(slots) == count or (at_least and ready >= count):
                     return
@@ -489,7 +489,10 @@ class Supervisor:
             ident = crashing_thread(stack)
             matches = [seq for seq, (tid, _t) in running.items() if tid == thread_ident(ident or 0)]
             crashed_seq = matches[0] if matches else 0   # 0: a thread that ran no task
-        with self._lock:
+        keys: tuple = ()
+
+        def make() -> tuple:
+            nonlocal keys
             self._record_lost(n, running)
             key_of = self._scheduler.key_of
             keys = tuple(k for k in (key_of(s) for s in sorted(running)) if k)
@@ -498,10 +501,8 @@ class Supervisor:
             else:
                 blamed = self._scheduler.blame(cause, running, crashed_seq, timed_out[0] if timed_out else None)
             detail = oom if cause == "oom-killer" else self._death_detail(n, slot, cause, timed_out, lines)
-            for more in (self._scheduler.lineage(n.name), self._scheduler.exporting(n.name),
-                         self._scheduler.coordination.held_by(n.name)):
-                if more:
-                    detail = f"{detail} {more}" if detail else more
+            for more in self._scheduler.death_notes(n.name):
+                detail = f"{detail} {more}" if detail else more
             limit = self._settings.memory_limit
             memory = slot.memory if slot is not None else None
             peak = slot.peak_memory if slot is not None else None
@@ -517,16 +518,17 @@ class Supervisor:
             self.deaths.append(death)
             self.nannies.pop(n.name, None)
             self._dead_logs[n.name] = list(n.log)
-            actions = self._scheduler.worker_died(death, timed_out)
+            return death, (E.WorkerDied(death, timed_out),)
+
+        def heard(actions: list) -> None:
             # its runs went into the task stream as lost; those whose task the death ends
             # (KilledWorker, past its timeout) count it failed, as a run that raised does
             self._history.gave_up(sum(1 for a in actions if type(a) is S.Resolve and a.status == "error"
                                       and a.key in keys))
-            post = self._dispatch.apply(actions)
+            # its sends were dropped with it (its outlet went before they were queued)
             self._dispatch.disconnect(n.name)
             self._changed.notify_all()
-        self._dispatch.post(post)
-        return death
+        return self._dispatch.drive(make, heard=heard)
 
     def _record_lost(self, n: Nanny, running: dict) -> None:
         """The runs the death cut short, into the task stream (before the scheduler forgets
@@ -579,14 +581,13 @@ class Supervisor:
                 slot = self.policy.slots.get(name)
                 if slot is None:
                     continue
-                ws = self._scheduler.workers.get(name)
                 managed, spilled, _nkeys = n.board.store() if n.board is not None else (0, 0, 0)
                 reusable = n.board.reusable() if n.board is not None else 0
                 unmanaged = None if slot.memory is None else max(0, slot.memory - managed - reusable)
                 out[name] = WorkerInfo(
                     name, n.pid, self.policy.status(name), slot.memory, slot.peak_memory,
                     self._settings.memory_limit, managed, spilled,
-                    tuple(k for k in ws.processing.values() if k) if ws else (), n.nthreads,
+                    self._scheduler.processing_on(name), n.nthreads,
                     history.get(name, []), unmanaged,
                     {key_of(seq): now - t for seq, (_ident, t) in n.board.running().items()
                      if key_of(seq)} if n.board is not None else {}, reusable)
@@ -597,13 +598,12 @@ class Supervisor:
         rows of its status board, and the runs that seceded, which left their row (the
         scheduler has them from their Secede). ``locked``: the caller holds the lock."""
         running = n.board.running()
-        books = self._scheduler.asking
-        if books.offboard:          # most clusters: no task ever seceded, no lock
+        if self._scheduler.seceding():          # most clusters: no task ever seceded, no lock
             if locked:
-                running.update(books.off_board(n.name))
+                running.update(self._scheduler.off_board(n.name))
             else:
                 with self._lock:
-                    running.update(books.off_board(n.name))
+                    running.update(self._scheduler.off_board(n.name))
         return running
 
     def running_since(self, worker: Optional[str], seq: int) -> Optional[float]:

@@ -174,7 +174,7 @@ def test_the_door_is_one_table_from_every_event_class_and_nothing_else_changes_t
     mark = s.transitions.since(None)[1]
     before = {k: (ts.state, set(ts.who_has), ts.wanted) for k, ts in s.tasks.items()}
     seq = s.tasks["c"].seq
-    asked = (s.who_has(), s.whereabouts("b"), s.demand(10), s.holding(), s.load("w1"), s.processing_on("w2"),
+    asked = (s.who_has(), s.whereabouts("b"), s.demand(10), s.data_only_on_workers(), s.load("w1"), s.processing_on("w2"),
              s.death_notes("w1"), s.backlogged("w1"), s.key_of(seq), s.spec_of("a"), s.run_ending("c", True),
              s.blame("signal", {seq: (1, 0.0)}, None, None), s.timeout_of(seq), s.worker_of("c"),
              s.unsatisfiable("d", ()), s.off_board("w1"), s.seceding(), s.died("w1"), s.story("a"))

@@ -85,6 +85,71 @@ def test_the_story_is_bounded_and_kept_for_all_keys_together():
     assert t.of("k2") == [("released", "ready", "submit"), ("ready", "processing", "assign")]
 
 
+# Each piece of task state and where it may be written: (module, function) of its one writer.
+WRITERS = {
+    "Task.state": {("records", "__init__"), ("records", "apply")},       # made "released", then moved
+    "Task.wanted": {("records", "__init__"), ("records", "hold"), ("records", "let_go"), ("records", "let_go_all")},
+    "Task.who_has": {("records", "__init__"), ("records", "add_holder"), ("records", "drop_holder"),
+                     ("records", "drop_holders")},
+    "who_has writers called": {("records", "copy_stored"), ("records", "copy_dropped"),
+                               ("records", "copies_dropped"), ("records", "copies_lost")},
+    "WorkerState.has": {("records", "copy_stored"), ("records", "copy_dropped"), ("records", "copies_dropped"),
+                        ("records", "copies_lost"), ("records", "forget_all")},
+    "WorkerState.processing": {("records", "sent"), ("records", "taken_back"), ("records", "answered"),
+                               ("records", "forget_all")},
+}
+
+
+def _writes(tree, module: str) -> dict:
+    """Where each piece of task state is written in one module's source: field -> {(module, function)}."""
+    import ast
+    found: dict = {}
+
+    def note(field, where):
+        found.setdefault(field, set()).add(where)
+
+    def visit(node, fn):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn
+            where = (module, name)
+            targets = (child.targets if isinstance(child, ast.Assign) else
+                       [child.target] if isinstance(child, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr in ("state", "wanted", "who_has"):
+                    note(f"Task.{t.attr}", where)
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr in ("has", "processing"):
+                    note(f"WorkerState.{t.value.attr}", where)
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                f = child.func
+                if f.attr in ("add_holder", "drop_holder", "drop_holders"):
+                    note("who_has writers called", where)
+                if isinstance(f.value, ast.Attribute) and f.value.attr in ("has", "processing") and \
+                        f.attr in ("add", "discard", "remove", "clear", "pop", "update", "setdefault", "popitem"):
+                    note(f"WorkerState.{f.value.attr}", where)
+            visit(child, name)
+    visit(tree, "<module>")
+    return found
+
+
+def test_each_piece_of_task_state_has_one_writer():
+    """``state``, ``wanted``, ``who_has`` (with each holder's ``has``) and ``processing`` are each
+    written in one place, as ``Task.state`` is by ``Transitions.apply``: read the scheduler's
+    source, and find no other assignment or mutating call."""
+    import ast
+    import pathlib
+    from localcluster import scheduler
+    found: dict = {}
+    for path in sorted(pathlib.Path(scheduler.__file__).parent.glob("*.py")):
+        for field, where in _writes(ast.parse(path.read_text()), path.stem).items():
+            found.setdefault(field, set()).update(where)
+    for field, allowed in WRITERS.items():
+        assert found.get(field, set()) <= allowed, f"{field} written outside its writer: {found[field] - allowed}"
+    assert ("records", "apply") in found["Task.state"] and ("records", "sent") in found["WorkerState.processing"]
+    # the scan sees a write: a stray one is caught
+    stray = _writes(ast.parse("def f(ts, ws):\n    ts.wanted += 1\n    ws.has.add('k')\n    ws.processing[1] = 'k'\n"), "x")
+    assert stray == {"Task.wanted": {("x", "f")}, "WorkerState.has": {("x", "f")}, "WorkerState.processing": {("x", "f")}}
+
+
 def test_a_broken_invariant_is_reported_with_the_story_of_its_key():
     s = S.Scheduler()
     s.handle(E.AddWorker("w1", 1))

@@ -16,7 +16,7 @@ import itertools
 from typing import Callable, Iterable, Optional
 
 from ..wire import protocol as P
-from .records import Resolve, Send, Task, WorkerState
+from .records import Resolve, Send, Task, WorkerState, copy_stored
 from .transfers import gone as _gone
 
 ENDED = frozenset({"memory", "erred", "lost"})               # its futures are done
@@ -44,7 +44,7 @@ class Admission:
         if ts is None:
             return []
         if counted:
-            ts.wanted += 1
+            ts.hold()
         return [resolution(ts)] if ts.state in ENDED else []
 
     def submit(self, specs: list, again: Optional[dict] = None) -> list:
@@ -60,7 +60,7 @@ class Admission:
                 if again and again.get(spec.key):
                     again[spec.key] -= 1
                 else:
-                    ts.wanted += 1
+                    ts.hold()
                 if ts.state in ENDED:
                     out.append(resolution(ts))
                 continue
@@ -75,11 +75,10 @@ class Admission:
                         if dts.state == "released":
                             out += self._forget(dts)
             kept = ts.dependents if ts is not None else None
-            ts = Task(spec.key, spec, next(self._order))
+            ts = Task(spec.key, spec, next(self._order), 1)       # its client's reference
             self._add(spec.key, ts)
             if kept:
                 ts.dependents = kept
-            ts.wanted = 1
             missing = [d for d in spec.deps if task(d) is None] if spec.deps else None
             if missing:
                 ts.error = _gone(missing[0])
@@ -107,15 +106,14 @@ class Admission:
             if ts is None or ts.state == "released":
                 ts = Task(key, None, next(self._order))
                 self._add(key, ts)
-            ts.wanted += 1
+            ts.hold()
             if ts.state == "memory":
                 continue
             self._to(ts, "memory", "scatter")
             ts.nbytes = data.nbytes
             ts.data = data if data.nbytes <= P.INLINE_RESULT or not targets else None
             for ws in (targets if broadcast or not targets else [targets[i % len(targets)]]):
-                ts.add_holder(ws.name)
-                ws.has.add(key)
+                copy_stored(ts, ws)
                 out.append(Send(ws.name, P.Put(key, data, 0, "the client (scatter)")))
             out.append(Resolve(key, "finished", ts.data))
         return out

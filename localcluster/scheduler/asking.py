@@ -50,7 +50,7 @@ class Asking:
         self._next_fn -= 1
         return fn_id
 
-    def held(self, worker: str, keys: list, owner: Optional[str]) -> None:
+    def hold(self, worker: str, keys: list, owner: Optional[str]) -> None:
         """``worker`` holds one more reference to each of ``keys`` (already counted in wanted);
         ``owner``: the task that made them, if a run did."""
         if not keys:

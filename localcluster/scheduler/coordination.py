@@ -93,7 +93,7 @@ class Coordination:
                  held: Callable[[str, list, Optional[str]], None], key_of: Callable[[int], Optional[str]]):
         self._task = task              # the scheduler's tasks.get
         self._release_keys = release   # the scheduler's letting go (a Drop): one reference less to each key
-        self._held = held              # Asking.held: a task's worker holds these references
+        self._held = held              # Asking.hold: a task's worker holds these references
         self._key_of = key_of          # the key a run (seq) runs
         #: (kind, name) -> _Semaphore; a Lock is kind "lock". Dropped when nothing is held or waits
         self.semaphores: dict[tuple, _Semaphore] = {}
@@ -391,7 +391,7 @@ class Coordination:
         for key in keys:
             ts = self._task(key)
             if ts is not None and ts.state != "released":
-                ts.wanted += 1
+                ts.hold()
                 held.append((ts, ts.cancels))
         return tuple(held)
 
@@ -412,7 +412,7 @@ class Coordination:
         keys = [ts.key for ts in live]
         if again:
             for ts in live:
-                ts.wanted += 1
+                ts.hold()
         if asker.worker is not None and keys:
             self._held(asker.worker, keys, self._key_of(asker.seq))
         return tuple(keys)

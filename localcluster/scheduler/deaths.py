@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from ..death import KilledWorker, LostDataError, TaskTimeoutError, WorkerDeath, blamed_runs
 from .forgetting import Forgetting
 from .readiness import Readiness
-from .records import Deliver, Resolve, Task, WorkerState
+from .records import Deliver, Resolve, Task, WorkerState, copies_lost
 
 
 class Deaths:
@@ -48,14 +48,8 @@ class Deaths:
     def lost(self, ws: WorkerState, death: WorkerDeath) -> tuple[list, list, list]:
         """Forget the dead worker's copies. (actions, the tasks whose last copy it held, those
         of them to compute again): scattered ones are lost for good, unneeded ones let go of."""
-        lost = []
-        for key in ws.has:
-            ts = self._task(key)
-            if ts is None:
-                continue
-            ts.drop_holder(ws.name)
-            if ts.state == "memory" and not ts.who_has and ts.data is None:
-                lost.append(ts)
+        lost = [ts for ts in copies_lost(ws, self._task)
+                if ts.state == "memory" and not ts.who_has and ts.data is None]
         out: list = []
         recompute: list = []
         for ts in sorted(lost, key=lambda t: t.order):

@@ -4,7 +4,7 @@ A part of the Scheduler (composition: same thread, same lock, no I/O). It reache
 scheduler's tasks and workers through narrow accessors (look up, drop a forgotten task),
 moves tasks to ``released`` through the scheduler's one writer of states, and owns
 ``cancelled_runs`` (seq -> key): runs taken back from a worker that has not yet answered.
-Their worker slot stays busy (``WorkerState.processing[seq] = None``) until the answer, so
+Their worker slot stays busy (``WorkerState.taken_back``: its seq maps to None) until the answer, so
 a cancelled task that runs on (Python cannot interrupt it) still counts against its
 worker's threads.
 
@@ -19,7 +19,7 @@ from concurrent.futures import CancelledError
 from typing import Callable, Iterable, Optional
 
 from ..wire import protocol as P
-from .records import Deliver, Resolve, Send, Task, WorkerState
+from .records import Deliver, Resolve, Send, Task, WorkerState, copies_dropped
 from .transfers import gone as _gone
 
 PENDING = frozenset({"waiting", "ready", "processing"})      # its futures are not done yet
@@ -61,7 +61,7 @@ class Forgetting:
         ts = self._task(key)
         if ts is None:
             return []
-        ts.wanted = max(0, ts.wanted - 1)
+        ts.let_go()
         if ts.wanted or self.needed_by_dependents(ts):
             return []
         return self.release(ts)
@@ -80,13 +80,9 @@ class Forgetting:
 
     def forget(self, ts: Task) -> list:
         out: list = []
-        held = ts.who_has
-        for name in (held if len(held) < 2 else sorted(held)):     # sorted: Frees go out in one order
-            ws = self._worker(name)
-            if ws is not None:
-                ws.has.discard(ts.key)
+        for name in copies_dropped(ts, self._worker):
+            if self._worker(name) is not None:
                 out.append(Send(name, P.Free((ts.key,))))
-        ts.drop_holders()
         ts.data = None
         if not ts.dependents or all(self._task(d) is None for d in ts.dependents):
             self._drop(ts.key, None)
@@ -133,7 +129,7 @@ class Forgetting:
             dts = self._task(dkey)
             if dts is not None and dts.state in PENDING:
                 out += self._cancel(dts, cancelled, by)
-        ts.wanted = 0                   # every reference: the clients', the tasks' (Asking), the values' (Coordination)
+        ts.let_go_all()                 # every reference: the clients', the tasks' (Asking), the values' (Coordination)
         ts.cancels += 1
         self._references_dropped(ts.key)
         out += self.release(ts)
@@ -146,7 +142,7 @@ class Forgetting:
         self._unassigned(ts.seq)
         if ws is None:
             return []
-        ws.processing[ts.seq] = None
+        ws.taken_back(ts.seq)
         self.cancelled_runs[ts.seq] = ts.key
         return [Send(ws.name, P.Cancel((ts.seq,)))]
 

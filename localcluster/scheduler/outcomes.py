@@ -22,7 +22,7 @@ from .asking import Asking
 from .forgetting import Forgetting
 from .placement import Placement
 from .readiness import Readiness
-from .records import Resolve, Task, WorkerState
+from .records import Resolve, Task, WorkerState, copy_stored
 from .transfers import Transfers
 
 
@@ -57,8 +57,7 @@ class Outcomes:
         data = P.shared(data, self.small)
         self._to(ts, "memory", "finished")
         ts.nbytes, ts.type_name, ts.data = nbytes, sys.intern(type_name), data
-        ts.add_holder(worker)
-        ws.has.add(ts.key)
+        copy_stored(ts, ws)
         out: list = [Resolve(ts.key, "finished", data)]
         if ts.rare is not None:     # else no earlier run's error, no fetch waiting: no property read
             ts.error = None
@@ -114,9 +113,7 @@ class Outcomes:
         ws = self._worker(worker)
         if ws is None:
             return None
-        key = ws.processing.pop(seq, None)
-        if ws.claims:                   # most workers: no run holds resources, no call
-            ws.release(seq)
+        key = ws.answered(seq)
         if self._asking.seceded or self._asking.offboard:     # most clusters: no task ever seceded, no call
             self._asking.ended(seq, ws)
         self._placement.ended(seq)

@@ -305,11 +305,9 @@ class Placement:
         seq = self.assigned
         ts.seq, ts.worker = seq, ws.name
         self._to(ts, "processing", "assign")
-        ws.processing[seq] = ts.key
-        self.runs[seq] = ts
         terms = ts.terms
-        if terms.resources is not None:
-            ws.claim(seq, terms.resources)
+        ws.sent(seq, ts.key, terms.resources)
+        self.runs[seq] = ts
         fn = None
         if terms.fn_id not in ws.fns:
             ws.fns.add(terms.fn_id)

@@ -309,7 +309,7 @@ class Task:
 
     # Every field: used under the cluster's lock by whichever thread brings the scheduler an
     # event; written by the scheduler and its parts (placement, transfers, forgetting) only.
-    def __init__(self, key: str, spec: Optional[Spec], order: int):
+    def __init__(self, key: str, spec: Optional[Spec], order: int, wanted: int = 0):
         #: the key it is filed under in ``Scheduler.tasks``
         self.key = key
         #: one of TaskState; made "released", then written only by Transitions.apply
@@ -327,7 +327,8 @@ class Task:
         self.dependents: "set | frozenset" = EMPTY
         #: waiting: the inputs not in memory yet, never empty; empty in any other state
         self.waiting_on: "set | frozenset" = EMPTY
-        #: live workers holding the data (each lists the key in its ``has``); empty unless memory
+        #: live workers holding the data (each lists the key in its ``has``); empty unless memory.
+        #: Written with the holders' ``has`` by the copies' writer below (``copy_stored`` ...) only
         self.who_has: "set | frozenset" = EMPTY
         #: processing: the worker its run ``seq`` was sent to; None in any other state
         self.worker: Optional[str] = None
@@ -337,8 +338,10 @@ class Task:
         self.nbytes = 0
         #: memory: the result itself when small (kept in the parent), else None
         self.data: Optional[P.Payload] = None
-        #: futures of it the client holds; 0 and no pending dependent: it is released
-        self.wanted = 0
+        #: references to it: the clients' (one a client), the tasks' (Asking), the values'
+        #: (Coordination); 0 and no pending dependent: it is released. Written by ``hold``,
+        #: ``let_go`` and ``let_go_all`` only
+        self.wanted = wanted
         #: memory: the type of its result, for reprs
         self.type_name = ""
         #: submission order: ties in priority run oldest first
@@ -388,8 +391,23 @@ class Task:
     def arrived(self, key: str) -> None:
         _dropped(self.waiting_on, key)
 
+    # --- wanted: its one writer ---
+    def hold(self) -> None:
+        """One more reference to it."""
+        self.wanted += 1
+
+    def let_go(self) -> None:
+        """One reference fewer (never below none)."""
+        if self.wanted:
+            self.wanted -= 1
+
+    def let_go_all(self) -> None:
+        """Every reference dropped (a cancel)."""
+        self.wanted = 0
+
     # who_has: with one holder (most tasks), a frozenset shared by every task that worker
     # alone holds (a set of one is 216 bytes a task); a set of the task's own from two on.
+    # Called by the copies' writer below only (``copy_stored`` ...): ``has`` goes with it.
     def add_holder(self, worker: str) -> None:
         held = self.who_has
         if not held:
@@ -413,6 +431,43 @@ class Task:
 
 
 _SOLE: dict[str, frozenset] = {}     # worker name -> frozenset({name}); names are few
+
+
+# --- the copies of a value: ``Task.who_has`` and ``WorkerState.has`` are two sides of one
+# relation, written together here and nowhere else ------------------------------------------
+
+def copy_stored(ts: Task, ws: "WorkerState") -> None:
+    """``ws`` holds a copy of ``ts``'s data (computed there, put, relayed, scattered)."""
+    ts.add_holder(ws.name)
+    ws.has.add(ts.key)
+
+
+def copy_dropped(ts: Task, worker: str, ws: "Optional[WorkerState]") -> None:
+    """``worker`` holds no copy of ``ts``'s data any more (``ws``: its state, None once gone)."""
+    ts.drop_holder(worker)
+    if ws is not None:
+        ws.has.discard(ts.key)
+
+
+def copies_dropped(ts: Task, worker: "Callable[[str], Optional[WorkerState]]") -> list:
+    """No worker holds ``ts``'s data any more: the names of those that did, in a fixed order."""
+    held = ts.who_has
+    names = list(held) if len(held) < 2 else sorted(held)
+    for name in names:
+        ws = worker(name)
+        if ws is not None:
+            ws.has.discard(ts.key)
+    ts.drop_holders()
+    return names
+
+
+def copies_lost(ws: "WorkerState", task: "Callable[[str], Optional[Task]]") -> list:
+    """``ws`` died with its copies: the tasks it held copies of, each dropping it as a holder."""
+    held = [ts for ts in map(task, ws.has) if ts is not None]
+    for ts in held:
+        ts.drop_holder(ws.name)
+    ws.has.clear()
+    return held
 
 
 def _grown(items: "set | frozenset", item: str) -> set:
@@ -473,6 +528,31 @@ class WorkerState:
         """Whether it could ever: all it declares, nothing claimed."""
         resources = self.resources
         return all(resources.get(name, 0) + SLACK >= amount for name, amount in need)
+
+    # --- processing: its one writer ---
+    def sent(self, seq: int, key: str, need: Optional[tuple]) -> None:
+        """Run ``seq`` of ``key`` was sent here; it holds ``need`` (Spec.resources) meanwhile."""
+        self.processing[seq] = key
+        if need is not None:
+            self.claim(seq, need)
+
+    def taken_back(self, seq: int) -> None:
+        """Run ``seq`` was taken back (Cancel): its slot stays busy until the worker answers."""
+        self.processing[seq] = None
+
+    def answered(self, seq: int) -> Optional[str]:
+        """Run ``seq`` ended here (answered, given back): its key (None: taken back, or unknown);
+        what it claimed is free again."""
+        key = self.processing.pop(seq, None)
+        if self.claims:                   # most workers: no run holds resources, no call
+            self.release(seq)
+        return key
+
+    def forget_all(self) -> None:
+        """Every run and every copy forgotten (the scheduler clears its tasks)."""
+        self.processing.clear()
+        self.release_all()
+        self.has.clear()
 
     def claim(self, seq: int, need: tuple) -> None:
         available = self.available

@@ -46,7 +46,7 @@ class Roster:
         if not ws.closing or ws.processing:
             return []
         transfers = self._transfers
-        if transfers.holding(ws.name):
+        if transfers.awaits_data_from(ws.name):
             return []
         others = [w for w in self._workers() if not w.closing]
         out: list = []
@@ -56,7 +56,7 @@ class Roster:
                 if ts.who_has == {ws.name} and ts.data is None and (ts.wanted or ts.dependents):
                     target = min(others, key=lambda w: (len(w.has), w.name))
                     out += transfers.relay(ts, target)
-        if out or transfers.holding(ws.name):
+        if out or transfers.awaits_data_from(ws.name):
             return out
         return [Retire(ws.name)]
 

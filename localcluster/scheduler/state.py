@@ -76,6 +76,7 @@ from .outcomes import Outcomes
 from .placement import Placement
 from .readiness import FAILED, Readiness
 from .roster import Roster
+from .records import copy_dropped, copy_stored
 from .records import (Deliver, FailAll, Resolve, Retire, Send, Spec, Task, Transitions,  # noqa: F401 - the
                       Whereabouts, WorkerState, fetches_waiting)                       # actions, for engine/dispatch
 from .transfers import Transfers, gone as _gone
@@ -137,7 +138,7 @@ class Scheduler:
                                  self._to)
         #: Lock, Semaphore, Event, Queue and Variable (coordination.py): what is held, set,
         #: queued, and who waits for it
-        self.coordination = Coordination(tasks.get, self._release, self.asking.held, self.key_of)
+        self.coordination = Coordination(tasks.get, self._release, self.asking.hold, self.key_of)
 
     def handle(self, *events: Any) -> list:
         """The door: every change to the scheduler's state comes in here as events
@@ -215,7 +216,7 @@ class Scheduler:
         ws = self.workers.get(worker)
         return ws is not None and len(ws.processing) > 2 * ws.nthreads
 
-    def holding(self) -> bool:
+    def data_only_on_workers(self) -> bool:
         """Whether a worker holds data that a future or a pending task still needs and that
         the parent does not keep (a large result): letting every worker go would lose it
         (cluster.adapt keeps one). Read only; walks the data held, so asked rarely."""
@@ -339,11 +340,10 @@ class Scheduler:
             ts, ws = self.tasks.get(key), self.workers.get(src)
             if ts is None or ws is None or dst not in ts.who_has or src not in ts.who_has:
                 continue
-            if self.transfers.holding(src) or any(
+            if self.transfers.awaits_data_from(src) or any(
                     k is not None and key in self.tasks[k].deps for k in ws.processing.values() if k in self.tasks):
                 continue
-            ws.has.discard(key)
-            ts.drop_holder(src)
+            copy_dropped(ts, src, ws)
             out.append(Send(src, P.Free((key,))))
         return out
 
@@ -394,19 +394,19 @@ class Scheduler:
             specs = [Spec(n.key, books.fn_id(n.fn), n.fn, n.args, n.deps, n.priority, n.retries, n.timeout,
                           n.workers, n.loose, n.resources, owner) for n in body.tasks]
             out = self.admission.submit(specs, None)
-            books.held(worker, [n.key for n in body.tasks], owner)
+            books.hold(worker, [n.key for n in body.tasks], owner)
             return out
         if t is P.Drop:
             return self._release(books.dropped(worker, body.keys))
         if t is P.Hold:
             known = [k for k in body.keys if k in self.tasks and self.tasks[k].state != "released"]
             for k in known:
-                self.tasks[k].wanted += 1
-            books.held(worker, known, self.key_of(ask.seq))
+                self.tasks[k].hold()
+            books.hold(worker, known, self.key_of(ask.seq))
             return []
         if t is P.Scatter:
             out = self.admission.scatter(list(body.items), None, body.broadcast)
-            books.held(worker, [k for k, _ in body.items], self.key_of(ask.seq))
+            books.hold(worker, [k for k, _ in body.items], self.key_of(ask.seq))
             return out
         if t is P.Secede:
             books.seceded_on(ask.seq, self.workers.get(worker), body.thread, body.started)
@@ -561,8 +561,7 @@ class Scheduler:
                 out += self.transfers.done(key, target, error)
             if tws is not None and current:
                 if payload is not None:
-                    ts.add_holder(target)
-                    tws.has.add(key)
+                    copy_stored(ts, tws)
                     out.append(self.transfers.put(key, target, payload, f"worker {holder!r}"))
                 else:
                     for dkey in list(ts.dependents):
@@ -630,11 +629,9 @@ class Scheduler:
         """Forget ``worker``'s copy of ``ts`` (and have the worker drop it when it stored one);
         when it was the last, ``ts`` is made again if something needs it (as after a death)."""
         out: list = []
-        ts.drop_holder(worker)
-        if ws is not None:
-            ws.has.discard(ts.key)
-            if stored:
-                out.append(Send(worker, P.Free((ts.key,))))
+        copy_dropped(ts, worker, ws)
+        if ws is not None and stored:
+            out.append(Send(worker, P.Free((ts.key,))))
         if ts.who_has or ts.data is not None:
             return out
         if ts.terms is None:        # scattered: nothing to make it again from
@@ -730,9 +727,7 @@ class Scheduler:
         self.asking.clear(self.workers.get)
         out += self.coordination.clear()
         for ws in self.workers.values():
-            ws.processing.clear()
-            ws.release_all()
-            ws.has.clear()
+            ws.forget_all()
         return out
 
 

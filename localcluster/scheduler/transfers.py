@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable, Optional
 
 from ..wire import protocol as P
-from .records import Deliver, Export, Send, Task, WorkerState
+from .records import Deliver, Export, Send, Task, WorkerState, copy_stored
 
 #: bytes of values one holder is asked to send at once (a value larger than this goes alone)
 EXPORT_WINDOW = 64 << 20
@@ -56,15 +56,14 @@ class Transfers:
         #: holder -> request id -> (bytes, the Export message) not sent yet, in the order asked
         self.waiting: dict[str, OrderedDict] = {}
 
-    def holding(self, worker: str) -> bool:
+    def awaits_data_from(self, worker: str) -> bool:
         """Whether a relay or fetch still waits for data from ``worker``."""
         return any(e.holder == worker for e in self.exports.values())
 
     def relay(self, ts: Task, target: WorkerState) -> list:
         """Get ``ts``'s data onto ``target``."""
         if ts.data is not None:
-            ts.add_holder(target.name)
-            target.has.add(ts.key)
+            copy_stored(ts, target)
             return [self.put(ts.key, target.name, ts.data, "the parent's copy")]
         if (ts.key, target.name) in self.relaying or not ts.who_has:
             return []

@@ -261,10 +261,10 @@ class Policy:
         self.adaptive, self.surplus_since = bounds, None
         return self._resize(min(max(len(self.alive()), bounds.minimum), bounds.maximum), now, idleness)
 
-    def adapting(self, now: float, slots: int, threads: int, holding: Callable[[], bool],
+    def adapting(self, now: float, slots: int, threads: int, data_only_on_workers: Callable[[], bool],
                  idleness: Callable[[], dict]) -> list:
         """The adapt tick. ``slots``: task slots the work at hand could fill now (runs on the
-        workers and ready tasks no worker took); ``threads``: each worker's; ``holding()``:
+        workers and ready tasks no worker took); ``threads``: each worker's; ``data_only_on_workers()``:
         whether workers hold data still needed (asked only when the size would fall to 0)."""
         a = self.adaptive
         if a is None or self._closing():
@@ -281,7 +281,7 @@ class Policy:
         if now - self.surplus_since < a.idle:
             return []
         self.surplus_since = now        # looked: the next look is one idle period later
-        if want == 0 and holding():
+        if want == 0 and data_only_on_workers():
             want = min(1, a.maximum)
         return self._resize(want, now, idleness()) if want != self.target else []
 

@@ -241,7 +241,7 @@ class Supervisor:
         if a is None:
             return
         self._decide(lambda: self.policy.adapting(now, self._scheduler.demand(a.maximum * threads), threads,
-                                                  self._scheduler.holding, self._idleness))
+                                                  self._scheduler.data_only_on_workers, self._idleness))
 
     def retire(self, names: list) -> None:
         """retire_workers (scheduler thread): these leave, their data handed on first."""

@@ -27,8 +27,6 @@ import tempfile
 import threading
 import traceback
 import weakref
-from itertools import compress
-from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from . import config as _config
@@ -51,14 +49,12 @@ from .supervision.supervisor import Supervisor, WorkerInfo, WorkerSettings
 from .engine.watchdog import Watchdog
 from .runs import RunRecorder, tell_previous
 from .journal import Journal, open_journal
-from .scheduler.forgetting import PENDING
 
 __all__ = ["LocalCluster", "WorkerInfo"]
 
 # Every cluster of this process not yet closed, with its lifecycle (a fork marks them all).
 _live_clusters: "weakref.WeakKeyDictionary[LocalCluster, Lifecycle]" = weakref.WeakKeyDictionary()
 _watchers: list = []      # callables told of each new cluster (localcluster.report)
-_STATE, _NBYTES = attrgetter("state"), attrgetter("nbytes")
 
 
 def live_clusters() -> list:
@@ -166,7 +162,7 @@ class LocalCluster:
         self._loop.start(self._run)
         self._watchdog: Optional[Watchdog] = None
         if cfg["scheduler_watchdog"]:
-            self._watchdog = Watchdog(self._loop, cfg["scheduler_watchdog"], pending=lambda: bool(self.scheduler.tasks),
+            self._watchdog = Watchdog(self._loop, cfg["scheduler_watchdog"], pending=self.scheduler.has_tasks,
                                       on_stall=self._stalled)
             self._watchdog.start()
         _live_clusters[self] = life
@@ -233,10 +229,7 @@ class LocalCluster:
     def _progress(self) -> tuple[int, int, int]:
         """(tasks finished, tasks pending, bytes of results in memory) for the run's record, on
         the scheduler thread, without the lock: a copy of the task table, as the dashboard reads."""
-        tasks = list(self.scheduler.tasks.values())
-        states = list(map(_STATE, tasks))
-        pending = sum(map(PENDING.__contains__, states))
-        held = sum(map(_NBYTES, compress(tasks, map("memory".__eq__, states))))
+        pending, held = self.scheduler.progress()
         return self.history.done, pending, held
 
     def _stalled(self, seconds: float, stack: str, who: str) -> None:
@@ -285,8 +278,7 @@ class LocalCluster:
         from .views.insights import insights, summarize_args
 
         def args_of(key: str) -> str:
-            task = self.scheduler.tasks.get(key)
-            return summarize_args(task.args if task is not None and task.terms is not None else None)
+            return summarize_args(self.scheduler.args_of(key))
         history = self.history
         return insights(history.tasks(), history.startups(), self.deaths, self.threads_per_worker, args_of,
                         slowest=slowest, transfers=history.transfers())

@@ -183,8 +183,7 @@ class Gateway:
         """``Client.run``: a Future per worker (each running one, or those named) for the
         Payload of ``fn``'s result there, or its error (KilledWorker if the worker dies first)."""
         with self._lock:
-            names = sorted(workers if workers is not None else
-                           (w for w, ws in self._scheduler.workers.items() if not ws.closing))
+            names = sorted(workers) if workers is not None else self._scheduler.open_workers()
         return {name: self._dispatch.request(E.Call(name, fn, args, f"{what} on {name!r}")) for name in names}
 
     def actor_call(self, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:
@@ -233,28 +232,19 @@ class Gateway:
         """``Client.story``: [("scheduler", key, start, finish, event)] of these keys, from the
         scheduler's ring of recent transitions, each key's oldest first."""
         with self._dispatch.locked():
-            return [("scheduler", key, old, new, event) for key in keys for old, new, event in self._scheduler.transitions.of(key)]
+            return [("scheduler", key, old, new, event) for key in keys
+                    for old, new, event in self._scheduler.transitions_of(key)]
 
     def nbytes(self, keys: Optional[list] = None) -> dict[str, int]:
         """Key -> the size of its result, for the keys in memory (of ``keys``, or every one)."""
         with self._dispatch.locked():
-            tasks = self._scheduler.tasks
-            found = (tasks.get(k) for k in keys) if keys is not None else tasks.values()
-            return {ts.key: ts.nbytes for ts in found if ts is not None and ts.state == "memory"}
+            return self._scheduler.nbytes(keys)
 
     def tasks_dump(self) -> tuple[dict, list]:
         """Every task the scheduler knows, as plain data (dump_cluster_state), and the
         transitions it keeps of all keys, oldest first: [(key, start, finish, event)]."""
         with self._dispatch.locked():
-            tasks = {ts.key: {"state": ts.state, "worker": ts.worker, "who_has": sorted(ts.who_has),
-                              "dependencies": list(ts.deps), "dependents": sorted(ts.dependents),
-                              "waiting_on": sorted(ts.waiting_on), "nbytes": ts.nbytes, "type": ts.type_name or None,
-                              "priority": ts.terms.priority if ts.terms is not None else None,
-                              "retries_left": ts.retries, "suspicious": ts.suspicious, "error": ts.error,
-                              "scattered": ts.terms is None}
-                     for ts in self._scheduler.tasks.values()}
-            transitions = [list(t) for t in self._scheduler.transitions.events()]
-        return tasks, transitions
+            return self._scheduler.dump()
 
     def task_state(self, key: str) -> str:
         """The scheduler's state of ``key`` (waiting, ready, processing, memory, erred, ...)."""

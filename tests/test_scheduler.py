@@ -177,7 +177,11 @@ def test_the_door_is_one_table_from_every_event_class_and_nothing_else_changes_t
     asked = (s.who_has(), s.whereabouts("b"), s.demand(10), s.data_only_on_workers(), s.load("w1"), s.processing_on("w2"),
              s.death_notes("w1"), s.backlogged("w1"), s.key_of(seq), s.spec_of("a"), s.run_ending("c", True),
              s.blame("signal", {seq: (1, 0.0)}, None, None), s.timeout_of(seq), s.worker_of("c"),
-             s.unsatisfiable("d", ()), s.off_board("w1"), s.seceding(), s.died("w1"), s.story("a"))
+             s.unsatisfiable("d", ()), s.off_board("w1"), s.seceding(), s.died("w1"), s.story("a"),
+             s.key_states(), s.progress(), s.has_tasks(), s.args_of("b"), s.runs_sent(), s.oldest_pending({}),
+             s.open_workers(), s.transitions_of("a"), s.nbytes(), s.dump())
+    assert asked[-10][1] == [s.tasks[k].state for k in asked[-10][0]] and asked[-9][0] == 2
+    assert asked[-5] == ({"processing": 2}, ("b", "processing", {}, None)) and asked[-4] == ["w1", "w2"]
     assert asked[0] == {"a": tuple(s.tasks["a"].who_has), "b": (), "c": ()} and asked[4] is not None
     assert s.transitions.since(mark)[0] == []
     assert before == {k: (ts.state, set(ts.who_has), ts.wanted) for k, ts in s.tasks.items()}

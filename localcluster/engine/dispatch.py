@@ -42,6 +42,7 @@ to every pending future), never a hang.
 from __future__ import annotations
 
 import contextlib
+import functools
 import errno
 import logging
 import math
@@ -232,7 +233,7 @@ class Dispatcher:
         thread frees released keys on its next tick or wake-up."""
         self._released.append(key)
 
-    def drive(self, make: Callable[[], tuple[Any, Sequence]], also: list = (),  # type: ignore[assignment]
+    def drive(self, make: Callable[[], tuple[Any, Sequence]], also: Sequence = (),
               answer: Any = None, reporter: Optional[str] = None,
               heard: Optional[Callable[[list], Any]] = None) -> Any:
         """The one place the scheduler is driven, and its lock taken for it. Under the
@@ -255,7 +256,7 @@ class Dispatcher:
             if answer is not None:
                 value = next(a.request for a in actions if type(a) is E.Opened)
                 self._requests[value] = answer
-            post = self.apply(actions + also if also else actions)
+            post = self.apply(actions + list(also) if also else actions)
             if self._loop.on_loop():
                 post += self._uncorked()
             elif reporter is not None and (outlet := self._outlets.get(reporter)) is not None and outlet.cork:
@@ -405,7 +406,7 @@ class Dispatcher:
             while released and len(keys) < _RELEASE_CHUNK:
                 keys.append(released.popleft())
             # submits deferred before these keys were let go come first (drive)
-            self.drive(lambda keys=keys: (None, (E.Drop(keys),)))
+            self.drive(functools.partial(_events, E.Drop(keys)))
             if released and time.monotonic() >= end:
                 return self._life.open
         return False
@@ -586,6 +587,10 @@ class Dispatcher:
 
 def _nothing() -> tuple:
     return None, ()
+
+
+def _events(*events: Any) -> tuple:
+    return None, events
 
 
 class _Gathering:

@@ -59,6 +59,8 @@ or a burst of submits handed in together is placed once.
 from __future__ import annotations
 
 import itertools
+from itertools import compress
+from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from ..wire import protocol as P, serialize
@@ -233,6 +235,82 @@ class Scheduler:
         (two reads, each atomic): a hint, which may be stale by the time it is used."""
         ts = self.tasks.get(key)
         return ts.worker if ts is not None else None
+
+    # --- read-only views for the cluster, the dashboard, the stall watch and the gateway.
+    # Those marked "without the lock" read a copy of the task table (one C call) and fields
+    # that are replaced, never changed in place: a state may be a moment old, never torn.
+
+    def key_states(self) -> tuple[list, list]:
+        """(keys, their states) of every task known, in one order. Without the lock."""
+        known = list(self.tasks.values())
+        return list(map(_KEY, known)), list(map(_STATE, known))
+
+    def progress(self) -> tuple[int, int]:
+        """(tasks pending, bytes of results in memory). Without the lock."""
+        known = list(self.tasks.values())
+        states = list(map(_STATE, known))
+        return sum(map(PENDING.__contains__, states)), sum(map(_NBYTES, compress(known, map("memory".__eq__, states))))
+
+    def has_tasks(self) -> bool:
+        """Whether any task is known. Without the lock."""
+        return bool(self.tasks)
+
+    def args_of(self, key: str) -> Any:
+        """The arguments ``key``'s run carries (a Payload or PlainArgs); None for scattered
+        data or a key not known. Without the lock."""
+        ts = self.tasks.get(key)
+        return ts.args if ts is not None and ts.terms is not None else None
+
+    def runs_sent(self) -> int:
+        """How many runs were sent to workers so far: it grows while work is placed."""
+        return self.placement.assigned
+
+    def oldest_pending(self, running: Any) -> tuple[dict, Optional[tuple]]:
+        """(pending state -> how many tasks, the oldest pending task not in ``running`` as
+        (key, state, {input: its state, for those it waits for}, the workers it is restricted
+        to or None), or None when there is none)."""
+        tasks = self.tasks
+        pending: dict = {}
+        oldest = None
+        for ts in tasks.values():
+            state = ts.state
+            if state not in PENDING:
+                continue
+            pending[state] = pending.get(state, 0) + 1
+            if (state != "processing" or ts.key not in running) and (oldest is None or ts.order < oldest.order):
+                oldest = ts
+        if oldest is None:
+            return pending, None
+        terms = oldest.terms
+        deps = {d: tasks[d].state if d in tasks else "unknown" for d in oldest.waiting_on}
+        return pending, (oldest.key, oldest.state, deps,
+                         terms.workers if terms is not None and terms.workers and not terms.loose else None)
+
+    def open_workers(self) -> list:
+        """The names of the workers that may be given work (not closing), sorted."""
+        return sorted(w for w, ws in self.workers.items() if not ws.closing)
+
+    def transitions_of(self, key: str) -> list:
+        """[(start, finish, event)] of ``key`` from the ring of recent transitions, oldest first."""
+        return list(self.transitions.of(key))
+
+    def nbytes(self, keys: Optional[list] = None) -> dict[str, int]:
+        """Key -> the size of its result, for the keys in memory (of ``keys``, or every one)."""
+        tasks = self.tasks
+        found = (tasks.get(k) for k in keys) if keys is not None else tasks.values()
+        return {ts.key: ts.nbytes for ts in found if ts is not None and ts.state == "memory"}
+
+    def dump(self) -> tuple[dict, list]:
+        """Every task known, as plain data (dump_cluster_state), and the transitions kept of
+        all keys, oldest first: [[key, start, finish, event]]."""
+        tasks = {ts.key: {"state": ts.state, "worker": ts.worker, "who_has": sorted(ts.who_has),
+                          "dependencies": list(ts.deps), "dependents": sorted(ts.dependents),
+                          "waiting_on": sorted(ts.waiting_on), "nbytes": ts.nbytes, "type": ts.type_name or None,
+                          "priority": ts.terms.priority if ts.terms is not None else None,
+                          "retries_left": ts.retries, "suspicious": ts.suspicious, "error": ts.error,
+                          "scattered": ts.terms is None}
+                 for ts in self.tasks.values()}
+        return tasks, [list(t) for t in self.transitions.events()]
 
     def whereabouts(self, key: str) -> Whereabouts:
         ts = self.tasks.get(key)
@@ -428,7 +506,7 @@ class Scheduler:
             return out + self._orphans_settled() if books.orphans else out
         if t is P.RunOn:
             return books.run_asked(worker, ask.request, body, self.key_of(ask.seq), self.workers.__contains__,
-                                   sorted(w for w, ws in self.workers.items() if not ws.closing),
+                                   self.open_workers(),
                                    lambda name, what: self.calls.call(name, body.fn, body.args, what))
         if t is P.WhoHas:
             return [Send(worker, P.Answer(ask.request, self.who_has(None if body.keys is None else list(body.keys))))]
@@ -731,6 +809,8 @@ class Scheduler:
         return out
 
 
+
+_KEY, _STATE, _NBYTES = attrgetter("key"), attrgetter("state"), attrgetter("nbytes")
 
 #: A frame of task messages: each message's type -> (scheduler, worker, message) -> instructions
 #: (each an unbound method of Scheduler, hence ``self``).

@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from typing import Optional
 
-from ..scheduler.forgetting import PENDING
 from ..scheduler.state import Scheduler
 from ..engine.history import History
 from .supervisor import Supervisor
@@ -54,7 +53,7 @@ class StallWatch:
             return
         self._next_check = now + self._interval
         with self._lock:
-            token = (self._history.ended, self._scheduler.placement.assigned, frozenset(self._supervisor.running_keys()))
+            token = (self._history.ended, self._scheduler.runs_sent(), frozenset(self._supervisor.running_keys()))
         quiet = clock.quiet_for(now, token)
         if quiet is None:
             return
@@ -80,24 +79,10 @@ class StallWatch:
         """The plain data stall.py reads. Takes the lock: never call it holding it."""
         snapshot = self._supervisor.snapshot()
         now = time.monotonic()
-        pending: Counter = Counter()
-        oldest = None
         with self._lock:
-            tasks = self._scheduler.tasks
             running_on = self._supervisor.running_keys()
-            for ts in tasks.values():
-                state = ts.state
-                if state not in PENDING:
-                    continue
-                pending[state] += 1
-                if (state != "processing" or ts.key not in running_on) and (oldest is None or ts.order < oldest.order):
-                    oldest = ts
-            queued = None
-            if oldest is not None:
-                terms = oldest.terms
-                deps = {d: tasks[d].state if d in tasks else "unknown" for d in oldest.waiting_on}
-                queued = QueuedTask(oldest.key, oldest.state, deps,
-                                    terms.workers if terms is not None and terms.workers and not terms.loose else None)
+            pending, oldest = self._scheduler.oldest_pending(running_on)
+            queued = QueuedTask(*oldest) if oldest is not None else None
             running = []
             for key, worker in running_on.items():
                 started = self._supervisor.running_since(worker, self._scheduler.whereabouts(key).seq)

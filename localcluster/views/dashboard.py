@@ -30,7 +30,7 @@ import time
 import weakref
 from collections import Counter
 from itertools import compress, filterfalse
-from operator import attrgetter, itemgetter, methodcaller
+from operator import itemgetter, methodcaller
 from typing import Any, Optional
 
 from ..engine.history import key_group
@@ -50,7 +50,6 @@ TABS = ("workers", "progress", "task stream", "insights")
 COST_SHARE = 0.01          # a refresh waits at least its CPU time / COST_SHARE before the next
 CHUNK = 2000               # task records read at a time, each chunk a short hold of the GIL...
 GIL_PAUSE = 0.0002         # ...and a pause between chunks, long enough for a waiting thread to take it
-_KEY, _STATE = attrgetter("key"), attrgetter("state")
 _PENDING = frozenset(("waiting", "ready", "processing"))
 
 
@@ -218,21 +217,21 @@ class Snapshot:
         history = cluster.history
         done, failed_for_good = history.done, history.failed
         running = {k for w in workers for k in w.running}
-        known = list(cluster.scheduler.tasks.values())
+        keys, states = cluster.scheduler.key_states()
         if tab == "progress":
             self._read_records(history)
             running_by: Counter = Counter()
             for head, n in Counter(_heads(running)).items():
                 running_by[self.group(head)] += n
-            waiting, erred = self._pending(known)
+            waiting, erred = self._pending(keys, states)
             waiting -= running_by                # what runs is processing too
             failed = self.failed | erred         # per group, the larger of the errors seen and held now
             n_waiting = sum(waiting.values())
             n_failed = max(failed_for_good, sum(erred.values()))
         else:                                    # the header's totals: one pass, no group
-            states = Counter(map(_STATE, known))
-            n_waiting = max(0, sum(states[s] for s in _PENDING) - len(running))
-            n_failed = max(failed_for_good, states["erred"])   # erred: those whose input failed too
+            counts = Counter(states)
+            n_waiting = max(0, sum(counts[s] for s in _PENDING) - len(running))
+            n_failed = max(failed_for_good, counts["erred"])   # erred: those whose input failed too
         fractions = {k: cluster.config[k] for k in FRACTIONS}
         head = _header(repr(cluster).strip("<>"), workers, done, len(running), n_waiting, n_failed, deaths, now)
         parts = [_workers_part(workers, fractions, deaths, cluster.memory_limit),
@@ -242,10 +241,9 @@ class Snapshot:
                           transfers=history.transfers()).html() if tab == "insights" else None]
         return head, parts, status not in ("closed", "stopped", "broken", "forked")
 
-    def _pending(self, tasks: list) -> tuple:
+    def _pending(self, keys: list, states: list) -> tuple:
         """(group -> tasks waiting or processing, group -> tasks erred) of the tasks the
         scheduler knows, in one pass in C: each key's group is worked out once, when first seen."""
-        keys = list(map(_KEY, tasks))
         group_of = self._group_of
         new = list(filterfalse(group_of.__contains__, keys)) if group_of else keys
         if new:
@@ -254,7 +252,6 @@ class Snapshot:
             heads = list(_heads(new))
             groups = {head: self.group(head) for head in set(heads)}     # few distinct heads
             group_of.update(zip(new, map(groups.__getitem__, heads)))
-        states = list(map(_STATE, tasks))
         waiting = Counter(map(group_of.__getitem__, compress(keys, map(_PENDING.__contains__, states))))
         erred = Counter(map(group_of.__getitem__, compress(keys, map("erred".__eq__, states))))
         return waiting, erred        # erred: KilledWorker too (its runs were lost, none erred), and an input failed

@@ -399,7 +399,7 @@ class LocalCluster:
             error = ClusterRestarted("the cluster was restarted (client.restart()); submit the task again")
             # the workers are told to stop first: nothing is placed on them once the tasks are gone
             self._supervisor.stop_all()
-            self._dispatch.drive(lambda: (None, (E.Clear(error),)))
+            self._dispatch.drive((E.Clear(error),))
             self._dispatch.fail_requests(ClusterRestarted("the cluster was restarted"))
             self._supervisor.refill()     # every old one is leaving; adapting, if on, goes on
         self._loop.call(begin).result()
@@ -441,7 +441,7 @@ class LocalCluster:
     def _finish_close(self, timeout: float) -> None:
         """After the scheduler thread has ended: fail what is pending, release the rest."""
         if not self._life.broken:                 # broken: the futures failed already
-            self._dispatch.drive(lambda: (None, (E.Clear(ClusterClosed("the cluster was closed")),)))
+            self._dispatch.drive((E.Clear(ClusterClosed("the cluster was closed")),))
         self._dispatch.fail_requests(ClusterClosed("the cluster was closed"))
         self._supervisor.reap_all()
         if self._plugins:           # the last transitions told, then each plugin's close(), in that order

@@ -155,7 +155,7 @@ class Gateway:
                 return None, ()
             fut, counted = make()
             return fut, (E.Hold(key, counted),)
-        return self._dispatch.drive(make_if_known)
+        return self._dispatch.drive(make=make_if_known)
 
     def replicate(self, keys: list, n: Optional[int], timeout: Optional[float]) -> None:
         """Copies of these keys' data on ``n`` workers; returns when they have arrived."""

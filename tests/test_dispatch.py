@@ -153,7 +153,7 @@ def test_a_landed_is_never_corked_behind_a_backlog():
             d.connect("w", chan)
         d.event(PING)
         assert select.select([there], [], [], 0)[0] == []      # corked: nothing sent yet
-        d.drive(lambda: (None, ()), also=[Send("w", P.Landed((5,)))])
+        d.drive(also=[Send("w", P.Landed((5,)))])
         assert select.select([there], [], [], 5)[0] == [there], "the Landed was corked"
         got = peer.recv_all()
         if len(got) < 2:

@@ -42,7 +42,6 @@ to every pending future), never a hang.
 from __future__ import annotations
 
 import contextlib
-import functools
 import errno
 import logging
 import math
@@ -233,22 +232,26 @@ class Dispatcher:
         thread frees released keys on its next tick or wake-up."""
         self._released.append(key)
 
-    def drive(self, make: Callable[[], tuple[Any, Sequence]], also: Sequence = (),
+    def drive(self, events: Sequence = (), before: Optional[Callable[[], Any]] = None,
+              make: Optional[Callable[[], tuple[Any, Sequence]]] = None, also: Sequence = (),
               answer: Any = None, reporter: Optional[str] = None,
               heard: Optional[Callable[[list], Any]] = None) -> Any:
         """The one place the scheduler is driven, and its lock taken for it. Under the
-        cluster's lock: ``make()`` returns (a value to return, the events for the scheduler)
-        and may do what must happen in the same hold of the lock (futures made before any
-        answer can arrive; the policy's verdict); the deferred submits go through the door
-        first, then those events (``Scheduler.handle``); ``also`` (sends of the dispatcher's
-        own) after them. ``answer``: the Future (or _Slot) of the request an event opens;
-        then the request's id is returned instead. On the scheduler thread, what was corked
-        goes too; elsewhere, what was corked for ``reporter`` (the worker whose frame this
-        thread read). ``heard(instructions)``: a look at what the scheduler asked, under the
-        same lock (to record what they say). What the scheduler asked is carried out after
-        the lock (``post``)."""
+        cluster's lock: ``before()`` first, its value returned (what must happen in the same
+        hold of the lock: futures made before any answer can arrive); or ``make()``, which
+        returns (that value, the events), when the events depend on it (the policy's
+        verdict); then the deferred submits go through the door, and ``events`` after them
+        (``Scheduler.handle``); ``also`` (sends of the dispatcher's own) after those.
+        ``answer``: the Future (or _Slot) of the request an event opens; then the request's
+        id is returned instead. On the scheduler thread, what was corked goes too;
+        elsewhere, what was corked for ``reporter`` (the worker whose frame this thread
+        read). ``heard(instructions)``: a look at what the scheduler asked, under the same
+        lock (to record what they say). What the scheduler asked is carried out after the
+        lock (``post``)."""
         with self._lock:
-            value, events = make()
+            value = before() if before is not None else None
+            if make is not None:
+                value, events = make()
             deferred = self._take_deferred() if self._deferred else ()
             actions = self._scheduler.handle(*deferred, *events) if deferred or events else []
             if heard is not None:
@@ -271,7 +274,7 @@ class Dispatcher:
         if self._life.error is not None:
             raise self._life.error
         try:
-            return self.drive(lambda: (before() if before is not None else None, (event,)), answer=answer)
+            return self.drive((event,), before, answer=answer)
         except Exception:
             raise self.break_("scheduler", traceback.format_exc()) from None
 
@@ -307,7 +310,7 @@ class Dispatcher:
         (a broken cluster failed it already)."""
         if self._deferred and self._life.error is None:
             try:
-                self.drive(_nothing)
+                self.drive()
             except Exception:
                 raise self.break_("scheduler", traceback.format_exc()) from None
 
@@ -359,7 +362,7 @@ class Dispatcher:
         key_of, record, ending = self._scheduler.key_of, self._history.task, self._scheduler.run_ending
         damaged: list = []
 
-        def make() -> tuple:
+        def into_the_stream() -> None:
             for m in msgs:       # into the task stream first: the scheduler forgets the run's key
                 t = type(m)
                 if t is P.Damaged:
@@ -371,8 +374,7 @@ class Dispatcher:
                         submitter, counts = ending(key, finished)
                         record(key, worker, m.thread, m.start, m.start + m.duration,
                                "finished" if finished else "error", m.serde if finished else 0.0, submitter, counts)
-            return None, (E.Reported(worker, msgs),) if msgs else ()
-        self.drive(make, also=unpin, reporter=worker)
+        self.drive((E.Reported(worker, msgs),) if msgs else (), into_the_stream, also=unpin, reporter=worker)
         for m, run in damaged:
             _tell_damaged(worker, m, run)
 
@@ -381,14 +383,14 @@ class Dispatcher:
         before the frame's other task messages (a task submits before it finishes). The
         scheduler answers what it can at once (as Sends); ``Results`` waits on one fetch a
         key, and the answer goes to the task once all are in. Scheduler thread."""
-        self.drive(lambda: (None, (E.Asked(worker, asks),)))
+        self.drive((E.Asked(worker, asks),))
         for ask in asks:
             if type(ask.body) is P.Results:
                 self._answer_results(worker, ask.request, ask.body.keys)
 
     def _answer_results(self, worker: str, request: int, keys: tuple) -> None:
         gathering = _Gathering(len(keys), lambda outcomes: self.drive(
-            _nothing, also=[S.Send(worker, P.Answer(request, outcomes))]))
+            also=[S.Send(worker, P.Answer(request, outcomes))]))
         for i, key in enumerate(keys):
             self.event(E.Fetch(key), answer=_Slot(gathering, i))
 
@@ -406,7 +408,7 @@ class Dispatcher:
             while released and len(keys) < _RELEASE_CHUNK:
                 keys.append(released.popleft())
             # submits deferred before these keys were let go come first (drive)
-            self.drive(functools.partial(_events, E.Drop(keys)))
+            self.drive((E.Drop(keys),))
             if released and time.monotonic() >= end:
                 return self._life.open
         return False
@@ -543,7 +545,7 @@ class Dispatcher:
     def uncork(self) -> None:
         """Scheduler thread, every tick: send what was held back behind a backlog (and admit
         what was deferred)."""
-        self.drive(_nothing)
+        self.drive()
 
     def _uncorked(self) -> list:
         """Caller holds the lock: what every outlet held back, queued; the Flushes."""
@@ -583,14 +585,6 @@ class Dispatcher:
         for fut in requests:
             if type(fut) is not _Slot and not fut.done():
                 fut.set_exception(exc)
-
-
-def _nothing() -> tuple:
-    return None, ()
-
-
-def _events(*events: Any) -> tuple:
-    return None, events
 
 
 class _Gathering:

@@ -148,7 +148,16 @@ class Scheduler:
         Deliver, Reply, Retire; an ``Opened`` for an event that opens a request). ``HANDLERS``
         says what handles each; placement runs once, after the last, when one of them
         may have made a task ready or freed a slot. The caller holds the cluster's lock."""
-        out: list = []
+        if len(events) == 1:         # most calls: one event, no list to gather into
+            event = events[0]
+            handler, places, opens = HANDLERS[type(event)]
+            if opens:
+                request, out = handler(self, event)
+                out.insert(0, E.Opened(request))
+            else:
+                out = handler(self, event)
+            return out + self.placement.assign() if places else out
+        out = []
         place = False
         for event in events:
             handler, places, opens = HANDLERS[type(event)]

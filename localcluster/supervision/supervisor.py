@@ -127,7 +127,7 @@ class Supervisor:
     def _decide(self, event: Callable[[], list]) -> None:
         """Run a policy event under the lock, with what it asks of the scheduler; then the
         rest (signals, messages, spawns) outside it. Scheduler thread only."""
-        todo = self._dispatch.drive(lambda: self._verdict(event))
+        todo = self._dispatch.drive(make=lambda: self._verdict(event))
         if not todo:
             return
         spawns = 0
@@ -528,7 +528,7 @@ class Supervisor:
             # its sends were dropped with it (its outlet went before they were queued)
             self._dispatch.disconnect(n.name)
             self._changed.notify_all()
-        return self._dispatch.drive(make, heard=heard)
+        return self._dispatch.drive(make=make, heard=heard)
 
     def _record_lost(self, n: Nanny, running: dict) -> None:
         """The runs the death cut short, into the task stream (before the scheduler forgets

@@ -215,9 +215,9 @@ def test_the_diagram_check_refutes_a_wrong_reader():
 
 # --- the lock table: each field touched under its lock, or where the page says -------------
 
-LOCKS = {"the cluster's lock": (("._lock", "._changed", ".held()"), "caller holds the lock"),
+LOCKS = {"the cluster's lock": (("._lock", "._changed", ".locked()"), "caller holds the lock"),
          "its `Nanny.reading`": ((".reading",), "under ``n.reading``")}
-EVENTS = {"event", "_decide"}                         # run what they are given under the cluster's lock
+EVENTS = {"event", "drive", "_decide"}                # run what they are given under the cluster's lock
 
 
 def lock_rows(text: str) -> list:
@@ -268,7 +268,7 @@ def unlocked(source: str, cls: str, attr: str, kind: str) -> set:
 
     tree = ast.parse(source)
     events = {a.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-              and n.func.attr in EVENTS for a in n.args if isinstance(a, ast.Name)}
+              and n.func.attr in EVENTS for a in [*n.args, *(k.value for k in n.keywords)] if isinstance(a, ast.Name)}
     visit(tree, None, None, False)
     return out
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from localcluster.death import WorkerDeath, WorkerStartupError
-from localcluster.engine.lifecycle import Lifecycle, Phase
 from localcluster.supervision.policy import (HANDOFF_GRACE, STACK_GRACE, STARTUP_RETRIES, STOP_GRACE, Accept, Adapt,
                                              DumpStacks, GiveUp, HandOff, Kill, Limits, Note, Policy, Refuse,
                                              SendStop, SetPaused, Spawn)
@@ -33,14 +32,14 @@ class Checked:
 
 
 def make(**limits) -> Checked:
-    return Checked(Policy(Limits(limits.pop("limit", LIMIT), **limits), Lifecycle()))
+    return Checked(Policy(Limits(limits.pop("limit", LIMIT), **limits)))
 
 
 def started(p: Checked, *names: str, now: float = 0.0) -> None:
     for i, name in enumerate(names):
         p.spawned(name, 100 + i, now)
         assert p.ready(name, now, 20 * MiB) == [Accept(name)]
-    p.life.to(Phase.RUNNING)
+    p.cluster_is(starting=False, closing=False)
 
 
 def death(name: str, cause: str, tasks: tuple = ()) -> WorkerDeath:
@@ -80,7 +79,7 @@ def test_limit_too_small_is_refused_while_starting_and_a_failed_start_later():
     assert kinds(out) == ["Refuse", "SendStop"]
     assert "memory_limit=30.00 MiB is too small" in str(out[0].error) and "pid 7" in str(out[0].error)
     p = make(limit=30 * MiB)
-    p.life.to(Phase.RUNNING)
+    p.cluster_is(starting=False, closing=False)
     p.spawned("w1", 8, 0.0)
     out = p.ready("w1", 0.0, 28 * MiB)
     assert kinds(out) == ["Note", "Kill"] and "too small" in out[0].line
@@ -88,7 +87,7 @@ def test_limit_too_small_is_refused_while_starting_and_a_failed_start_later():
 
 def test_failed_starts_back_off_then_give_up():
     p = make()
-    p.life.to(Phase.RUNNING)
+    p.cluster_is(starting=False, closing=False)
     p.policy.target = 1
     now = 0.0
     delays = []
@@ -107,7 +106,7 @@ def test_failed_starts_back_off_then_give_up():
 
 def test_an_accepted_start_clears_the_run_of_failures():
     p = make()
-    p.life.to(Phase.RUNNING)
+    p.cluster_is(starting=False, closing=False)
     p.spawned("w0", 1, 0.0)
     p.exited(death("w0", "exception"), 0.0)
     p.spawned("w1", 2, 0.2)
@@ -123,7 +122,7 @@ def test_a_death_is_replaced_on_the_next_tick_but_not_when_requested_or_closing(
     assert p.tick(1.0) == [Spawn()]
     p.spawned("w2", 3, 1.0)
     assert p.exited(death("w1", "requested"), 2.0) == [] and p.tick(2.0) == []
-    p.life.to(Phase.CLOSING)        # the cluster moves first, then tells the policy
+    p.cluster_is(starting=False, closing=True)        # the cluster moves first, then tells the policy
     p.close(3.0)
     assert p.exited(death("w2", "signal"), 3.0) == [] and p.tick(3.0) == []
 
@@ -141,7 +140,7 @@ def look(p: Checked, now: float, slots: int, threads: int = 1, holding=never_ask
 
 def test_adapt_grows_at_once_while_tasks_wait_up_to_maximum():
     p = make()
-    p.life.to(Phase.RUNNING)
+    p.cluster_is(starting=False, closing=False)
     assert p.adapt(Adapt(0, 2, 1.5), 0.0, {}) == []       # nothing to do, nothing started
     assert look(p, 0.05, 0) == []
     assert look(p, 0.10, 5) == [Spawn(), Spawn()]          # 5 tasks, 1 thread each: capped at 2
@@ -244,8 +243,7 @@ def test_adapt_validate_catches_a_target_outside_the_bounds():
 def test_closing_stops_adapting():
     p = make()
     p.adapt(Adapt(1, 2, 1.0), 0.0, {})
-    p.life.to(Phase.RUNNING)
-    p.life.to(Phase.CLOSING)
+    p.cluster_is(starting=False, closing=True)
     p.close(1.0)
     assert p.adaptive is None and look(p, 1.1, 5) == []
 
@@ -435,7 +433,7 @@ def test_adapt_under_any_sequence_of_work_and_deaths_stays_within_its_bounds():
     @hypothesis.given(st.integers(0, 2), st.integers(0, 3), st.lists(event, max_size=60))
     def run(minimum, extra, events):
         p = make()
-        p.life.to(Phase.RUNNING)
+        p.cluster_is(starting=False, closing=False)
         names = iter(f"w{i}" for i in range(10**6))
         bounds = Adapt(minimum, minimum + extra, 0.3)
         now = 0.0
@@ -472,7 +470,7 @@ def test_two_replacements_due_in_one_tick_never_overshoot_the_target():
     (neither asked to), both replacements fall due in the same tick: only as many Spawns as
     the target lacks, though no slot exists yet for the first."""
     p = make()
-    p.life.to(Phase.RUNNING)
+    p.cluster_is(starting=False, closing=False)
     p.scale(1, 0.0, {})
     started(p, "w0")
     p.exited(death("w0", "signal", ("t",)), 1.0)

@@ -47,7 +47,7 @@ from typing import Callable, Optional
 
 from ..config import format_bytes
 from ..death import WorkerDeath, WorkerStartupError
-from ..engine.lifecycle import Lifecycle, Phase
+
 
 __all__ = ["Policy", "Slot", "Limits", "Adapt", "STARTUP_RETRIES", "STOP_GRACE", "STACK_GRACE", "HANDOFF_GRACE"]
 
@@ -195,9 +195,13 @@ class Policy:
     Thread: the scheduler thread sends every event; user threads read ``slots`` and
     ``target`` under the cluster's lock."""
 
-    def __init__(self, limits: Limits, life: Lifecycle):
+    def __init__(self, limits: Limits):
         self.limits = limits
-        self.life = life                            #: the cluster's phase: read here, moved by the cluster
+        #: the cluster is starting: a worker too small for the limit refuses the cluster
+        #: (later it is a failed start); told by ``cluster_is``, never read from the cluster
+        self.starting = True
+        #: the cluster is closing (or closed): no respawn, no adapting; told by ``cluster_is``
+        self.closing = False
         self.slots: dict[str, Slot] = {}            #: name -> slot, for every worker not yet reaped
         self.target = 0                             #: the size scale() asked for
         self.startup_failures: list[WorkerDeath] = []   #: failed starts in a row (cleared by an accepted one)
@@ -343,7 +347,7 @@ class Policy:
             return []
         self._record_memory(s, rss)
         too_small = self._limit_too_small(s, rss)
-        if too_small and self.life.phase is Phase.STARTING:
+        if too_small and self.starting:
             return [Refuse(ValueError(too_small))] + self._stop(s, "requested", now)
         if too_small:       # scaling up, or a replacement: a failed start (see exited)
             return [Note(name, f"[nanny] {too_small}")] + self._stop(s, "memory-limit", now)
@@ -487,7 +491,12 @@ class Policy:
         return []
 
     def _closing(self) -> bool:
-        return Phase.CLOSING in self.life.passed
+        return self.closing
+
+    def cluster_is(self, starting: bool, closing: bool) -> None:
+        """Where the cluster stands, told before each event (the supervisor reads the shared
+        Lifecycle under the lock, so that this class reads nothing it was not handed)."""
+        self.starting, self.closing = starting, closing
 
     def leak_blame(self, running: tuple) -> tuple:
         """The keys a leak restart counts against: only those running at every leak restart

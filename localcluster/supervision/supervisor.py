@@ -109,7 +109,7 @@ class Supervisor:
         self._dispatch = dispatch
         self._loop = loop
         self._life = life
-        self.policy = Policy(Limits.from_config(settings.memory_limit, settings.config), life)
+        self.policy = Policy(Limits.from_config(settings.memory_limit, settings.config))
         self.nannies: dict[str, Nanny] = {}      #: the I/O handles, name -> Nanny; added and removed under the lock
         self.deaths: list[WorkerDeath] = []
         self._dead_logs: dict[str, list] = {}
@@ -154,6 +154,8 @@ class Supervisor:
     def _verdict(self, event: Callable[[], list]) -> tuple[list, list]:
         """Caller holds the lock (Dispatcher.drive): the policy's instructions, and the
         scheduler events they ask for."""
+        life = self._life
+        self.policy.cluster_is(life.phase is Phase.STARTING, Phase.CLOSING in life.passed)
         todo = event()
         self.policy.validate()
         self._changed.notify_all()      # waiters wake once the lock is let go of, after the events

@@ -36,8 +36,9 @@ TASK_RESOURCES = [None, None, (("MEM", 1),), (("MEM", 2),), (("GPU", 1),), (("GP
 
 def test_the_docstring_diagram_is_the_transition_table():
     listed = set(re.findall(r"^ {4}(\w+) +-> (\w+) {2,}", S.__doc__, re.M))
-    assert listed == set(TRANSITIONS), (f"in the docstring only: {listed - TRANSITIONS}; "
-                                        f"in the table only: {TRANSITIONS - listed}")
+    assert listed == set(TRANSITIONS), (f"in the docstring only: {listed - set(TRANSITIONS)}; "
+                                        f"in the table only: {set(TRANSITIONS) - listed}")
+    assert all(isinstance(does, str) and does for does in TRANSITIONS.values()), "a transition that says nothing"
     states = set(get_args(TaskState))
     assert {s for pair in TRANSITIONS for s in pair} == states      # every state has a way in or out
     assert all(any(old == s for old, _ in TRANSITIONS) for s in states), "a state with no way out"

@@ -152,21 +152,42 @@ class Whereabouts:
 
 TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost", "released"]
 
-# Every change of a Task's state that the scheduler may make: (old, new). Anything else is a
-# bug in localcluster, raised at once as an AssertionError (``Transitions.apply``) instead of
-# surfacing later as a broken invariant or a hang. scheduler.py's docstring lists the same
-# pairs, with why each happens (a test checks the two agree). A task is made "released" and
-# moved on in the same event.
-TRANSITIONS: frozenset = frozenset({
-    ("released", "waiting"), ("released", "ready"), ("released", "memory"), ("released", "erred"),
-    ("waiting", "ready"), ("waiting", "erred"), ("waiting", "released"),
-    ("ready", "processing"), ("ready", "waiting"), ("ready", "erred"), ("ready", "released"),
-    ("processing", "memory"), ("processing", "ready"), ("processing", "waiting"), ("processing", "erred"),
-    ("processing", "released"),
-    ("memory", "waiting"), ("memory", "lost"), ("memory", "released"),
-    ("erred", "released"),
-    ("lost", "released"),
-})
+# Every change of a Task's state that the scheduler may make, (old, new), and what it does to
+# the task's other fields and what goes out with it. Anything else is a bug in localcluster,
+# raised at once as an AssertionError (``Transitions.apply``) instead of surfacing later as a
+# broken invariant or a hang. state.py's docstring lists the same pairs with why each happens
+# (a test checks the two agree); invariants.py checks, after every event in the tests, the
+# fields each state must have, which these leave. The messages are words here, not checked.
+# A task is made "released" and moved on in the same event.
+TRANSITIONS: dict = {
+    ("released", "waiting"): "linked to its inputs (dependents), waiting_on the ones not in memory",
+    ("released", "ready"): "linked to its inputs, queued on Placement",
+    ("released", "memory"): "scattered: its copies stored (who_has, has: a Put each) or its data kept here; "
+                             "its futures resolve",
+    ("released", "erred"): "its error kept; its futures fail",
+    ("waiting", "ready"): "waiting_on emptied; queued on Placement",
+    ("waiting", "erred"): "waiting_on emptied, its error kept; its futures fail, and its pending dependents",
+    ("waiting", "released"): "unlinked from its inputs; dropped from tasks unless a dependent links to it",
+    ("ready", "processing"): "a Run sent: worker and seq set, in its worker's processing, resources claimed",
+    ("ready", "waiting"): "waiting_on the lost input; its queue entry dropped when met",
+    ("ready", "erred"): "its error kept; its futures fail, and its pending dependents",
+    ("ready", "released"): "unlinked from its inputs; dropped from tasks unless a dependent links to it",
+    ("processing", "memory"): "its run answered (out of processing, claim freed); its worker holds a copy "
+                              "(who_has, has), small data kept here; its futures resolve, dependents may be ready",
+    ("processing", "ready"): "its run given back or failed with retries left; queued on Placement again",
+    ("processing", "waiting"): "its run lost or taken back; waiting_on the inputs not in memory",
+    ("processing", "erred"): "its run answered or taken back; its error kept; its futures fail, and its "
+                             "pending dependents",
+    ("processing", "released"): "its run taken back (a Cancel): the slot stays busy (processing maps the seq "
+                                "to None) until the worker answers",
+    ("memory", "waiting"): "every copy gone (who_has empty): computed again, inputs pulled back",
+    ("memory", "lost"): "its last copy gone and nothing to compute it from: LostDataError to its futures "
+                        "and dependents",
+    ("memory", "released"): "its copies let go of (a Free to each holder), its data dropped; dropped from tasks "
+                            "unless a dependent links to it",
+    ("erred", "released"): "its error dropped (or kept for a retry, which moves it on at once)",
+    ("lost", "released"): "its error dropped; dropped from tasks unless a dependent links to it",
+}
 
 # old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record
 _STEPS: dict = {old: {n: (o, n) for o, n in TRANSITIONS if o == old} for old, _new in TRANSITIONS}

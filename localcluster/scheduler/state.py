@@ -9,7 +9,8 @@ clock or a thread, so it is tested with plain asserts (tests/test_scheduler.py).
 
 Task states. A task is made ``released`` and moved on in the same event; from then on
 ``Transitions.apply`` (records.py) is the only writer of its state, and it refuses a change
-that ``records.TRANSITIONS`` does not list. The list below is that table, one line a
+that ``records.TRANSITIONS`` does not list (the table also says what each does). The list below
+is that table's pairs with why each happens, one line a
 transition (tests/test_scheduler_machine.py checks that the two agree)::
 
     released   -> waiting      submitted, or needed again by a dependent: inputs not in memory yet

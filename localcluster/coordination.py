@@ -64,7 +64,7 @@ class _Named:
         means for it. ``undo(answer)``: for an answer that comes after an interrupt."""
         client = client if client is not None else self._carrier()
         if isinstance(client, task_client.TaskClient):
-            answer = client.coordinate(body, timeout)
+            answer = task_client.channel_of(client).coordinate(body, timeout)
         else:
             from .client.future import gateway_of     # the user's process: a worker never gets here
             answer = gateway_of(client).coordinate(body, timeout, undo)
@@ -262,7 +262,7 @@ def _unpack(client: Any, payload: Any, keys: tuple) -> Any:
 
 def _give_back(client: Any, keys: tuple) -> None:
     if isinstance(client, task_client.TaskClient):
-        client.give_back(keys)
+        task_client.channel_of(client).give_back(keys)
     else:
         from .client.future import gateway_of     # the user's process: a worker never gets here
         gateway = gateway_of(client)

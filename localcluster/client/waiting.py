@@ -178,7 +178,7 @@ class as_completed:
             self._waiting[future] = self._waiting.get(future, 0) + 1
             self._n_waiting += 1
         if in_task:         # a task's future calls nothing back: _next_done asks for it
-            if future.outcome is not None:  # type: ignore[attr-defined]  # a TaskFuture (in_task)
+            if _in_tasks.outcome_of(future) is not None:
                 self._done(future)
         else:
             cf.Future.add_done_callback(future, self._done)   # no result() in it: no hop needed

@@ -113,11 +113,10 @@ class Actor:
         return self._ask(read, (self._key, name), name).result()
 
     def _ask(self, fn: Any, args: tuple, what: str) -> ActorFuture:
-        from .client import get_client
+        from .client import TaskClient, actor_call, get_client
         client = get_client()
-        caller = getattr(client, "actor_call", None)
-        if caller is not None:      # a task's client: the call, answered at once
-            return ActorFuture(_Done(caller(fn, args, self._worker)), lambda v: v, what)
+        if isinstance(client, TaskClient):      # a task's client: the call, answered at once
+            return ActorFuture(_Done(actor_call(client, fn, args, self._worker)), lambda v: v, what)
         assert _parent_call is not None     # installed when client.py is imported, which made ``client``
         return _parent_call(client, fn, args, self._key, self._worker, what)
 

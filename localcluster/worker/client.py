@@ -174,7 +174,7 @@ def _rebuild_in_worker(key: str, client_id: Optional[str] = None) -> "TaskFuture
     """A Future unpickled in a worker (in a result or a value): one more reference, held here."""
     client = get_client()
     fut = TaskFuture(key, client)
-    client.worker.tell(P.Hold((key,)), _seq())
+    channel_of(client).tell(P.Hold((key,)))
     return fut
 
 
@@ -191,6 +191,119 @@ def _seq() -> int:
     return run.seq if run is not None else 0
 
 
+class TaskFutureState:
+    """What the TaskFutures of one key share in a task's client: the key's (status, payload,
+    error) once known here (``outcome``), and how many TaskFutures of the key live."""
+
+    __slots__ = ("key", "outcome", "holders")
+
+    def __init__(self, key: str):
+        self.key = key
+        self.outcome: Optional[tuple] = None
+        self.holders = 1
+
+
+class TaskChannel:
+    """The transport of a task's client, which a task's code never reaches (``channel_of``):
+    the worker's channel to the parent's scheduler (``Worker.ask`` and ``Worker.tell``), and
+    the TaskFutures this process holds by key. The protocol between a TaskClient, its
+    TaskFutures and the cluster lives here, as the Client's lives on its FutureTable."""
+
+    def __init__(self, worker: "process.Worker"):
+        self.worker = worker
+        self.states: dict[str, TaskFutureState] = {}
+        # Re-entrant: a garbage collection inside take() may run TaskFuture.__del__ -> let_go().
+        self.lock = threading.RLock()
+
+    def tell(self, body: Any) -> None:
+        self.worker.tell(body, _seq())
+
+    def ask(self, body: Any) -> Any:
+        """The scheduler's answer (a round trip on the channel)."""
+        return self.worker.ask(body, _seq())
+
+    def take(self, key: str) -> TaskFutureState:
+        """The state of ``key`` for one more TaskFuture of it. A key that ended here and is
+        held again (submitted anew, unpickled) gets a pending state: the TaskFutures made
+        before keep what they had."""
+        with self.lock:
+            state = self.states.get(key)
+            if state is None or state.outcome is not None:
+                fresh = self.states[key] = TaskFutureState(key)
+                fresh.holders += state.holders if state is not None else 0
+                return fresh
+            state.holders += 1
+            return state
+
+    def let_go(self, key: str) -> None:
+        """A TaskFuture of ``key`` was garbage-collected: its reference is given back (each
+        TaskFuture holds one in the parent's scheduler). Runs inside the garbage collector."""
+        with self.lock:
+            state = self.states.get(key)
+            if state is not None:
+                state.holders -= 1
+                if state.holders <= 0:
+                    del self.states[key]
+        self.worker.drop(key)
+
+    def state_of(self, fut: "TaskFuture") -> TaskFutureState:
+        """The state ``fut`` shares with the other TaskFutures of its key."""
+        with self.lock:
+            return self.states[fut.key]
+
+    def outcomes(self, futures: list, timeout: Optional[float]) -> list:
+        """(status, payload, error) of each future, once each has ended (one round trip; the
+        task's thread slot is lent meanwhile)."""
+        answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout, lend=True)
+        for f, outcome in zip(futures, answer.data):
+            self.state_of(f).outcome = outcome
+        return list(answer.data)
+
+    def scheduler_states(self, keys: list) -> list:
+        """The scheduler's state of each key (memory, erred, processing ...)."""
+        return list(self.ask(P.States(tuple(keys))).data)
+
+    def coordinate(self, body: Any, timeout: Optional[float] = None) -> Any:
+        """A Lock, Event, Queue ... request (coordination.py): the scheduler's answer; once
+        ``timeout`` s have passed, what a timeout means for it (the request is withdrawn)."""
+        return self.worker.ask(body, _seq(), timeout, withdraw=True).data
+
+    def give_back(self, keys: tuple) -> None:
+        """One reference less to each key: those handed to this worker with a queued value."""
+        self.tell(P.Drop(tuple(keys)))
+
+    def value(self, key: str, outcome: tuple) -> Any:
+        """What a future of ``key`` that ended with ``outcome`` gives: its value, or its error raised."""
+        status, payload, error = outcome
+        if status == "finished":
+            return serialize.loads(payload)
+        if status == "cancelled":
+            raise CancelledError(f"{key!r} was cancelled (client.cancel in a task)")
+        raise serialize.loads_exception(error, key)
+
+
+# Each task's client's channel by the client's id: found by ``channel_of``, never on the
+# TaskClient or the TaskFuture a task holds.
+_channels: "dict[str, TaskChannel]" = {}
+
+
+def channel_of(client: Any) -> TaskChannel:
+    """The transport of ``client``, a task's client (``get_client()`` in a worker)."""
+    return _channels[client.id]
+
+
+def outcome_of(fut: "TaskFuture") -> Optional[tuple]:
+    """(status, payload, error) of ``fut`` once known in this process, else None."""
+    return channel_of(fut.client).state_of(fut).outcome
+
+
+def actor_call(client: Any, fn: Callable, args: tuple, worker: str) -> Any:
+    """An actor's method call or attribute read from a task: ``fn(*args)`` on ``worker``."""
+    answers = client.run(fn, *args, workers=[worker])
+    assert answers is not None      # wait=True: the answers are at hand
+    return answers[worker]
+
+
 class TaskFuture:
     """A key submitted from a task (``TaskClient.submit``): ``result()``, ``exception()``,
     ``done()``, ``status``. One reference to the key while it lives; pickled (returned from
@@ -199,10 +312,11 @@ class TaskFuture:
     def __init__(self, key: str, client: "TaskClient"):
         self.key = key
         self.client = client
-        self._outcome: Optional[tuple] = None
+        self._channel = channel_of(client)
+        self._s = self._channel.take(key)
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        return self.client.value(self, self._outcome or self.client.outcomes([self], timeout)[0])
+        return self._channel.value(self.key, self._s.outcome or self._channel.outcomes([self], timeout)[0])
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         try:
@@ -214,7 +328,7 @@ class TaskFuture:
         return None
 
     def done(self) -> bool:
-        return self._outcome is not None or self.status in ("finished", "error", "lost", "cancelled")
+        return self._s.outcome is not None or self.status in ("finished", "error", "lost", "cancelled")
 
     def cancel(self, **kwargs: Any) -> bool:
         """As ``Future.cancel``: ``client.cancel([self])``; whether it is cancelled now (False:
@@ -225,35 +339,28 @@ class TaskFuture:
         return self.cancelled()
 
     def cancelled(self) -> bool:
-        return self._outcome is not None and self._outcome[0] == "cancelled"
+        return self._s.outcome is not None and self._s.outcome[0] == "cancelled"
 
     @property
     def status(self) -> str:
-        if self._outcome is not None:
-            return self._outcome[0]
-        state = self.client.states([self.key])[0]
+        if self._s.outcome is not None:
+            return self._s.outcome[0]
+        state = self._channel.scheduler_states([self.key])[0]
         return {"memory": "finished", "erred": "error", "released": "cancelled", "unknown": "cancelled"}.get(
             state, "lost" if state == "lost" else "pending")
-
-    def conclude(self, outcome: tuple) -> None:
-        """End this future as the scheduler says its task ended: (status, payload, error)."""
-        self._outcome = outcome
-
-    @property
-    def outcome(self) -> Optional[tuple]:
-        """(status, payload, error) once known here, else None."""
-        return self._outcome
 
     def __reduce__(self) -> tuple:
         return (_rebuild, (self.key,))
 
     def __repr__(self) -> str:
-        return f"<Future: {self._outcome[0] if self._outcome else 'pending'}, key: {self.key}>"
+        outcome = self.__dict__.get("_s")
+        status = outcome.outcome[0] if outcome is not None and outcome.outcome else "pending"
+        return f"<Future: {status}, key: {self.key}>"
 
     def __del__(self) -> None:
-        client = self.__dict__.get("client")
-        if client is not None:
-            client.worker.drop(self.key)
+        channel = self.__dict__.get("_channel")
+        if channel is not None and "_s" in self.__dict__:
+            channel.let_go(self.key)
 
 
 class TaskClient:
@@ -262,14 +369,15 @@ class TaskClient:
     scheduler over the worker's channel."""
 
     def __init__(self, worker: "process.Worker"):
-        self.worker = worker
         self.id = f"task-client-{worker.name}-{os.getpid()}"
         self.status = "running"
+        self._worker_name = worker.name
+        self._channel = _channels[self.id] = TaskChannel(worker)
         self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, pickled bytes, name, sha1 of the bytes)
-        self._published = Published(self._ask, self.give_back)     # datasets and events
+        self._published = Published(self._ask, self._channel.give_back)     # datasets and events
 
     def __repr__(self) -> str:
-        return f"<TaskClient of worker {self.worker.name!r}: the cluster's scheduler over its channel>"
+        return f"<TaskClient of worker {self._worker_name!r}: the cluster's scheduler over its channel>"
 
     def __enter__(self) -> "TaskClient":
         return self
@@ -316,10 +424,11 @@ class TaskClient:
         """As ``Client.gather``: the results of (nested lists, tuples and dicts of) futures."""
         arguments.check_errors("gather", errors)
         flat = list(dict.fromkeys(_walk(futures)))
-        pending = [f for f in flat if f.outcome is None]
-        for f, outcome in zip(pending, self.outcomes(pending, timeout) if pending else ()):
-            f.conclude(outcome)
-        return arguments.rebuild(futures, TaskFuture, lambda f: self.value(f, f.outcome), errors)
+        channel = self._channel
+        pending = [f for f in flat if channel.state_of(f).outcome is None]
+        outcomes = dict(zip(pending, channel.outcomes(pending, timeout) if pending else ()))
+        return arguments.rebuild(futures, TaskFuture, lambda f: channel.value(
+            f.key, outcomes.get(f) or channel.state_of(f).outcome), errors)
 
     def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""
@@ -328,7 +437,7 @@ class TaskClient:
         single = not isinstance(data, (list, tuple, set, frozenset))
         values = [data] if single else list(data)
         items = tuple((f"{type(v).__name__}-{os.urandom(8).hex()}", serialize.dumps(v)) for v in values)
-        self.worker.tell(P.Scatter(items, broadcast), _seq())
+        self._channel.tell(P.Scatter(items, broadcast))
         futures = [TaskFuture(k, self) for k, _ in items]
         return futures[0] if single else futures
 
@@ -337,10 +446,11 @@ class TaskClient:
         of, for every holder (what dask calls ``force=True``, as ``Client.cancel`` does)."""
         fs = list(dict.fromkeys(_walk(futures)))
         if fs:
-            self.worker.tell(P.CancelKeys(tuple(f.key for f in fs)), _seq())
+            self._channel.tell(P.CancelKeys(tuple(f.key for f in fs)))
         for f in fs:
-            if f.outcome is None or f.outcome[0] not in ("finished", "error", "lost"):
-                f.conclude(("cancelled", None, None))
+            state = self._channel.state_of(f)
+            if state.outcome is None or state.outcome[0] not in ("finished", "error", "lost"):
+                state.outcome = ("cancelled", None, None)
 
     def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
             on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
@@ -357,9 +467,9 @@ class TaskClient:
         names = None if workers is None else tuple((workers,) if isinstance(workers, str) else workers)
         body = P.RunOn(fn_bytes, payload, names, name)
         if not wait:
-            self.worker.tell(body, _seq())
+            self._channel.tell(body)
             return None
-        answer = self.worker.ask(body, _seq())
+        answer = self._channel.ask(body)
         if answer.error is not None:
             raise serialize.loads_exception(answer.error, f"run({name})")
         return arguments.run_results(((worker, functools.partial(_ran, name, worker, *outcome))
@@ -369,12 +479,12 @@ class TaskClient:
         """As ``Client.who_has``: key -> the names of the workers holding its data (every key
         the cluster knows when ``futures`` is None)."""
         keys = None if futures is None else tuple(dict.fromkeys(f.key for f in _walk(futures)))
-        return dict(self.worker.ask(P.WhoHas(keys), _seq()).data)
+        return dict(self._channel.ask(P.WhoHas(keys)).data)
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
         """As ``Client.scheduler_info``, with what a task can know: each open worker (keyed by
         name) with its name, threads and resources; ``n_workers``: at most that many (-1: all)."""
-        workers = self.worker.ask(P.Info(), _seq()).data
+        workers = self._channel.ask(P.Info()).data
         shown = workers if n_workers == -1 else workers[:n_workers]
         return {"type": "Scheduler", "address": f"localcluster://{os.getppid()}", "n_workers": len(workers),
                 "total_threads": sum(threads for _, threads, _ in workers),
@@ -406,50 +516,15 @@ class TaskClient:
     def get_events(self, topic: Optional[str] = None) -> Any:
         return self._published.get_events(topic)
 
-    def actor_call(self, fn: Callable, args: tuple, worker: str) -> Any:
-        """An actor's method call or attribute read from a task: ``fn(*args)`` on ``worker``."""
-        answers = self.run(fn, *args, workers=[worker])
-        assert answers is not None      # wait=True: the answers are at hand
-        return answers[worker]
-
     def _ask(self, body: Any, timeout: Optional[float]) -> Any:
-        answer = self.coordinate(body, timeout)
+        answer = self._channel.coordinate(body, timeout)
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
-    # --- the messages -------------------------------------------------------------------
-
-    def outcomes(self, futures: list, timeout: Optional[float]) -> list:
-        """(status, payload, error) of each future, once each has ended (one round trip)."""
-        answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout, lend=True)
-        for f, outcome in zip(futures, answer.data):
-            f.conclude(outcome)
-        return list(answer.data)
-
-    def coordinate(self, body: Any, timeout: Optional[float] = None) -> Any:
-        """A Lock, Event, Queue ... request (coordination.py): the scheduler's answer; once
-        ``timeout`` s have passed, what a timeout means for it (the request is withdrawn)."""
-        return self.worker.ask(body, _seq(), timeout, withdraw=True).data
-
-    def give_back(self, keys: tuple) -> None:
-        """One reference less to each key: those handed to this worker with a queued value."""
-        self.worker.tell(P.Drop(tuple(keys)), _seq())
-
-    def states(self, keys: list) -> list:
-        return list(self.worker.ask(P.States(tuple(keys)), _seq()).data)
-
-    def value(self, fut: TaskFuture, outcome: tuple) -> Any:
-        status, payload, error = outcome
-        if status == "finished":
-            return serialize.loads(payload)
-        if status == "cancelled":
-            raise CancelledError(f"{fut.key!r} was cancelled (client.cancel in a task)")
-        raise serialize.loads_exception(error, fut.key)
-
     def _send(self, tasks: list) -> list:
         futures = [TaskFuture(t.key, self) for t in tasks]      # before: a reply may not outrun them
-        self.worker.tell(P.Submit(tuple(tasks)), _seq())
+        self._channel.tell(P.Submit(tuple(tasks)))
         return futures
 
     def _task(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], pure: bool, retries: int,
@@ -497,17 +572,17 @@ def wait(fs: list, timeout: Optional[float], return_when: str) -> tuple:
     gives its slot back while it waits (``Worker.ask``'s lend). FIRST_COMPLETED and
     FIRST_EXCEPTION return at once when one is done (or failed) already, else once all are."""
     distinct = list(dict.fromkeys(fs))
-    pending = [f for f in distinct if f.outcome is None]
+    pending = [f for f in distinct if outcome_of(f) is None]
     if pending and return_when != "ALL_COMPLETED":
-        states = pending[0].client.states([f.key for f in pending])
+        states = channel_of(pending[0].client).scheduler_states([f.key for f in pending])
         ended = [f for f, state in zip(pending, states) if state in _ENDED]
-        failed = any(f.outcome[0] != "finished" for f in distinct if f.outcome is not None) or \
+        failed = any(outcome[0] != "finished" for outcome in map(outcome_of, distinct) if outcome is not None) or \
             any(state in _ENDED and state != "memory" for state in states)
         if failed or (return_when == "FIRST_COMPLETED" and (ended or len(pending) < len(distinct))):
             pending = ended             # their outcomes are there: no wait
     if pending:
-        pending[0].client.outcomes(pending, timeout)
-    done = {f for f in distinct if f.outcome is not None}
+        channel_of(pending[0].client).outcomes(pending, timeout)
+    done = {f for f in distinct if outcome_of(f) is not None}
     return done, set(distinct) - done
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import signal
 import threading
 
@@ -459,3 +460,50 @@ def test_a_task_and_the_user_read_the_client_apis_arguments_alike(client):
     assert there == here
     assert prefixed_here == prefixed_there == [True, True] and values_here == values_there == [2, 3]
     assert skipped_here == skipped_there == {"ok": 2, "bad": [3]}
+
+
+def _random_arguments(seed):
+    """A few arguments of kinds a call takes, from ``seed``: plain ones, containers, bytes."""
+    rng = random.Random(seed)
+    kinds = [lambda: rng.randint(-10**6, 10**6), lambda: rng.random(), lambda: rng.choice(["a", "bc", ""]) * 3,
+             lambda: tuple(rng.randint(0, 9) for _ in range(rng.randint(0, 3))),
+             lambda: [rng.random() for _ in range(rng.randint(0, 3))],
+             lambda: {str(i): rng.randint(0, 9) for i in range(rng.randint(0, 3))},
+             lambda: rng.randbytes(rng.choice([3, 300]))]
+    return [rng.choice(kinds)() for _ in range(6)]
+
+
+def _same_calls(client, seed):
+    """The same calls of submit and map, and the keys and results they give."""
+    values = _random_arguments(seed)
+    futures = [client.submit(repr, v) for v in values]
+    futures += [client.submit(_pair, v, other=seed) for v in values[:2]]
+    futures += client.map(repr, values) + client.map(_pair, values[:3], values[3:])
+    futures += client.map(repr, values[:2], key="named") + [client.submit(repr, seed, key=f"given-{seed}")]
+    impure = [client.submit(repr, 1, pure=False), *client.map(repr, [1, 2], pure=False)]
+    names, numbers = zip(*(f.key.rsplit("-", 1) for f in impure))
+    # a fresh key is its function's name, its process's prefix (8 hex digits), a number
+    return ([f.key for f in futures], client.gather(futures),
+            list(names), len({n[:8] for n in numbers}), client.gather(impure))
+
+
+def _pair(a, other=None):
+    return repr((a, other))
+
+
+def _same_calls_in_a_task(seed):
+    return _same_calls(get_client(), seed)
+
+
+@pytest.mark.timeout(60)
+def test_a_task_and_the_user_make_the_same_keys_of_the_same_calls(client):
+    """Differential: submit and map of the same function and arguments, pure, named by a
+    prefix or a key, make the same keys with the same results in the user's process and in a
+    task (one implementation of key making); impure keys are made alike: the function's name,
+    the process's prefix, a number."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    here = _same_calls(client, seed)
+    there = client.submit(_same_calls_in_a_task, seed, pure=False).result(60)
+    assert there == here, f"seed {seed}"
+    assert here[2] == ["repr"] * 3 and here[3] == 1

@@ -4,40 +4,29 @@
 callable allows it (a cached bound method must not keep its object alive, nor a closure its
 data); pickles the arguments, naming the one that cannot be pickled; and makes the key: the
 function's name and a hash of the function and arguments for a pure task, a fresh name
-otherwise. ``Options`` are submit's checked options, the same for every task of a ``map``.
+otherwise (worker/arguments.py makes both, for a task's client too). ``Options`` are submit's checked options, the same for every task of a ``map``.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import os
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..wire import serialize
 from ..scheduler.records import Spec, Terms
+from ..worker.arguments import PREFIX, fresh_key, fresh_keys, hash_function, name_of, pure_key
+
+__all__ = ["Specs", "Function", "Options", "DEFAULT_OPTIONS", "terms_of", "new_fn_id", "PREFIX", "fresh_key",
+           "name_of"]
 
 _fn_ids = itertools.count(1)         # function ids of this process, for every Client
-_unique = itertools.count()          # the numbers of fresh keys (impure tasks, scattered data)
-PREFIX = os.urandom(4).hex()         # this process's part of every fresh key and Client id
 FN_CACHE = 512                       # functions each Client keeps pickled
 
 def new_fn_id() -> int:
     """A function id never given before in this process (a task function wrapped anew)."""
     return next(_fn_ids)
-
-
-def fresh_key(name: str) -> str:
-    """A key never made before in any process: ``name``, this process's prefix, a number."""
-    return f"{name}-{PREFIX}{next(_unique):x}"
-
-
-def name_of(fn: Any) -> str:
-    """A function's name, for its tasks' keys and for messages."""
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return "lambda" if name == "<lambda>" else name
 
 
 class Function(NamedTuple):
@@ -140,7 +129,7 @@ class Specs:
         deps = tuple(found)
         if key is None:
             if opts.pure:
-                key = _pure_key(how, payload)
+                key = pure_key(how.name, how.hashed, payload)
             else:
                 key = fresh_key(how.name)
         return Spec.sharing(key, payload, deps, terms_of(how, opts))
@@ -157,17 +146,14 @@ class Specs:
             return None
         terms, share = terms_of(how, opts), Spec.sharing
         if opts.pure:
-            keys = [_pure_key(how, p) for p in payloads]
+            keys = [pure_key(how.name, how.hashed, p) for p in payloads]
         else:
-            base, n = f"{how.name}-{PREFIX}", _unique
-            keys = [f"{base}{next(n):x}" for _ in payloads]
+            keys = fresh_keys(how.name, len(payloads))
         return [share(k, p, (), terms) for k, p in zip(keys, payloads)]
 
     def how(self, fn: Callable, pure: bool) -> Function:
         _, fn_id, fn_bytes, terms = self._function(fn)
-        # sha1 runs on the CPU's SHA instructions, faster than blake2b where they exist. A
-        # key is an identity, not a security boundary.
-        hashed = hashlib.sha1(fn_bytes, usedforsecurity=False) if pure else None
+        hashed = hash_function(fn_bytes) if pure else None
         return Function(fn_id, fn_bytes, name_of(fn), hashed, terms)
 
 
@@ -177,16 +163,6 @@ def terms_of(how: Function, opts: Options) -> Terms:
         return how.terms
     return Terms(how.fn_id, how.fn_bytes, opts.priority, opts.retries, opts.timeout, opts.workers,
                  opts.loose, opts.resources)
-
-
-def _pure_key(how: Function, payload: Any) -> str:
-    """A pure task's key: its function's name and the sha1 of the function and arguments."""
-    h = how.hashed.copy()
-    meta = payload.meta
-    h.update(meta.raw() if not isinstance(meta, bytes) else meta)
-    for b in payload.buffers:
-        h.update(b.raw())
-    return f"{how.name}-{h.hexdigest()}"
 
 
 class _Strong:

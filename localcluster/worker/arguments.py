@@ -4,7 +4,7 @@ implementations: the :class:`Client` of the user's process (client/client.py) an
 
 Each call's own keywords (``pure``, ``retries``, ``timeout``, ``priority``, ``workers``,
 ``allow_other_workers``, ``resources``, ``key``) and dask's scheduling keywords (dropped as
-hints, or refused) are read here once, so that a call that a Client refuses is refused in a
+hints, or refused) are read here once, and a task's key made here (``pure_key``, ``fresh_key``), so that a call that a Client refuses is refused in a
 task with the same error, and one it takes is taken there with the same meaning.
 
 It lives beside the task's client because a worker loads it (for that client, on a task's
@@ -13,6 +13,9 @@ here (the client side sits above the worker's).
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
+import os
 from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator, Optional
 
@@ -20,7 +23,8 @@ from ..config import check_int, check_seconds
 from ..wire import serialize
 
 __all__ = ["dask_keywords", "check_submit_options", "check_options", "check_call", "check_key", "map_keys", "prefixed",
-           "HINTS", "check_errors", "walk", "rebuild", "check_run", "run_results"]
+           "HINTS", "check_errors", "walk", "rebuild", "check_run", "run_results", "name_of", "fresh_key",
+           "fresh_keys", "hash_function", "pure_key", "PREFIX"]
 
 # dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
 # Hints are dropped; what localcluster cannot honour is refused rather than given to ``fn``.
@@ -146,3 +150,44 @@ def run_results(answers: Iterator[tuple], on_error: str) -> dict:
             if on_error == "return":
                 out[name] = e
     return out
+
+
+# --- keys: the same call makes the same key in the user's process and in a task -------------
+
+_unique = itertools.count()          # the numbers of fresh keys (impure tasks, scattered data)
+PREFIX = os.urandom(4).hex()         # this process's part of every fresh key and Client id
+
+
+def name_of(fn: Any) -> str:
+    """A function's name, for its tasks' keys and for messages."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+def fresh_key(name: str) -> str:
+    """A key never made before in any process: ``name``, this process's prefix, a number."""
+    return f"{name}-{PREFIX}{next(_unique):x}"
+
+
+def fresh_keys(name: str, n: int) -> list:
+    """``n`` keys of ``fresh_key(name)``, in one loop (an impure ``map``)."""
+    base, numbers = f"{name}-{PREFIX}", _unique
+    return [f"{base}{next(numbers):x}" for _ in range(n)]
+
+
+def hash_function(fn_bytes: bytes) -> Any:
+    """The hash a pure key starts from: of the pickled function, copied for each task."""
+    # sha1 runs on the CPU's SHA instructions, faster than blake2b where they exist. A
+    # key is an identity, not a security boundary.
+    return hashlib.sha1(fn_bytes, usedforsecurity=False)
+
+
+def pure_key(name: str, hashed: Any, payload: Any) -> str:
+    """A pure task's key: its function's name and the hash of the function (``hashed``, of
+    ``hash_function``) and of its pickled arguments (a serialize.Payload)."""
+    h = hashed.copy()
+    meta = payload.meta
+    h.update(meta.raw() if not isinstance(meta, bytes) else meta)
+    for b in payload.buffers:
+        h.update(b.raw())
+    return f"{name}-{h.hexdigest()}"

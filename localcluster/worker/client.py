@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import threading
 from collections.abc import Mapping
@@ -436,7 +435,7 @@ class TaskClient:
             return dict(zip(data, self.scatter(list(data.values()), broadcast)))
         single = not isinstance(data, (list, tuple, set, frozenset))
         values = [data] if single else list(data)
-        items = tuple((f"{type(v).__name__}-{os.urandom(8).hex()}", serialize.dumps(v)) for v in values)
+        items = tuple((arguments.fresh_key(type(v).__name__), serialize.dumps(v)) for v in values)
         self._channel.tell(P.Scatter(items, broadcast))
         futures = [TaskFuture(k, self) for k, _ in items]
         return futures[0] if single else futures
@@ -536,15 +535,7 @@ class TaskClient:
         except Exception as e:
             raise TypeError(f"could not pickle the arguments of {name}(): {type(e).__name__}: {e}") from e
         if key is None:
-            if pure:
-                h = hashed.copy()
-                meta = payload.meta
-                h.update(meta.raw() if not isinstance(meta, bytes) else meta)
-                for b in payload.buffers:
-                    h.update(b.raw())
-                key = f"{name}-{h.hexdigest()}"
-            else:
-                key = f"{name}-{os.urandom(8).hex()}"
+            key = arguments.pure_key(name, hashed, payload) if pure else arguments.fresh_key(name)
             key = arguments.prefixed(prefix, key)
         names = frozenset((workers,) if isinstance(workers, str) else workers) if workers is not None else None
         return P.NewTask(key, fn_bytes, payload, tuple(found), priority, retries, timeout, names, bool(loose), need)
@@ -554,9 +545,7 @@ class TaskClient:
         if entry is not None and entry[0] is fn:
             return entry[1:]
         data = serialize.pickle_function(fn)
-        name = getattr(fn, "__name__", None) or type(fn).__name__
-        entry = (fn, data, "lambda" if name == "<lambda>" else name,
-                 hashlib.sha1(data, usedforsecurity=False))
+        entry = (fn, data, arguments.name_of(fn), arguments.hash_function(data))
         if len(self._fns) > 256:
             self._fns.clear()
         self._fns[id(fn)] = entry

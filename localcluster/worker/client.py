@@ -9,6 +9,10 @@ cluster of its own. The keys it submits are the parent's like any other; each
 when the future is garbage-collected. A TaskFuture returned from a task becomes, in the
 parent, that Client's Future of the same key.
 
+A TaskClient and its TaskFutures carry the Client's and the Future's names only: the protocol
+between them and the cluster (outcomes, references given back, coordination requests) lives
+on the :class:`TaskChannel`, found by ``channel_of``, which a task's code never reaches.
+
 Outside a worker (in the user's process) ``get_client()`` is the current Client, found
 through the lookup client.py installs (this module sits below it). Loaded by a worker
 only when a task first asks for it: the worker's start imports none of this.

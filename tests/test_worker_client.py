@@ -432,6 +432,8 @@ def _bad_calls(client):
         lambda: client.gather([], errors="bogus"),
         lambda: client.run(os.getpid, on_error="bogus"),
         lambda: client.run(42),
+        lambda: client.scheduler_info(n_workers=-2),
+        lambda: client.scheduler_info(n_workers="all"),
     ]
     said = []
     for call in calls:

@@ -25,7 +25,7 @@ from ..engine.plugins import is_scheduler_plugin
 from ..wire import serialize
 from ..config import check_duration, check_int, check_resources
 from .specs import Options, Specs, name_of
-from ..worker.arguments import check_run, dask_keywords, run_results
+from ..worker.arguments import check_run, dask_keywords, run_results, shown_workers
 from .future import futures_of, gateway_of, loads_for
 from ..published import Published, Subscription
 from ..worker import setup
@@ -123,10 +123,9 @@ class DaskCalls:
 
     def scheduler_info(self, n_workers: int) -> dict:
         self._check()
-        check_int(n_workers, "scheduler_info", "n_workers", lo=-1)
         cluster = self._client.cluster
         workers = cluster.workers
-        shown = list(workers.values()) if n_workers == -1 else list(workers.values())[:n_workers]
+        shown = shown_workers(list(workers.values()), n_workers)
         return {
             "type": "Scheduler", "id": os.path.basename(cluster.local_directory),
             "address": f"localcluster://{os.getpid()}", "services": {}, "started": self._gateway.started,

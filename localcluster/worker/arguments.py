@@ -23,7 +23,7 @@ from ..config import check_int, check_seconds
 from ..wire import serialize
 
 __all__ = ["dask_keywords", "check_submit_options", "check_options", "check_call", "check_key", "map_keys", "prefixed",
-           "HINTS", "check_errors", "walk", "rebuild", "check_run", "run_results", "name_of", "fresh_key",
+           "HINTS", "check_errors", "shown_workers", "walk", "rebuild", "check_run", "run_results", "name_of", "fresh_key",
            "fresh_keys", "hash_function", "pure_key", "PREFIX"]
 
 # dask's scheduling keywords of submit and map: as in dask, never passed on to the function.
@@ -89,6 +89,12 @@ def prefixed(prefix: Optional[str], key: str) -> str:
 def check_errors(call: str, errors: Any) -> None:
     if errors not in ("raise", "skip"):
         raise ValueError(f"{call}(errors={errors!r}): expected 'raise' or 'skip'")
+
+
+def shown_workers(workers: list, n_workers: Any) -> list:
+    """``scheduler_info(n_workers=...)``'s workers: at most ``n_workers`` of them (-1: all)."""
+    check_int(n_workers, "scheduler_info", "n_workers", lo=-1)
+    return workers if n_workers == -1 else workers[:n_workers]
 
 
 def walk(obj: Any, kind: type) -> Iterator[Any]:

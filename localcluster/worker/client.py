@@ -488,7 +488,7 @@ class TaskClient:
         """As ``Client.scheduler_info``, with what a task can know: each open worker (keyed by
         name) with its name, threads and resources; ``n_workers``: at most that many (-1: all)."""
         workers = self._channel.ask(P.Info()).data
-        shown = workers if n_workers == -1 else workers[:n_workers]
+        shown = arguments.shown_workers(list(workers), n_workers)
         return {"type": "Scheduler", "address": f"localcluster://{os.getppid()}", "n_workers": len(workers),
                 "total_threads": sum(threads for _, threads, _ in workers),
                 "workers": {name: {"type": "Worker", "id": name, "name": name, "host": "localhost",

@@ -356,8 +356,8 @@ class TaskFuture:
         return (_rebuild, (self.key,))
 
     def __repr__(self) -> str:
-        outcome = self.__dict__.get("_s")
-        status = outcome.outcome[0] if outcome is not None and outcome.outcome else "pending"
+        state = self.__dict__.get("_s")      # None: __init__ failed before it
+        status = state.outcome[0] if state is not None and state.outcome else "pending"
         return f"<Future: {status}, key: {self.key}>"
 
     def __del__(self) -> None:

@@ -225,18 +225,23 @@ class TaskChannel:
         """The scheduler's answer (a round trip on the channel)."""
         return self.worker.ask(body, _seq())
 
-    def take(self, key: str) -> TaskFutureState:
-        """The state of ``key`` for one more TaskFuture of it. A key that ended here and is
+    def take(self, keys: list) -> list:
+        """The state of each key for one more TaskFuture of it. A key that ended here and is
         held again (submitted anew, unpickled) gets a pending state: the TaskFutures made
         before keep what they had."""
+        taken = []
         with self.lock:
-            state = self.states.get(key)
-            if state is None or state.outcome is not None:
-                fresh = self.states[key] = TaskFutureState(key)
-                fresh.holders += state.holders if state is not None else 0
-                return fresh
-            state.holders += 1
-            return state
+            states = self.states
+            for key in keys:
+                state = states.get(key)
+                if state is None or state.outcome is not None:
+                    fresh = states[key] = TaskFutureState(key)
+                    fresh.holders += state.holders if state is not None else 0
+                    state = fresh
+                else:
+                    state.holders += 1
+                taken.append(state)
+        return taken
 
     def let_go(self, key: str) -> None:
         """A TaskFuture of ``key`` was garbage-collected: its reference is given back (each
@@ -250,9 +255,9 @@ class TaskChannel:
         self.worker.drop(key)
 
     def state_of(self, fut: "TaskFuture") -> TaskFutureState:
-        """The state ``fut`` shares with the other TaskFutures of its key."""
-        with self.lock:
-            return self.states[fut.key]
+        """The state ``fut`` shares with the other TaskFutures of its key (one read of the
+        dict: no lock)."""
+        return self.states[fut.key]
 
     def outcomes(self, futures: list, timeout: Optional[float]) -> list:
         """(status, payload, error) of each future, once each has ended (one round trip; the
@@ -312,11 +317,12 @@ class TaskFuture:
     ``done()``, ``status``. One reference to the key while it lives; pickled (returned from
     the task, or passed in another's arguments) it stays the same key."""
 
-    def __init__(self, key: str, client: "TaskClient"):
+    def __init__(self, key: str, client: "TaskClient", state: Optional[TaskFutureState] = None):
+        # ``state``: taken for it already (TaskChannel.take, for all the futures of a call)
         self.key = key
         self.client = client
         self._channel = channel_of(client)
-        self._s = self._channel.take(key)
+        self._s = state if state is not None else self._channel.take([key])[0]
 
     def result(self, timeout: Optional[float] = None) -> Any:
         return self._channel.value(self.key, self._s.outcome or self._channel.outcomes([self], timeout)[0])
@@ -428,10 +434,11 @@ class TaskClient:
         arguments.check_errors("gather", errors)
         flat = list(dict.fromkeys(_walk(futures)))
         channel = self._channel
-        pending = [f for f in flat if channel.state_of(f).outcome is None]
-        outcomes = dict(zip(pending, channel.outcomes(pending, timeout) if pending else ()))
-        return arguments.rebuild(futures, TaskFuture, lambda f: channel.value(
-            f.key, outcomes.get(f) or channel.state_of(f).outcome), errors)
+        outcomes = {f: channel.state_of(f).outcome for f in flat}
+        pending = [f for f, outcome in outcomes.items() if outcome is None]
+        if pending:
+            outcomes.update(zip(pending, channel.outcomes(pending, timeout)))
+        return arguments.rebuild(futures, TaskFuture, lambda f: channel.value(f.key, outcomes[f]), errors)
 
     def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""
@@ -526,7 +533,9 @@ class TaskClient:
         return answer
 
     def _send(self, tasks: list) -> list:
-        futures = [TaskFuture(t.key, self) for t in tasks]      # before: a reply may not outrun them
+        keys = [t.key for t in tasks]
+        # made before the message: a reply may not outrun them
+        futures = [TaskFuture(k, self, s) for k, s in zip(keys, self._channel.take(keys))]
         self._channel.tell(P.Submit(tuple(tasks)))
         return futures
 

@@ -515,8 +515,10 @@ class Client:
         states = [s for s in map(self._table.state_of, flat) if s is not None]
         if errors == "raise":
             # The first error in _rebuild's order, raised from here: the caller's traceback then
-            # shows one frame of ours above the task's own, not eight of _rebuild's recursion.
-            _raise_first_error(states)
+            # shows two frames of ours above the task's own, not eight of _rebuild's recursion.
+            error = _first_error(states)
+            if error is not None:
+                raise error
         if self._journal is not None:      # results finished from the journal: read in one pass
             self._journal.read_ahead(states)
         lazy = [s for s in dict.fromkeys(states) if s.needs_fetch()]
@@ -553,7 +555,9 @@ class Client:
                     if not f.done():
                         raise       # this coroutine was cancelled
         if errors == "raise":      # here rather than on the executor's thread: no frames of asyncio's
-            _raise_first_error([s for s in map(self._table.state_of, flat) if s is not None])
+            error = _first_error([s for s in map(self._table.state_of, flat) if s is not None])
+            if error is not None:
+                raise error
         return await loop.run_in_executor(None, lambda: self._gathered(futures, errors, timeout, deadline))
 
     def retry(self, futures: Any, asynchronous: Any = None) -> None:
@@ -1366,11 +1370,13 @@ def _no_collection() -> Iterator[None]:
                     gc.enable()
 
 
-def _raise_first_error(states: list) -> None:
+def _first_error(states: list) -> Optional[BaseException]:
+    """The first of ``states``' errors, or None; the caller raises it, a frame fewer."""
     for state in states:
         error = state.stored_error()
         if error is not None:
-            raise error
+            return error
+    return None
 
 
 def _actor_call(client: Client, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:

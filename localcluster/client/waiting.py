@@ -177,7 +177,7 @@ class as_completed:
         with self._cond:
             self._waiting[future] = self._waiting.get(future, 0) + 1
             self._n_waiting += 1
-        if in_task:         # a task's future calls nothing back: _next_done asks for it
+        if isinstance(future, _in_tasks.TaskFuture):     # it calls nothing back: _next_done asks for it
             if _in_tasks.outcome_of(future) is not None:
                 self._done(future)
         else:

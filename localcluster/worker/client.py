@@ -434,7 +434,7 @@ class TaskClient:
         arguments.check_errors("gather", errors)
         flat = list(dict.fromkeys(_walk(futures)))
         channel = self._channel
-        outcomes = {f: channel.state_of(f).outcome for f in flat}
+        outcomes: dict = {f: channel.state_of(f).outcome for f in flat}     # all known once pending are
         pending = [f for f, outcome in outcomes.items() if outcome is None]
         if pending:
             outcomes.update(zip(pending, channel.outcomes(pending, timeout)))

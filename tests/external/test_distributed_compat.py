@@ -15,7 +15,7 @@ import pytest
 import localcluster
 from localcluster import Client
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "portable.py"
 RESOURCES = SCRIPT.parent / "resources.py"
 TASKS = SCRIPT.parent / "tasks.py"
 COORDINATION = SCRIPT.parent / "coordination.py"

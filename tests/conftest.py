@@ -90,6 +90,15 @@ def no_leaks():
     assert not left_shm, f"test left /dev/shm entries: {sorted(left_shm)}"
 
 
+def pytest_collection_finish(session):
+    """What exists once the tests are collected (pytest, the imported libraries, the test
+    modules) lives to the end of the session: freeze it out of the garbage collector's
+    reach. A full collection then walks only what the tests made since, instead of every
+    object of numpy, pandas and dask each time a test or a teardown calls gc.collect()."""
+    gc.collect()
+    gc.freeze()
+
+
 _CACHES: dict = {}      # the session's folder for the tests' registries, and a counter
 
 

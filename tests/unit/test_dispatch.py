@@ -5,6 +5,8 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
+import types
 
 import pytest
 
@@ -230,6 +232,25 @@ def test_a_wait_ends_the_burst_and_the_scheduler_thread_never_defers(burst):
     loop.on_loop = lambda: True
     d.submit([spec("d")], None, list)
     assert s.events[-1] == ["d"]
+
+
+@pytest.mark.parametrize("since_boot", [0.0, 5.0, 1200.0, 1e7])
+def test_the_first_submit_after_construction_is_never_a_burst_whatever_the_clock_reads(burst, monkeypatch,
+                                                                                      since_boot):
+    """time.monotonic() counts from boot: on a machine up for less than BURST (an hour here)
+    a first submit measured against a last one "at 0.0" was taken for part of a burst."""
+    clock = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    clock.monotonic = lambda: since_boot
+    monkeypatch.setattr(dispatch, "time", clock)
+    s, loop = Batches(), Loop()
+    d = dispatcher(s, loop=loop)
+    d.submit([spec("a")], None, list)
+    assert s.events == [["a"]] and loop.woken == 0           # straight to the scheduler, nothing deferred
+    d.submit([spec("b")], None, list)                        # the second, at once: a burst
+    assert s.events == [["a"]] and loop.woken == 1
+    d.settle()                                               # a wait ends the burst: the next goes straight
+    d.submit([spec("c")], None, list)
+    assert s.events == [["a"], ["b"], ["c"]]
 
 
 def test_submits_more_than_the_burst_apart_are_never_deferred(monkeypatch):

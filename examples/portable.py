@@ -85,7 +85,7 @@ def data_and_placement(client):
 
 
 def cancel_and_death(client):
-    slow = client.submit(time.sleep, 30, pure=False)
+    slow = client.submit(time.sleep, 5, pure=False)
     client.cancel([slow])
     try:
         slow.result(timeout=10)

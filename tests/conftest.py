@@ -118,6 +118,23 @@ def _run_registry_of_the_session(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = saved
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _children_import_this_checkout():
+    """A test's child interpreter (a script, ``python -c``) imports the localcluster under
+    test, the one this process imported, not whichever the interpreter finds first: run from
+    a second checkout (a git worktree) beside an editable install of another, the children
+    ran the other's code."""
+    import localcluster
+    saved = os.environ.get("PYTHONPATH")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(localcluster.__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved]))
+    yield
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
+
+
 @pytest.fixture(autouse=True)
 def run_registry(monkeypatch):
     """Each test its own registry: a script one test kills is never reported by the first

@@ -6,7 +6,7 @@ For each kind of the data-path matrix (tests/_data.py), in a fresh 1-worker clus
 warm the worker up (imports), read its RSS, make a value there (as a task result, and
 as scattered data), read its RSS again, and compare the growth with what
 ``cluster.workers[name].managed`` reports. The test suite asserts the same bound
-(10 % + 5 MiB) in tests/test_datapath.py; this prints the figures.
+(10 % + 5 MiB) in tests/integration/test_datapath.py; this prints the figures.
 """
 from __future__ import annotations
 

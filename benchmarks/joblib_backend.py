@@ -10,7 +10,7 @@ reusable executor, and ``parallel_config(backend="localcluster", client=client)`
 * ``tiny x N``: ``Parallel(n_jobs=2)(delayed(tiny)(i) for i in range(N))``, joblib's
   auto-batching on (batch_size="auto", the default);
 * ``GridSearchCV iris`` / ``digits``: ``GridSearchCV(SVC(), 6 candidates, cv=3,
-  n_jobs=-1).fit`` (18 fits), the same search ``tests/test_joblib.py`` runs on iris;
+  n_jobs=-1).fit`` (18 fits), the same search ``tests/integration/test_joblib.py`` runs on iris;
 * ``norm 40 MB x 20``: ``Parallel(n_jobs=2)(delayed(norm)(a) for a in arrays)`` over 20
   float64 arrays of 40 MB each (issue 53): the calls cost nothing, the arguments' way to the
   workers is the whole time. loky memory-maps them (its default ``max_nbytes="1M"``);

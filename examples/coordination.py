@@ -1,12 +1,12 @@
 """Lock, Semaphore, Event, Queue and Variable between the tasks and your own process.
 localcluster by default, dask.distributed with CLUSTER_BACKEND=distributed; only the import
-block differs, and both print the same (tests/test_distributed_compat.py).
+block differs, and both print the same (tests/external/test_distributed_compat.py).
 
     python examples/coordination.py
     CLUSTER_BACKEND=distributed python examples/coordination.py
 
 Not here, because dask differs: a lease taken by a task whose worker dies. localcluster gives
-it back at once and the death's message names it (tests/test_coordination.py); dask expires
+it back at once and the death's message names it (tests/integration/test_coordination.py); dask expires
 it after ``locks.lease-timeout`` (30 s) without a word.
 """
 import fcntl

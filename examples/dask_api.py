@@ -1,7 +1,7 @@
 """The rest of dask's Client API: Future.retry / traceback / type / release, datasets, events,
 the task stream, upload_file, worker plugins, actors, rebalance and retire_workers.
 localcluster by default, dask.distributed with CLUSTER_BACKEND=distributed; only the import
-block differs, and both print the same (tests/test_distributed_compat.py).
+block differs, and both print the same (tests/external/test_distributed_compat.py).
 
     python examples/dask_api.py
     CLUSTER_BACKEND=distributed python examples/dask_api.py

@@ -1,7 +1,7 @@
 """One script, two clusters: localcluster by default, dask.distributed with
 CLUSTER_BACKEND=distributed. Only the import block differs; everything below it is the
 portable API, in dask's names and meanings. It prints what is portable, one fact a line,
-and the two backends print the same lines (tests/test_distributed_compat.py checks it).
+and the two backends print the same lines (tests/external/test_distributed_compat.py checks it).
 
     python examples/portable.py
     CLUSTER_BACKEND=distributed python examples/portable.py     # pip install distributed
@@ -85,7 +85,7 @@ def data_and_placement(client):
 
 
 def cancel_and_death(client):
-    slow = client.submit(time.sleep, 30, pure=False)
+    slow = client.submit(time.sleep, 5, pure=False)
     client.cancel([slow])
     try:
         slow.result(timeout=10)

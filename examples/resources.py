@@ -1,6 +1,6 @@
 """At most 2 memory-heavy tasks at once per worker, whatever its threads: dask's abstract
 resources. localcluster by default, dask.distributed with CLUSTER_BACKEND=distributed; only
-the import block differs, and both print the same (tests/test_distributed_compat.py).
+the import block differs, and both print the same (tests/external/test_distributed_compat.py).
 
     python examples/resources.py
     CLUSTER_BACKEND=distributed python examples/resources.py

@@ -1,13 +1,13 @@
 """Tasks that submit tasks: worker_client, get_client, secede, rejoin and get_worker; and
 cancel, run and who_has from a task.
 localcluster by default, dask.distributed with CLUSTER_BACKEND=distributed; only the import
-block differs, and both print the same (tests/test_distributed_compat.py).
+block differs, and both print the same (tests/external/test_distributed_compat.py).
 
     python examples/tasks.py
     CLUSTER_BACKEND=distributed python examples/tasks.py
 
 Not here, because dask differs: a future a task returns is, in the parent, that Client's
-Future of the key under localcluster (tests/test_worker_client.py); dask's arrives
+Future of the key under localcluster (tests/integration/test_worker_client.py); dask's arrives
 uninitialized ("not properly initialized") unless the task keeps a client alive for it.
 """
 import os

@@ -1,4 +1,4 @@
-"""The user's side of tests/test_dask_diagnosis.py, run in a process of its own (a dask Client
+"""The user's side of tests/integration/test_dask_diagnosis.py, run in a process of its own (a dask Client
 leaves threads behind in the process that made it): connect to the cluster, maybe
 ``localcluster.dask.install(client)``, make one worker die under a task (``late``: on a worker whose nanny was
 restarting it while ``install()`` ran), and print what the

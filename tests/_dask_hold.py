@@ -1,4 +1,4 @@
-"""A dask worker preload for tests/test_dask_diagnosis.py: a worker starting while the file
+"""A dask worker preload for tests/integration/test_dask_diagnosis.py: a worker starting while the file
 ``$LOCALCLUSTER_TEST_HOLD`` exists waits (bounded) until it is removed before it registers,
 so a test can act while a nanny is restarting its worker."""
 import asyncio

@@ -1,5 +1,5 @@
-"""The story of a run killed mid-map and the next process that says so (tests/test_runs.py,
-and the README's line in tests/test_readme.py): child scripts run in a folder of the test's,
+"""The story of a run killed mid-map and the next process that says so (tests/integration/test_runs.py,
+and the README's line in tests/integration/test_readme.py): child scripts run in a folder of the test's,
 as ``python <name>``, so that their argv is what a user's would be."""
 from __future__ import annotations
 

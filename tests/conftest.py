@@ -90,6 +90,15 @@ def no_leaks():
     assert not left_shm, f"test left /dev/shm entries: {sorted(left_shm)}"
 
 
+def pytest_collection_finish(session):
+    """What exists once the tests are collected (pytest, the imported libraries, the test
+    modules) lives to the end of the session: freeze it out of the garbage collector's
+    reach. A full collection then walks only what the tests made since, instead of every
+    object of numpy, pandas and dask each time a test or a teardown calls gc.collect()."""
+    gc.collect()
+    gc.freeze()
+
+
 _CACHES: dict = {}      # the session's folder for the tests' registries, and a counter
 
 
@@ -107,6 +116,23 @@ def _run_registry_of_the_session(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _children_import_this_checkout():
+    """A test's child interpreter (a script, ``python -c``) imports the localcluster under
+    test, the one this process imported, not whichever the interpreter finds first: run from
+    a second checkout (a git worktree) beside an editable install of another, the children
+    ran the other's code."""
+    import localcluster
+    saved = os.environ.get("PYTHONPATH")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(localcluster.__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved]))
+    yield
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
 
 
 @pytest.fixture(autouse=True)

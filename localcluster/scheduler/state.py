@@ -5,13 +5,13 @@ One door, as dask's worker state machine: ``Scheduler.handle(*events)`` takes ev
 for the caller to carry out (:class:`Send` a message to a worker, :class:`Resolve` a key's
 futures, :class:`Deliver` a fetched value, :class:`Retire` a worker). ``HANDLERS`` is the
 one table from event class to handler; everything else public is a query. Nothing here touches a process, a socket, a
-clock or a thread, so it is tested with plain asserts (tests/test_scheduler.py).
+clock or a thread, so it is tested with plain asserts (tests/unit/test_scheduler.py).
 
 Task states. A task is made ``released`` and moved on in the same event; from then on
 ``Transitions.apply`` (records.py) is the only writer of its state, and it refuses a change
 that ``records.TRANSITIONS`` does not list (the table also says what each does). The list below
 is that table's pairs with why each happens, one line a
-transition (tests/test_scheduler_machine.py checks that the two agree)::
+transition (tests/unit/test_scheduler_machine.py checks that the two agree)::
 
     released   -> waiting      submitted, or needed again by a dependent: inputs not in memory yet
     released   -> ready        submitted with every input in memory

@@ -89,7 +89,7 @@ class Nanny:
         self.stacks_mark: Optional[int] = None    # lines_seen when the policy asked for the stacks
         self.exitcode: Optional[int] = None
         self._children: list[int] = []
-        self._children_at = 0.0
+        self._children_at = float("-inf")   # the first sample looks, whatever the clock reads (it counts from boot)
         self.oom: Optional[OomWatch] = None       # the OOM killer's evidence, from spawn to death
         self.group: Optional[WorkerGroup] = None  # the worker's own memory cgroup, where allowed
         self.ceiling: Optional[int] = None        # its kernel limit, bytes, once the worker is accepted

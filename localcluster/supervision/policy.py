@@ -5,7 +5,7 @@ events; this class decides, and answers with instructions for the supervisor to 
 Nothing here touches a process, a file, a clock or a thread: time comes in with each event,
 so every policy (respawn backoff, pause and resume, timeouts, heartbeats, the leak restart,
 the limit too small for an idle worker, stop-then-kill) is tested with plain asserts
-(tests/test_policy.py), and ``validate()`` checks the invariants after every event.
+(tests/unit/test_policy.py), and ``validate()`` checks the invariants after every event.
 
 Each worker slot is in one state::
 

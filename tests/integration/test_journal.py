@@ -364,7 +364,7 @@ def test_a_process_killed_while_writing_an_entry_leaves_none_visible_and_the_nex
     folder = tmp_path / "journal"
     temporary = folder / J.TEMPORARY
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)],
-                            env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
+                            env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
     try:
         deadline = time.monotonic() + 30
         while not (temporary.is_dir() and any(os.path.getsize(temporary / n) > 1 << 20 for n in os.listdir(temporary))):

@@ -1,7 +1,7 @@
 """The Client calls real dask programs use (issue 25), through real worker processes:
 as_completed's batches, Client.run, fire_and_forget, scheduler_info, who_has, compute and
 persist of dask collections, and a deep-copyable Client. The same calls run unchanged
-against dask.distributed in tests/test_distributed_compat.py."""
+against dask.distributed in tests/external/test_distributed_compat.py."""
 from __future__ import annotations
 
 import copy

@@ -1,5 +1,5 @@
 """The requests of tasks (get_client on a worker) as scheduler events: plain asserts, no
-processes (tests/test_worker_client.py has them through real workers)."""
+processes (tests/integration/test_worker_client.py has them through real workers)."""
 from __future__ import annotations
 
 from localcluster.wire import protocol as P

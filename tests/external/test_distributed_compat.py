@@ -15,7 +15,7 @@ import pytest
 import localcluster
 from localcluster import Client
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "portable.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "portable.py"
 RESOURCES = SCRIPT.parent / "resources.py"
 TASKS = SCRIPT.parent / "tasks.py"
 COORDINATION = SCRIPT.parent / "coordination.py"
@@ -54,20 +54,33 @@ def named(fn) -> set:
             if n not in ("self", "func", "fn") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def run(backend: str, script: Path = SCRIPT) -> list:
+def both(script: Path = SCRIPT) -> tuple:
+    """What ``script`` prints under localcluster and under distributed: the two run side by
+    side, each in a process of its own (each mostly waits for its cluster to start)."""
     # the localcluster under test, not whichever one the interpreter would import from examples/
     path = os.pathsep.join(filter(None, [str(Path(localcluster.__file__).parent.parent), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "CLUSTER_BACKEND": backend, "PYTHONPATH": path}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=55, env=env)
-    assert proc.returncode == 0, f"{backend}: {proc.stderr[-3000:]}"
-    return proc.stdout.splitlines()
+    procs = {backend: subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, env={**os.environ, "CLUSTER_BACKEND": backend, "PYTHONPATH": path})
+             for backend in ("localcluster", "distributed")}
+    out, deadline = {}, time.monotonic() + 100
+    try:
+        for backend, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert proc.returncode == 0, f"{backend}: {stderr[-3000:]}"
+            out[backend] = stdout.splitlines()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return out["localcluster"], out["distributed"]
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.slow
 def test_one_script_prints_the_same_under_both():
     pytest.importorskip("distributed")
-    ours, theirs = run("localcluster"), run("distributed")
+    ours, theirs = both()
     assert ours[0] == "submit 2" and ours[-3] == "after restart 42" and len(ours) == 33
     # the Client is dask's default scheduler while open, and dask's setting comes back at close
     assert ours[-2:] == ["dask's scheduler once the client is closed: None", "shutdown closed"]
@@ -88,7 +101,7 @@ def test_resources_mean_the_same_under_both():
     """examples/resources.py: 6 tasks asking MEM=1 of a worker with MEM=2 and 4 threads
     run at most 2 at once (measured by the tasks), under either backend."""
     pytest.importorskip("distributed")
-    ours, theirs = run("localcluster", RESOURCES), run("distributed", RESOURCES)
+    ours, theirs = both(RESOURCES)
     assert ours == ["results [0, 1, 4, 9, 16, 25]", "MEM=1 tasks at once on a MEM=2 worker: 2",
                     "a task asking all of MEM: 49"]
     assert ours == theirs
@@ -100,7 +113,7 @@ def test_tasks_that_submit_tasks_mean_the_same_under_both():
     """examples/tasks.py: fib(8) via worker_client on 1 worker x 1 thread, get_client with
     secede and rejoin, get_worker, run, cancel and who_has from a task, under either backend."""
     pytest.importorskip("distributed")
-    ours, theirs = run("localcluster", TASKS), run("distributed", TASKS)
+    ours, theirs = both(TASKS)
     assert ours == ["fib(8) on 1 worker x 1 thread: 21", "get_client, secede, rejoin in a task: 6",
                     "get_worker().name is a worker's: True", "run in a task (workers, its own among them): 1 True",
                     "cancel and who_has in a task: True cancelled 1"]
@@ -113,7 +126,7 @@ def test_coordination_means_the_same_under_both():
     """examples/coordination.py: Lock, Semaphore, Event, Queue and Variable between tasks and
     the user's process, under either backend (the tasks measure what they saw)."""
     pytest.importorskip("distributed")
-    ours, theirs = run("localcluster", COORDINATION), run("distributed", COORDINATION)
+    ours, theirs = both(COORDINATION)
     assert ours == ["Lock: tasks inside at once: 1", "Semaphore(2): tasks inside at once: 2",
                     "Event: done before set: 0", "Event: after set: [0, 1, 2]",
                     "Queue: from the tasks: [0, 1, 4, 9] left: 0", "Variable: set by a task: 42",
@@ -128,7 +141,7 @@ def test_the_rest_of_the_client_means_the_same_under_both():
     and from a task, events and a subscription, the task stream, upload_file twice, a worker
     plugin, an actor, rebalance and retire_workers, under either backend."""
     pytest.importorskip("distributed")
-    ours, theirs = run("localcluster", DASK_API), run("distributed", DASK_API)
+    ours, theirs = both(DASK_API)
     assert ours[:3] == ["failed ValueError error", "traceback fails_once", "retried 43 42 finished"]
     assert "upload 2 [2, 2, 2]" in ours and "plugin set up 3" in ours and ours[-1].startswith("retired 2 False")
     assert "actor [11, 13, 16] 16" in ours

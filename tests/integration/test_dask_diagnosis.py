@@ -26,7 +26,7 @@ pytest.importorskip("distributed")
 pytestmark = pytest.mark.timeout(500)
 
 REPO = Path(localcluster.__file__).resolve().parent.parent
-DRIVER = Path(__file__).resolve().parent / "_dask_driver.py"
+DRIVER = Path(__file__).resolve().parents[1] / "_dask_driver.py"
 HOLD = DRIVER.parent / "_dask_hold.py"
 MiB = 1 << 20
 

@@ -2,7 +2,7 @@
 {"MEM": 1}, and a worker is never sent runs asking more than it has.
 
 First the pure scheduler (no processes, every invariant checked after every event, as in
-tests/test_scheduler.py), then through real worker processes, where each task measures
+tests/unit/test_scheduler.py), then through real worker processes, where each task measures
 the real concurrency itself."""
 from __future__ import annotations
 

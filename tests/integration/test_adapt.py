@@ -1,6 +1,6 @@
 """cluster.adapt(minimum, maximum) through real processes: the size follows a burst of work
 up and back down, and data a retiring worker holds is handed to another first. The
-decisions themselves are tested without processes in tests/test_policy.py."""
+decisions themselves are tested without processes in tests/unit/test_policy.py."""
 from __future__ import annotations
 
 import logging

@@ -2,8 +2,8 @@
 and the site builds with warnings as errors and opens in a real browser.
 
 - Each ```python block is a whole program: it runs in a fresh interpreter, in a folder of its
-  own, and a ```text block right after it is what it prints (compared as tests/test_readme.py
-  compares, "…" eliding). A block whose output tests/test_readme.py or test_dask_diagnosis.py
+  own, and a ```text block right after it is what it prints (compared as tests/integration/test_readme.py
+  compares, "…" eliding). A block whose output tests/integration/test_readme.py or test_dask_diagnosis.py
   check against their own runs (a death, an error) is left to them.
 - Each ```bash block is made of commands CI runs: the README's quick start, or lines of .ci/run.
 - The site is built by ``mkdocs build --strict``, served on 127.0.0.1, and each page opened in
@@ -30,7 +30,7 @@ from test_readme import KNOWN, README, REPO, matches
 SITE_PAGES = sorted((REPO / "docs").glob("*.md"))
 PAGES = [REPO / "README.md", *SITE_PAGES]
 # the architecture page's diagram and its list of layers: names, not an output
-# (tests/test_architecture.py checks each, and compares the layers with setup.cfg's)
+# (tests/unit/test_architecture.py checks each, and compares the layers with setup.cfg's)
 DIAGRAMS = ("user thread", "public paths")
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
@@ -97,7 +97,7 @@ def test_every_python_block_runs_and_prints_what_the_page_shows(page, tmp_path):
             continue
         shown = found[i + 1][1] if i + 1 < len(found) and found[i + 1][0] == "text" else None
         if shown is not None and _known(shown):
-            continue            # its own test runs it (tests/test_readme.py)
+            continue            # its own test runs it (tests/integration/test_readme.py)
         folder = tmp_path / f"block{i}"
         folder.mkdir()
         proc = _run(code, folder)

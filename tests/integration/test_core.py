@@ -423,7 +423,7 @@ print("pids", *[i.pid for i in client.cluster.workers.values()], flush=True)
 
 
 def _run_script(tmp_path, ending):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     marker = tmp_path / "marker.txt"
     script = tmp_path / "user_script.py"
     script.write_text(SCRIPT.format(root=root, marker=str(marker), ending=ending))
@@ -523,7 +523,7 @@ def test_done_callback_may_fetch_a_large_result(client):
 @pytest.mark.slow
 def test_functions_typed_into_a_repl_work(tmp_path):
     """__main__ without a file (python - < stdin), like a REPL or a notebook cell."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {root!r})
         from localcluster import Client

@@ -5,9 +5,10 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
+import types
 
 import pytest
-from _util import block_until, wait_running
 
 from localcluster.wire import protocol as P
 from localcluster.wire.channel import BlockingChannel, Channel
@@ -164,38 +165,6 @@ def test_a_landed_is_never_corked_behind_a_backlog():
         peer.close()
 
 
-# --- through real processes ------------------------------------------------------------------
-
-def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeypatch, tmp_path):
-    """Scale-downs, cancels from the user's thread, a restart: whatever thread brought the
-    event, the nanny is signalled and sent Stop from the scheduler thread only."""
-    from localcluster import Client, LocalCluster
-    from localcluster.supervision.nanny import Nanny
-    seen: list = []
-    for name in ("stop", "kill", "request_stacks"):
-        real = getattr(Nanny, name)
-
-        def recording(self, *args, _real=real, _name=name, **kwargs):
-            seen.append((_name, threading.current_thread().name))
-            return _real(self, *args, **kwargs)
-        monkeypatch.setattr(Nanny, name, recording)
-    go = str(tmp_path / "go")
-    with LocalCluster(n_workers=3, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
-        busy = [cl.submit(block_until, go, pure=False, workers=[w]) for w in sorted(c.workers)]
-        for f in busy:
-            wait_running(c, f)
-        down = threading.Thread(target=c.scale, args=(1,))
-        down.start()                                  # two workers wait for their task to end
-        cl.cancel(busy)                               # on this thread: lets the retiring workers go
-        open(go, "w").close()
-        down.join(30)
-        assert not down.is_alive() and len(c.workers) == 1
-        cl.restart()
-        assert cl.submit(sum, [1, 2]).result(30) == 3
-    assert seen and {thread for _, thread in seen} == {"localcluster-scheduler"}, seen
-
-
-
 # --- a burst of submits, deferred ------------------------------------------------------------
 
 class Batches(S.Scheduler):
@@ -263,6 +232,25 @@ def test_a_wait_ends_the_burst_and_the_scheduler_thread_never_defers(burst):
     loop.on_loop = lambda: True
     d.submit([spec("d")], None, list)
     assert s.events[-1] == ["d"]
+
+
+@pytest.mark.parametrize("since_boot", [0.0, 5.0, 1200.0, 1e7])
+def test_the_first_submit_after_construction_is_never_a_burst_whatever_the_clock_reads(burst, monkeypatch,
+                                                                                      since_boot):
+    """time.monotonic() counts from boot: on a machine up for less than BURST (an hour here)
+    a first submit measured against a last one "at 0.0" was taken for part of a burst."""
+    clock = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    clock.monotonic = lambda: since_boot
+    monkeypatch.setattr(dispatch, "time", clock)
+    s, loop = Batches(), Loop()
+    d = dispatcher(s, loop=loop)
+    d.submit([spec("a")], None, list)
+    assert s.events == [["a"]] and loop.woken == 0           # straight to the scheduler, nothing deferred
+    d.submit([spec("b")], None, list)                        # the second, at once: a burst
+    assert s.events == [["a"]] and loop.woken == 1
+    d.settle()                                               # a wait ends the burst: the next goes straight
+    d.submit([spec("c")], None, list)
+    assert s.events == [["a"], ["b"], ["c"]]
 
 
 def test_submits_more_than_the_burst_apart_are_never_deferred(monkeypatch):

@@ -45,7 +45,7 @@ operations. A green run prints how many values it checked.
 The quick tier runs a fixed seed with a small budget (a few seconds). The slow test draws a
 fresh seed (printed; ``LOCALCLUSTER_SEED=<seed>`` replays it, the kills' timing aside) and
 cycles through the configurations for a couple of minutes. ``LOCALCLUSTER_DIFF_SECONDS=3600
-pytest tests/test_differential.py -m slow`` runs its loop for an hour.
+pytest tests/integration/test_differential.py -m slow`` runs its loop for an hour.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The rest of dask's Client API (issue 50): Future.retry / traceback / type / release and
 Client.retry; datasets; events; the task stream; dump_cluster_state. examples/dask_api.py
-prints the same for each under distributed (tests/test_distributed_compat.py); here, what a
+prints the same for each under distributed (tests/external/test_distributed_compat.py); here, what a
 one-machine run can check."""
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 import localcluster
 from localcluster import Client
 
-TABLE = Path(__file__).resolve().parent.parent / "docs" / "dask-api.md"
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "dask-api.md"
 STATUSES = {"works", "differs", "not on one machine"}
 
 

@@ -413,7 +413,7 @@ def test_figures_reach_a_status_board(tmp_path):
 def test_a_key_being_spilled_or_reloaded_is_never_seen_as_missing(tmp_path):
     """Spilling moves a key from memory to disk (and a load back) in two steps under the
     store's lock; ``in`` read without it saw a held key as missing between them, and a task
-    parked for good for an input its worker had (found by tests/test_differential.py)."""
+    parked for good for an input its worker had (found by tests/integration/test_differential.py)."""
     import threading
     s = Store(str(tmp_path), target=1 << 20)
     s.put_payload("k", serialize.dumps(bytes(1 << 20)))       # at the target: in memory

@@ -78,9 +78,10 @@ def test_the_dashboard_thread_ends_with_its_cluster():
     pytest.importorskip("ipywidgets")
     with localcluster.LocalCluster(n_workers=1, forward_logs=False) as cluster:
         view = cluster.dashboard(interval=0.05)
-    wait_for(lambda: view.closed, timeout=5)
-    view._thread.join(5)
-    assert "closed" in view.header.value
+    wait_for(lambda: view.closed, timeout=30)       # its thread's last act, after its last drawing
+    # The last drawing shows the cluster ended: closed, or stopped when a loaded machine's
+    # refresh came between the scheduler thread's stop and close()'s end.
+    assert re.search(r"\b(closed|stopped)\b", view.header.value), view.header.value
     view.close()
 
 

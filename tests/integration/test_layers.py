@@ -17,7 +17,7 @@ import localcluster
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parent.parent      # the checkout: setup.cfg holds the contract
+REPO = Path(__file__).resolve().parents[2]      # the checkout: setup.cfg holds the contract
 # The sources as imported (under tox, the installed copy), so the rules check what runs.
 PACKAGE = Path(localcluster.__file__).resolve().parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))

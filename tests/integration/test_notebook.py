@@ -78,7 +78,7 @@ def test_example_notebook_runs_in_a_kernel_and_exports_to_html(tmp_path):
     """examples/notebook.ipynb through a real kernel: the cluster view, a memory kill and a
     segfault drawn as HTML, worker logging and printing in their cells; then nbconvert."""
     pytest.importorskip("nbconvert")
-    notebook = Path(__file__).resolve().parent.parent / "examples" / "notebook.ipynb"
+    notebook = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
     html_path = tmp_path / "notebook.html"
     proc = subprocess.run([sys.executable, "-c", EXAMPLE, str(notebook), str(html_path), str(tmp_path)],
                           capture_output=True, text=True, timeout=170)

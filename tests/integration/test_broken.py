@@ -8,11 +8,12 @@ names the key and the step, and the worker lives on.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 
 import numpy as np
 import psutil
 import pytest
-from _util import block_until, wait_for
+from _util import block_until, wait_for, wait_running
 
 import localcluster
 from localcluster import ClusterBroken, Client, LocalCluster, StoreError, WorkerStartupError
@@ -79,6 +80,11 @@ def test_failure_on_a_user_thread_breaks_the_cluster_too(monkeypatch, tmp_path):
     with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
         pids = worker_pids(cluster)
         blocked = client.submit(block_until, str(tmp_path / "never"), pure=False)
+        wait_running(cluster, blocked)
+        # A wait ends the burst: without it, the next submit could come within BURST of this
+        # one on a fast machine, be deferred and reach the scheduler later, by submit_batches.
+        with pytest.raises(cf.TimeoutError):
+            blocked.result(timeout=0.01)
 
         def boom(specs, again=None):
             raise KeyError("injected failure in Scheduler.submit")

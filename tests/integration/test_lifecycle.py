@@ -6,7 +6,7 @@ import os
 import threading
 
 import pytest
-from _util import wait_for
+from _util import block_until, wait_for, wait_running
 
 from localcluster import ClusterBroken, Client, LocalCluster
 from localcluster.engine.lifecycle import MOVES, Lifecycle, Phase
@@ -116,3 +116,31 @@ def test_a_closed_cluster_the_user_lets_go_of_is_freed():
     del cluster, client
     gc.collect()
     assert ref() is None
+
+
+def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeypatch, tmp_path):
+    """Scale-downs, cancels from the user's thread, a restart: whatever thread brought the
+    event, the nanny is signalled and sent Stop from the scheduler thread only."""
+    from localcluster.supervision.nanny import Nanny
+    seen: list = []
+    for name in ("stop", "kill", "request_stacks"):
+        real = getattr(Nanny, name)
+
+        def recording(self, *args, _real=real, _name=name, **kwargs):
+            seen.append((_name, threading.current_thread().name))
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(Nanny, name, recording)
+    go = str(tmp_path / "go")
+    with LocalCluster(n_workers=3, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
+        busy = [cl.submit(block_until, go, pure=False, workers=[w]) for w in sorted(c.workers)]
+        for f in busy:
+            wait_running(c, f)
+        down = threading.Thread(target=c.scale, args=(1,))
+        down.start()                                  # two workers wait for their task to end
+        cl.cancel(busy)                               # on this thread: lets the retiring workers go
+        open(go, "w").close()
+        down.join(30)
+        assert not down.is_alive() and len(c.workers) == 1
+        cl.restart()
+        assert cl.submit(sum, [1, 2]).result(30) == 3
+    assert seen and {thread for _, thread in seen} == {"localcluster-scheduler"}, seen

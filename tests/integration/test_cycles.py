@@ -2,7 +2,7 @@
 two workers: descriptors, threads, child processes, memory maps and RSS come back to
 the baseline taken after the first cycles (imports and caches warm).
 
-    python tests/test_cycles.py [cycles]    prints the figures (the test asserts them)
+    python tests/integration/test_cycles.py [cycles]    prints the figures (the test asserts them)
 """
 from __future__ import annotations
 

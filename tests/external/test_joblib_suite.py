@@ -23,7 +23,7 @@ import pytest
 joblib = pytest.importorskip("joblib")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # The one line of joblib's test module that names its process backends. The module uses
 # it in decorators at import, so it is rewritten in the source before the module runs.
@@ -85,7 +85,7 @@ class SuitePlugin:
             source = f.read()
         if source.count(PROCESS_LINE) != 1:
             raise RuntimeError(f"joblib {joblib.__version__}'s test_parallel.py no longer has the line "
-                               f"{PROCESS_LINE!r}: update tests/test_joblib_suite.py to the new version")
+                               f"{PROCESS_LINE!r}: update tests/external/test_joblib_suite.py to the new version")
         source = source.replace(PROCESS_LINE, PROCESS_LINE[:-1] + ', "localcluster"]')
         module = types.ModuleType(spec.name)
         module.__file__, module.__spec__, module.__package__ = spec.origin, spec, "joblib.test"

@@ -2,7 +2,7 @@
 ``x.compute()``, ``dask.compute``, ``dask.persist`` and a persisted collection's ``compute()``
 run on the cluster's workers; closing the client gives dask back what it had, and of two
 clients the last made is current. ``set_as_default=False`` leaves dask alone.
-(examples/portable.py prints the same under distributed: tests/test_distributed_compat.py.)"""
+(examples/portable.py prints the same under distributed: tests/external/test_distributed_compat.py.)"""
 from __future__ import annotations
 
 import gc

@@ -1,6 +1,6 @@
 """dask's calls about workers and the scheduler (issue 50): nthreads/ncores, has_what,
 processing, run_on_scheduler, story, shutdown. examples/portable.py prints the same for each
-under distributed (tests/test_distributed_compat.py); here, what a one-machine run can check."""
+under distributed (tests/external/test_distributed_compat.py); here, what a one-machine run can check."""
 from __future__ import annotations
 
 import os

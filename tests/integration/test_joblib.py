@@ -260,7 +260,7 @@ def test_set_as_default_false_is_never_the_current_client():
         Client(set_as_default="no")
 
 
-# --- what joblib's own suite found (issue 25); tests/test_joblib_suite.py runs that suite ---
+# --- what joblib's own suite found (issue 25); tests/external/test_joblib_suite.py runs that suite ---
 
 INITIALIZED: list = []        # in a worker: the initializers it ran, in order
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("numpy")
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "soak.py")
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "soak.py")
 
 
 # The full run soaks 45 s (LOCALCLUSTER_SOAK_SECONDS); the quick tier a few seconds, enough

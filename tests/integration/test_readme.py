@@ -3,7 +3,7 @@ code prints: each ```text block of a death or an error (and the one-line death q
 prose) is compared with the output of the code that prints it, run in a fresh interpreter,
 modulo pids, worker numbers, key hashes, memory figures, durations, the directories of paths,
 the line numbers of library files and the carets under source lines. "…" elides text.
-tests/test_docs.py runs every other block of every page."""
+tests/integration/test_docs.py runs every other block of every page."""
 from __future__ import annotations
 
 import os
@@ -81,7 +81,7 @@ def _run(path: Path, cwd: Path, timeout: float = 100) -> subprocess.CompletedPro
                           cwd=cwd, env=env)
 
 
-# The blocks the tests here (and tests/test_dask_diagnosis.py: dask's plain KilledWorker and
+# The blocks the tests here (and tests/integration/test_dask_diagnosis.py: dask's plain KilledWorker and
 # localcluster.dask's) compare with what their code prints.
 KNOWN = ("=== 6. A task past its timeout", "localcluster.death.KilledWorker", "ZeroDivisionError",
          "Attempted to run task", "DaskKilledWorker", "your previous run", "the last run on the journal")

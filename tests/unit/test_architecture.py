@@ -18,7 +18,7 @@ import localcluster
 
 pytestmark = pytest.mark.timeout(30)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path(localcluster.__file__).resolve().parent
 PAGE = REPO / "ARCHITECTURE.md"
 

@@ -210,7 +210,10 @@ def test_a_worker_that_answered_polls_longer_than_the_parent_for_the_next_run(mo
     from localcluster.worker.process import SPIN_AFTER_REPLY
     assert SPIN_AFTER_REPLY >= 3
     monkeypatch.setattr(spin, "calm", lambda now=None: True)
-    window, n = 0.01, 40
+    # The margin, (SPIN_AFTER_REPLY - 2) x window, is what a loaded machine may delay the
+    # parent's next submit by (its thread preempted after the user's code) and still count:
+    # at 10 ms, three busy loops and another suite beside it on two CPUs gave up 14 times.
+    window, n = 0.025, 40
     with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False, spin_wait=window,
                       initializer=calm_and_counted) as cluster, Client(cluster) as client:
         for i in range(5):

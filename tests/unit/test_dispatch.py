@@ -248,7 +248,7 @@ def test_the_first_submit_after_construction_is_never_a_burst_whatever_the_clock
     assert s.events == [["a"]] and loop.woken == 0           # straight to the scheduler, nothing deferred
     d.submit([spec("b")], None, list)                        # the second, at once: a burst
     assert s.events == [["a"]] and loop.woken == 1
-    d.settle()                                               # a wait ends the burst: the next goes straight
+    d.end_burst()                                               # a wait ends the burst: the next goes straight
     d.submit([spec("c")], None, list)
     assert s.events == [["a"], ["b"], ["c"]]
 

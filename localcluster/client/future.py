@@ -138,7 +138,7 @@ def latest_client() -> Optional[Owner]:
 
 
 # What a finished Future holds in ``_result`` until ``result()`` unpickles it: the Payload
-# itself (no box: 40 bytes a finished task), or ON_WORKER while the data stays on a worker.
+# itself (no box: a finished task costs no object more), or ON_WORKER while the data stays on a worker.
 # The rare result that is itself a Payload is kept boxed once unpickled.
 ON_WORKER = type("OnWorker", (), {"__repr__": lambda self: "<data on a worker>", "__slots__": ()})()
 
@@ -314,12 +314,8 @@ class FutureState:
             if sync is None or sync.cond is None:
                 return self.fail_unwatched(state, result, exception)
         with sync.cond:
-            if self.state != _PENDING:
+            if not self.fail_unwatched(state, result, exception):
                 return False
-            self.result = result
-            if exception is not None:
-                self.exception = exception
-            self.state = state          # last: a lock-free reader sees the state after the rest
             for waiter, ref in sync.waiters:
                 fut = ref()
                 if fut is None:         # a waiter holds its futures: never so
@@ -344,8 +340,8 @@ class FutureState:
         return True
 
     def fail_unwatched(self, state: str, result: Any, exception: Optional[BaseException]) -> bool:
-        """Under ``_MAKING``, with no Condition made: end the key at once (False: it had
-        ended already)."""
+        """End the key at once (False: it had ended already): under ``_MAKING`` with no
+        Condition made, or under the Condition, as ``conclude`` does before waking anyone."""
         if self.state != _PENDING:
             return False
         self.result = result

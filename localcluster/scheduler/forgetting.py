@@ -19,7 +19,7 @@ from concurrent.futures import CancelledError
 from typing import Callable, Iterable, Optional
 
 from ..wire import protocol as P
-from .records import Deliver, Resolve, Send, Task, WorkerState, copies_dropped
+from .records import EMPTY, Deliver, Resolve, Send, Task, WorkerState, copies_dropped
 from .transfers import gone as _gone
 
 PENDING = frozenset({"waiting", "ready", "processing"})      # its futures are not done yet
@@ -66,7 +66,7 @@ class Forgetting:
             return []
         return self.release(ts)
 
-    def release(self, ts: Task) -> list:
+    def release(self, ts: Task, why: str = "released") -> list:
         # A fetch still waiting for the result (recreate_error_locally fetches inputs whose
         # futures the user may drop meanwhile) is answered now: nothing will come.
         out: list = [Deliver(req, ts.key, error=_gone(ts.key)) for req in ts.fetchers]
@@ -74,7 +74,8 @@ class Forgetting:
         if ts.state == "processing":
             out += self.unassign(ts)
         if ts.state != "released":
-            self._to(ts, "released", "released")
+            ts.waiting_on = EMPTY       # a task waits only while waiting
+            self._to(ts, "released", why)
         out += self.forget(ts)
         return out
 
@@ -99,11 +100,10 @@ class Forgetting:
         if dts is None:
             return []
         dts.drop_dependent(dependent)
-        if dts.state == "released" or (not dts.wanted and not self.needed_by_dependents(dts)
-                                       and dts.state != "processing"):
-            if dts.state != "released":
-                self._to(dts, "released", "its last dependent forgotten")
+        if dts.state == "released":
             return self.forget(dts)
+        if not dts.wanted and not self.needed_by_dependents(dts) and dts.state != "processing":
+            return self.release(dts, "its last dependent forgotten")     # a fetch waiting on it is answered too
         return []
 
     def cancel(self, keys: list, by: str) -> list:

@@ -71,8 +71,11 @@ def _check_task(s: "Scheduler", ts: Task) -> None:
         assert ts.waiting_on, f"{key!r} is waiting on nothing"
         late = [d for d in ts.waiting_on if d not in s.tasks or s.tasks[d].state == "memory"]
         assert not late, f"{key!r} waits on {late}, already in memory or forgotten"
-    if ts.state in ("ready", "processing"):
+        failed = [d for d in ts.waiting_on if s.tasks[d].state in ("erred", "lost")]
+        assert not failed, f"{key!r} waits on {failed}, which failed: it would wait forever"
+    else:
         assert not ts.waiting_on, f"{key!r} is {ts.state} but waits on {ts.waiting_on}"
+    if ts.state in ("ready", "processing"):
         missing = [d for d in ts.deps if d not in s.tasks or s.tasks[d].state != "memory"]
         assert not missing, f"{key!r} is {ts.state} but its inputs {missing} are not in memory"
     assert (ts.worker is not None) == (ts.state == "processing"), f"{key!r} is {ts.state} with worker {ts.worker!r}"

@@ -57,6 +57,8 @@ class Readiness:
                 out += self.make_ready_or_wait(dts)
                 if ts.state in FAILED:      # that input failed, and this task with it
                     return out
+                if dts.state in FAILED:     # failed at once, sparing this task (not pending yet: a submit, a retry)
+                    return out + self.fail(ts, dts.error, "an input failed")
         if ts.waiting_on:
             if ts.state != "waiting":
                 self._to(ts, "waiting", "inputs not in memory")
@@ -90,6 +92,7 @@ class Readiness:
     def fail(self, ts: Task, error: Any, why: str) -> list:
         """``ts`` ends with ``error``: its futures and fetches get it, and so do its pending dependents."""
         ts.error = error
+        ts.waiting_on = EMPTY       # a task waits only while waiting: an input arriving later is nothing to it
         self._to(ts, "erred", why)
         out: list = [Resolve(ts.key, "error", error)]
         for req in ts.fetchers:

@@ -157,36 +157,45 @@ TaskState = Literal["waiting", "ready", "processing", "memory", "erred", "lost",
 # raised at once as an AssertionError (``Transitions.apply``) instead of surfacing later as a
 # broken invariant or a hang. state.py's docstring lists the same pairs with why each happens
 # (a test checks the two agree); invariants.py checks, after every event in the tests, the
-# fields each state must have, which these leave. The messages are words here, not checked.
+# fields each state must have, which these leave. What each says it does is checked by the
+# tests, held to the same pairs (tests/_transition_checks.py: after every call of the door, each
+# key's last transition), never here: ``apply`` is on the hot path.
 # A task is made "released" and moved on in the same event.
 TRANSITIONS: dict = {
     ("released", "waiting"): "linked to its inputs (dependents), waiting_on the ones not in memory",
     ("released", "ready"): "linked to its inputs, queued on Placement",
     ("released", "memory"): "scattered: its copies stored (who_has, has: a Put each) or its data kept here; "
                              "its futures resolve",
-    ("released", "erred"): "its error kept; its futures fail",
+    ("released", "erred"): "its error kept, waiting_on empty; its futures fail, and its pending dependents",
     ("waiting", "ready"): "waiting_on emptied; queued on Placement",
     ("waiting", "erred"): "waiting_on emptied, its error kept; its futures fail, and its pending dependents",
-    ("waiting", "released"): "unlinked from its inputs; dropped from tasks unless a dependent links to it",
+    ("waiting", "released"): "fetches waiting answered (gone), waiting_on emptied; dropped from tasks and "
+                             "unlinked from its inputs unless a dependent links to it",
     ("ready", "processing"): "a Run sent: worker and seq set, in its worker's processing, resources claimed",
     ("ready", "waiting"): "waiting_on the lost input; its queue entry dropped when met",
     ("ready", "erred"): "its error kept; its futures fail, and its pending dependents",
-    ("ready", "released"): "unlinked from its inputs; dropped from tasks unless a dependent links to it",
+    ("ready", "released"): "fetches waiting answered (gone); dropped from tasks and unlinked from its inputs "
+                           "unless a dependent links to it",
     ("processing", "memory"): "its run answered (out of processing, claim freed); its worker holds a copy "
                               "(who_has, has), small data kept here; its futures resolve, dependents may be ready",
-    ("processing", "ready"): "its run given back or failed with retries left; queued on Placement again",
-    ("processing", "waiting"): "its run lost or taken back; waiting_on the inputs not in memory",
-    ("processing", "erred"): "its run answered or taken back; its error kept; its futures fail, and its "
-                             "pending dependents",
+    ("processing", "ready"): "its run given back, failed with retries left, or not started (an input arrived "
+                             "damaged); queued on Placement again",
+    ("processing", "waiting"): "its run lost with its worker, taken back, or not started; waiting_on the inputs "
+                               "not in memory",
+    ("processing", "erred"): "its run answered, lost with its worker, or taken back; its error kept; its futures "
+                             "fail, and its pending dependents",
     ("processing", "released"): "its run taken back (a Cancel): the slot stays busy (processing maps the seq "
-                                "to None) until the worker answers",
+                                "to None) until the worker answers; fetches waiting answered (gone); dropped from "
+                                "tasks unless a dependent links to it",
     ("memory", "waiting"): "every copy gone (who_has empty): computed again, inputs pulled back",
-    ("memory", "lost"): "its last copy gone and nothing to compute it from: LostDataError to its futures "
-                        "and dependents",
+    ("memory", "lost"): "its last copy gone (died, or damaged) and nothing to compute it from: its error "
+                        "(LostDataError, or TransferError) to its futures and its pending dependents",
     ("memory", "released"): "its copies let go of (a Free to each holder), its data dropped; dropped from tasks "
                             "unless a dependent links to it",
-    ("erred", "released"): "its error dropped (or kept for a retry, which moves it on at once)",
-    ("lost", "released"): "its error dropped; dropped from tasks unless a dependent links to it",
+    ("erred", "released"): "dropped from tasks unless a dependent links to it, which keeps it with its error "
+                           "(a retry drops the error first, and moves it on at once)",
+    ("lost", "released"): "dropped from tasks unless a dependent links to it, which keeps it with its error: "
+                          "a dependent submitted later fails with that error",
 }
 
 # old -> {new: (old, new)}: one lookup both checks a transition and finds the tuple to record

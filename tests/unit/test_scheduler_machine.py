@@ -1,13 +1,14 @@
 """The scheduler's transitions: the table, the one writer of Task.state, the story, and a
 hypothesis state machine that drives random event sequences through the pure Scheduler
-with every invariant checked after every step. No processes: the workers are modelled
+with every invariant checked after every step, and every call of its door held to what the
+table says its transitions do (tests/_transition_checks.py). No processes: the workers are modelled
 here, answering as worker.py does (runs, cancels, steals, exports, puts)."""
 from __future__ import annotations
 
 import itertools
 import re
 from collections import Counter
-from typing import get_args
+from typing import Optional, get_args
 
 import pytest
 
@@ -17,6 +18,7 @@ from localcluster.death import WorkerDeath
 from localcluster.scheduler.records import TRANSITIONS, Reply, Retire, Send, Spec, Task, TaskState, Transitions
 from localcluster.wire.serialize import dumps
 from localcluster.scheduler import events as E
+from _transition_checks import CheckedDoor
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
@@ -186,9 +188,11 @@ class Worker:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    def __init__(self):
+    def __init__(self, reached: Optional[Counter] = None):
         super().__init__()
         self.s = S.Scheduler(allowed_failures=1)
+        #: the door, each call held to what TRANSITIONS says its transitions do
+        self.door = CheckedDoor(self.s, reached)
         self.s.transfers.window = 2 * BIG.nbytes        # exports wait for room at their holder too
         self.workers: dict[str, Worker] = {}
         self.names = (f"w{i}" for i in itertools.count())
@@ -250,7 +254,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _add(self, nthreads: int, resources: dict = WORKER_RESOURCES[0]) -> None:
         name = next(self.names)
         self.workers[name] = Worker(nthreads, resources)
-        self._do(self.s.handle(E.AddWorker(name, nthreads, resources)))
+        self._do(self.door(E.AddWorker(name, nthreads, resources)))
 
     def _die(self, name: str, cause: str, crashed: bool = False, timed_out: bool = False) -> None:
         w = self.workers.pop(name, None)
@@ -263,7 +267,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         d = WorkerDeath(worker=name, pid=1, cause=cause, exitcode=-9, signal="SIGKILL",
                         blamed=self.s.blame(cause, board, crashed_seq, late))
         self._forget_asker(name)
-        self._do(self.s.handle(E.WorkerDied(d, (late, 2.0) if late is not None else None)))
+        self._do(self.door(E.WorkerDied(d, (late, 2.0) if late is not None else None)))
 
     def _answers(self, actions: list) -> set:
         """Coordination answers, as the asking thread takes them: each request is answered
@@ -290,9 +294,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 [value] if type(body) is P.GetVariable and value else []
             keys = [k for _payload, ks in items for k in ks]
             if keys and asker[0] is None:
-                self._do(self.s.handle(E.Drop(keys)))
+                self._do(self.door(E.Drop(keys)))
             elif keys and asker[0] in self.workers:
-                self._do(self.s.handle(E.Asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))])))
+                self._do(self.door(E.Asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))])))
         return answered
 
     def _forget_asker(self, worker: str) -> None:
@@ -319,7 +323,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         spec = Spec(key, 1, b"fn", ARGS, deps, priority, retries, 1.0 if timeout else None, workers,
                     restricted == "loose", resources)
         self.held[key] += 1
-        self._do(self.s.handle(E.Submit([spec])))
+        self._do(self.door(E.Submit([spec])))
 
     @rule(small=st.booleans(), broadcast=st.booleans(), data=st.data())
     def scatter(self, small, broadcast, data):
@@ -328,35 +332,41 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.workers and data.draw(st.booleans()):
             to = frozenset(data.draw(st.lists(st.sampled_from(sorted(self.workers)), min_size=1, unique=True)))
         self.held[key] += 1
-        self._do(self.s.handle(E.Scatter([(key, SMALL if small else BIG)], to, broadcast)))
+        self._do(self.door(E.Scatter([(key, SMALL if small else BIG)], to, broadcast)))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data())
     def release(self, data):
         key = data.draw(st.sampled_from(self._held_keys()))
         self.held[key] -= 1
-        self._do(self.s.handle(E.Drop([key])))
+        self._do(self.door(E.Drop([key])))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data())
     def cancel(self, data):
-        self._do(self.s.handle(E.CancelKeys([data.draw(st.sampled_from(self._held_keys()))])))
+        self._do(self.door(E.CancelKeys([data.draw(st.sampled_from(self._held_keys()))])))
+
+    @precondition(lambda self: self._held_keys())
+    @rule(data=st.data())
+    def retry(self, data):
+        """Client.retry: an erred key runs again (any other key is left as it is)."""
+        self._do(self.door(E.Retry([data.draw(st.sampled_from(self._held_keys()))])))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data())
     def fetch_or_acquire(self, data):
         key = data.draw(st.sampled_from(self._held_keys()))
         if data.draw(st.booleans()):
-            self._do(E.opened(self.s.handle(E.Fetch(key)))[1])
+            self._do(E.opened(self.door(E.Fetch(key)))[1])
         else:
             self.held[key] += 1
-            self._do(self.s.handle(E.Hold(key)))
+            self._do(self.door(E.Hold(key)))
 
     @precondition(lambda self: self._held_keys())
     @rule(data=st.data(), n=st.sampled_from([None, 1, 2]))
     def replicate(self, data, n):
         keys = data.draw(st.lists(st.sampled_from(self._held_keys()), min_size=1, max_size=2, unique=True))
-        self._do(E.opened(self.s.handle(E.Replicate(keys, n)))[1])
+        self._do(E.opened(self.door(E.Replicate(keys, n)))[1])
 
     @rule(dice=st.integers(0, 5))
     def restart(self, dice):
@@ -364,7 +374,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for name in list(self.workers):
             self._forget_asker(name)
-        self._do(self.s.handle(E.Clear(RuntimeError("restart"))))
+        self._do(self.door(E.Clear(RuntimeError("restart"))))
         for name in list(self.workers):
             self._die(name, "requested")
         self._add(1)
@@ -398,13 +408,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _ask(self, worker, body) -> None:
         if worker is None:
-            req, actions = E.opened(self.s.handle(E.Coordinate(body)))
+            req, actions = E.opened(self.door(E.Coordinate(body)))
             self.asking[(None, req)] = body
             self._do(actions)
         else:
             req = next(self.ids)
             self.asking[(worker, req)] = body
-            self._do(self.s.handle(E.Asked(worker, [P.Ask(req, 0, body)])))
+            self._do(self.door(E.Asked(worker, [P.Ask(req, 0, body)])))
 
     @precondition(lambda self: self.asking)
     @rule(data=st.data())
@@ -413,9 +423,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         was already; never twice (``_answers`` checks)."""
         worker, req = data.draw(st.sampled_from(sorted(self.asking, key=str)))
         if worker is None:
-            self._do(self.s.handle(E.Withdraw(req)))
+            self._do(self.door(E.Withdraw(req)))
         else:
-            self._do(self.s.handle(E.Asked(worker, [P.Ask(0, 0, P.Withdraw(req))])))
+            self._do(self.door(E.Asked(worker, [P.Ask(0, 0, P.Withdraw(req))])))
         assert (worker, req) not in self.asking, f"request {(worker, req)} still waits after its withdrawal"
 
     # --- cluster events ---
@@ -433,12 +443,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.workers)
     @rule(data=st.data())
     def retire(self, data):
-        self._do(self.s.handle(E.HandOff(data.draw(st.sampled_from(sorted(self.workers))))))
+        self._do(self.door(E.HandOff(data.draw(st.sampled_from(sorted(self.workers))))))
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), paused=st.booleans())
     def pause(self, data, paused):
-        self._do(self.s.handle(E.SetPaused(data.draw(st.sampled_from(sorted(self.workers))), paused)))
+        self._do(self.door(E.SetPaused(data.draw(st.sampled_from(sorted(self.workers))), paused)))
 
     # --- what the workers do ---
     @rule(on=st.booleans())
@@ -471,7 +481,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                              else P.Finished(seq, BIG.nbytes, "bytes", None, 0.001))
         if now:
             msgs, w.replies = w.replies, []
-            self._do(self.s.handle(E.Reported(name, msgs)))
+            self._do(self.door(E.Reported(name, msgs)))
 
     @precondition(lambda self: any(w.queue for w in self.workers.values()))
     @rule(data=st.data())
@@ -502,7 +512,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             body = P.WhoHas(None) if kind == "who_has" else P.Info()
         if request and kind != "cancel":
             self.awaiting.add((name, request))
-        self._do(self.s.handle(E.Asked(name, [P.Ask(request, seq, body)])))
+        self._do(self.door(E.Asked(name, [P.Ask(request, seq, body)])))
 
     @precondition(lambda self: any(w.exports or w.steals or w.calls for w in self.workers.values()))
     @rule(data=st.data())
@@ -533,7 +543,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.replies)))
         w = self.workers[name]
         msgs, w.replies = w.replies, []
-        self._do(self.s.handle(E.Reported(name, msgs)))
+        self._do(self.door(E.Reported(name, msgs)))
 
     # --- after every step ---
     @invariant()

@@ -1,14 +1,252 @@
-"""What the transition checks found (tests/_transition_checks.py): each a bug the table's
-sentences, held after every call of the door, caught. No processes."""
+"""The transitions table says what each transition does (records.TRANSITIONS), and these tests
+hold the scheduler to it: random event sequences driven through a real Scheduler's door, with
+the modelled workers of test_scheduler_machine answering, and after every call each key whose
+state changed is checked against the sentence of its last transition (tests/_transition_checks.py).
+Every pair of the table must be reached: a pair never reached is a gap in the generator. Then
+a handler broken on purpose, which the checks name; then the bugs they found. No processes."""
 from __future__ import annotations
 
+import os
+import random
+from collections import Counter
+
+import pytest
+
 from localcluster.scheduler import events as E
-from localcluster.scheduler.records import Deliver, Spec
+from localcluster.scheduler import forgetting
+from localcluster.scheduler.records import TRANSITIONS, Deliver, Spec, copies_dropped
 from localcluster.scheduler.state import Scheduler
 from localcluster.wire import protocol as P
 
-from test_scheduler_machine import ARGS, ERR
+from _transition_checks import DOES, CheckedDoor, TransitionBroken
+from test_scheduler_machine import ARGS, BIG, ERR, SMALL, SchedulerMachine
 
+#: TRANSITIONS_SEED=n replays one run of the random test (each run prints its seed)
+SEED_VARIABLE = "TRANSITIONS_SEED"
+
+
+def test_the_checks_cover_exactly_the_table():
+    assert set(DOES) == set(TRANSITIONS), (f"checked, not in the table: {set(DOES) - set(TRANSITIONS)}; "
+                                           f"in the table, not checked: {set(TRANSITIONS) - set(DOES)}")
+
+
+class Driver:
+    """Random events through the checked door of a fresh Scheduler, the modelled workers of
+    SchedulerMachine carrying out what it sends. Each action is small; ``step`` picks one by weight."""
+
+    def __init__(self, rng: random.Random, reached: Counter):
+        self.rng = rng
+        self.m = SchedulerMachine(reached)
+
+    def step(self) -> None:
+        names, weights = zip(*WEIGHTS)
+        getattr(self, self.rng.choices(names, weights)[0])()
+        self.m.s.validate()
+
+    def _held(self) -> list:
+        return self.m._held_keys()
+
+    def _pick(self, items):
+        items = sorted(items)
+        return self.rng.choice(items) if items else None
+
+    def submit(self, n: int = 1) -> None:
+        """``n`` tasks of one call (a map: more than the workers take at once), on held inputs,
+        with or without retries; a key already held is submitted again."""
+        held = self._held()
+        deps = tuple(sorted(self.rng.sample(held, min(len(held), self.rng.choice([0, 1, 1, 2])))))
+        workers = None
+        if self.m.workers and self.rng.random() < 0.1:
+            workers = frozenset([self._pick(self.m.workers)])
+        retries, loose, need = self.rng.choice([0, 0, 1]), self.rng.random() < 0.5, \
+            self.rng.choice([None] * 5 + [(("MEM", 1),)])
+        names = [self.rng.choice("abcdef")] if n == 1 else [f"m{i}" for i in range(n)]
+        specs = [Spec(f"{name}({','.join(deps)})", 1, b"fn", ARGS, deps, 0, retries, None, workers, loose, need)
+                 for name in names]
+        for spec in specs:
+            self.m.held[spec.key] += 1
+        self.m._do(self.m.door(E.Submit(specs)))
+
+    def map(self) -> None:
+        self.submit(self.rng.randint(3, 8))
+
+    def scatter(self) -> None:
+        key = next(self.m.scattered)
+        self.m.held[key] += 1
+        small = self.rng.random() < 0.3
+        self.m._do(self.m.door(E.Scatter([(key, SMALL if small else BIG)])))
+
+    def release(self) -> None:
+        key = self._pick(self._held())
+        if key is not None:
+            self.m.held[key] -= 1
+            self.m._do(self.m.door(E.Drop([key])))
+
+    def cancel(self) -> None:
+        key = self._pick(self._held())
+        if key is not None:
+            self.m._do(self.m.door(E.CancelKeys([key])))
+
+    def retry(self) -> None:
+        erred = [k for k in self._held() if k in self.m.s.tasks and self.m.s.tasks[k].state == "erred"]
+        if erred:
+            self.m._do(self.m.door(E.Retry([self._pick(erred)])))
+
+    def fetch(self) -> None:
+        key = self._pick(self._held())
+        if key is not None:
+            self.m._do(E.opened(self.m.door(E.Fetch(key)))[1])
+
+    def add_worker(self) -> None:
+        if len(self.m.workers) < 4:
+            self.m._add(self.rng.choice([1, 2]))
+
+    def worker_dies(self) -> None:
+        name = self._pick(self.m.workers)
+        if name is not None:
+            self.m._die(name, self.rng.choice(["signal", "crash", "memory-limit"]), crashed=True)
+
+    def hand_off(self) -> None:
+        name = self._pick(self.m.workers)
+        if name is not None:
+            self.m._do(self.m.door(E.HandOff(name)))
+
+    def pause(self) -> None:
+        name = self._pick(self.m.workers)
+        if name is not None:
+            self.m._do(self.m.door(E.SetPaused(name, self.rng.random() < 0.6)))
+
+    def run_ends(self) -> None:
+        """A run ends on its worker: a small or big result, an error, or damaged inputs."""
+        name = self._pick(n for n, w in self.m.workers.items() if w.queue)
+        if name is None:
+            return
+        w = self.m.workers[name]
+        startable = [seq for seq in w.queue if set(w.deps[seq]) <= w.store]
+        if not startable:
+            return
+        seq = self.rng.choice(startable)
+        key = w.queue.pop(seq)
+        w.asks.pop(seq, None)
+        w.started.discard(seq)
+        outcome = self.rng.choices(["small", "big", "error", "damaged"], [3, 3, 2, 1])[0]
+        if outcome == "damaged":
+            w.replies.append(P.Damaged(self.rng.choice(("",) + tuple(w.deps[seq])), seq, 0, "damaged in a test"))
+        elif outcome == "error":
+            w.replies.append(P.Failed(seq, ERR))
+        else:
+            w.store.add(key)
+            w.replies.append(P.Finished(seq, 4, "int", SMALL, 0.001) if outcome == "small"
+                             else P.Finished(seq, BIG.nbytes, "bytes", None, 0.001))
+        if self.rng.random() < 0.7:
+            self.frame(name)
+
+    def frame(self, name=None) -> None:
+        """A worker's answers arrive (steals and exports answered first)."""
+        name = name or self._pick(n for n, w in self.m.workers.items() if w.replies or w.exports or w.steals)
+        if name is None:
+            return
+        w = self.m.workers[name]
+        for key, req in w.exports:
+            w.replies.append(P.Data(req, key, BIG, None) if key in w.store
+                             else P.Data(req, key, None, b"gone"))
+        for asked in w.steals:
+            taken = tuple(seq for seq in asked if seq in w.queue and seq not in w.started)
+            for seq in taken:
+                del w.queue[seq]
+                w.asks.pop(seq, None)
+            w.replies.append(P.Unqueued(asked, taken))
+        w.exports, w.steals = [], []
+        msgs, w.replies = w.replies, []
+        if msgs:
+            self.m._do(self.m.door(E.Reported(name, msgs)))
+
+    def copies_damaged(self) -> None:
+        """From now on Puts arrive damaged (not stored), or whole again (the model's switch)."""
+        self.m.damaging = not self.m.damaging and self.rng.random() < 0.5
+
+
+WEIGHTS = [("submit", 5), ("map", 1), ("scatter", 1), ("release", 3), ("cancel", 1), ("retry", 1), ("fetch", 1),
+           ("add_worker", 1.5), ("worker_dies", 1.5), ("hand_off", 0.3), ("pause", 0.5), ("run_ends", 8),
+           ("frame", 3), ("copies_damaged", 0.5)]
+
+
+def _drive(seed: int, least: int, most: int, steps: int) -> Counter:
+    """Runs of ``steps`` random actions each, every door call checked: at least ``least`` runs,
+    and more (up to ``most``) until every pair of the table was reached. The pairs reached."""
+    rng = random.Random(seed)
+    reached: Counter = Counter()
+    for run in range(most):
+        if run >= least and all(reached[pair] for pair in TRANSITIONS):
+            break
+        driver = Driver(rng, reached)
+        for _ in range(steps):
+            driver.step()
+    return reached
+
+
+def _seed() -> int:
+    seed = int(os.environ.get(SEED_VARIABLE) or random.randrange(1 << 32))
+    print(f"random seed: {seed} (replay with {SEED_VARIABLE}={seed})")
+    return seed
+
+
+def _assert_every_pair_reached(reached: Counter, seed: int) -> None:
+    never = [pair for pair in TRANSITIONS if not reached[pair]]
+    assert not never, (f"pairs the generator never reached (seed {seed}): {never}; "
+                       f"reached: {dict(reached)}")
+
+
+@pytest.mark.timeout(60)
+def test_every_transition_does_what_the_table_says():
+    seed = _seed()
+    _assert_every_pair_reached(_drive(seed, least=10, most=150, steps=150), seed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_transition_does_what_the_table_says_at_length():
+    seed = _seed()
+    _assert_every_pair_reached(_drive(seed, least=100, most=300, steps=300), seed)
+
+
+# --- the checks can fail -------------------------------------------------------------------
+
+def _finished_on_w1(door: CheckedDoor, key: str) -> None:
+    """``key`` submitted and finished on w1, its data left there (too big to travel back)."""
+    door(E.Submit([Spec(key, 1, b"fn", ARGS, ())]))
+    door(E.Reported("w1", [P.Finished(door.s.tasks[key].seq, BIG.nbytes, "bytes", None, 0.0)]))
+
+
+def _no_frees(monkeypatch) -> None:
+    """Break letting go on purpose: copies are forgotten, and no worker is told to free them."""
+    def forgotten_silently(ts, worker):
+        copies_dropped(ts, worker)
+        return []
+    monkeypatch.setattr(forgetting, "copies_dropped", forgotten_silently)
+
+
+def test_a_transition_that_stops_doing_what_it_says_is_named_with_its_sentence(monkeypatch):
+    door = CheckedDoor(Scheduler())
+    door(E.AddWorker("w1", 1))
+    _finished_on_w1(door, "k")
+    assert door.s.tasks["k"].who_has == {"w1"}
+    _no_frees(monkeypatch)
+    with pytest.raises(TransitionBroken) as info:
+        door(E.Drop(["k"]))
+    msg = str(info.value)
+    assert "'k' went memory -> released (released)" in msg
+    assert repr(TRANSITIONS["memory", "released"]) in msg
+    assert "but: no Free to holder w1." in msg and "story of 'k'" in msg
+
+
+def test_the_random_test_finds_a_broken_transition(monkeypatch):
+    _no_frees(monkeypatch)
+    with pytest.raises(TransitionBroken, match=r"went memory -> released .*no Free to holder"):
+        _drive(_seed(), least=1, most=50, steps=150)
+
+
+# --- what the checks found: bugs -----------------------------------------------------------------
 
 def test_a_task_that_failed_waits_on_nothing():
     """An erred task kept the inputs it had been waiting on (``waiting_on`` is empty in every

@@ -14,7 +14,7 @@ import pytest
 
 from localcluster.scheduler import events as E
 from localcluster.scheduler import forgetting
-from localcluster.scheduler.records import TRANSITIONS, Deliver, Spec, copies_dropped
+from localcluster.scheduler.records import TRANSITIONS, Deliver, Spec, WorkerState, copies_dropped
 from localcluster.scheduler.state import Scheduler
 from localcluster.wire import protocol as P
 
@@ -238,6 +238,18 @@ def test_a_transition_that_stops_doing_what_it_says_is_named_with_its_sentence(m
     assert "'k' went memory -> released (released)" in msg
     assert repr(TRANSITIONS["memory", "released"]) in msg
     assert "but: no Free to holder w1." in msg and "story of 'k'" in msg
+
+
+def test_a_run_sent_without_its_claim_is_named(monkeypatch):
+    """Another pair, another claim: a Run sent whose resources its worker never counted."""
+    door = CheckedDoor(Scheduler())
+    door(E.AddWorker("w1", 1, {"MEM": 2}))
+    monkeypatch.setattr(WorkerState, "sent", lambda ws, seq, key, need: ws.processing.__setitem__(seq, key))
+    with pytest.raises(TransitionBroken) as info:
+        door(E.Submit([Spec("k", 1, b"fn", ARGS, (), 0, 0, None, None, False, (("MEM", 1),))]))
+    msg = str(info.value)
+    assert "'k' went ready -> processing (assign)" in msg and repr(TRANSITIONS["ready", "processing"]) in msg
+    assert "but: resources (('MEM', 1),) not claimed on w1." in msg
 
 
 def test_the_random_test_finds_a_broken_transition(monkeypatch):

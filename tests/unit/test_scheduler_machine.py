@@ -208,10 +208,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.awaiting: set = set()                  # (worker, request) of a task's run not answered yet
         self.damaging = False                       # copies arrive damaged (protocol.Damaged) meanwhile
         for _ in range(2):
-            self._add(1)
+            self.add(1)
 
     # the scheduler's actions, carried out by the modelled workers
-    def _do(self, actions: list) -> None:
+    def carry_out(self, actions: list) -> None:
         retired = []
         coordinated = self._answers(actions)
         for a in actions:
@@ -249,14 +249,14 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert (a.worker, m.request) in self.awaiting, f"an Answer nobody asked for: {a}"
                 self.awaiting.discard((a.worker, m.request))
         for name in retired:                       # the supervisor stops it: a requested death
-            self._die(name, "requested")
+            self.die(name, "requested")
 
-    def _add(self, nthreads: int, resources: dict = WORKER_RESOURCES[0]) -> None:
+    def add(self, nthreads: int, resources: dict = WORKER_RESOURCES[0]) -> None:
         name = next(self.names)
         self.workers[name] = Worker(nthreads, resources)
-        self._do(self.door(E.AddWorker(name, nthreads, resources)))
+        self.carry_out(self.door(E.AddWorker(name, nthreads, resources)))
 
-    def _die(self, name: str, cause: str, crashed: bool = False, timed_out: bool = False) -> None:
+    def die(self, name: str, cause: str, crashed: bool = False, timed_out: bool = False) -> None:
         w = self.workers.pop(name, None)
         if w is None:
             return
@@ -267,7 +267,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         d = WorkerDeath(worker=name, pid=1, cause=cause, exitcode=-9, signal="SIGKILL",
                         blamed=self.s.blame(cause, board, crashed_seq, late))
         self._forget_asker(name)
-        self._do(self.door(E.WorkerDied(d, (late, 2.0) if late is not None else None)))
+        self.carry_out(self.door(E.WorkerDied(d, (late, 2.0) if late is not None else None)))
 
     def _answers(self, actions: list) -> set:
         """Coordination answers, as the asking thread takes them: each request is answered
@@ -294,9 +294,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 [value] if type(body) is P.GetVariable and value else []
             keys = [k for _payload, ks in items for k in ks]
             if keys and asker[0] is None:
-                self._do(self.door(E.Drop(keys)))
+                self.carry_out(self.door(E.Drop(keys)))
             elif keys and asker[0] in self.workers:
-                self._do(self.door(E.Asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))])))
+                self.carry_out(self.door(E.Asked(asker[0], [P.Ask(0, 0, P.Drop(tuple(keys)))])))
         return answered
 
     def _forget_asker(self, worker: str) -> None:
@@ -305,7 +305,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             del self.asking[asker]
         self.leases = [lease for lease in self.leases if lease[3] != worker]
 
-    def _held_keys(self) -> list:
+    def held_keys(self) -> list:
         return sorted(k for k, n in self.held.items() if n > 0)
 
     # --- client events ---
@@ -313,7 +313,7 @@ class SchedulerMachine(RuleBasedStateMachine):
           restricted=st.sampled_from([None, "strict", "loose"]), priority=st.integers(0, 1),
           resources=st.sampled_from(TASK_RESOURCES))
     def submit(self, base, data, retries, timeout, restricted, priority, resources):
-        held = self._held_keys()
+        held = self.held_keys()
         deps = tuple(data.draw(st.lists(st.sampled_from(held), max_size=2, unique=True))) if held else ()
         key = f"{base}({','.join(sorted(deps))})"         # as tokenize: the key says its inputs, no cycle
         workers = None
@@ -323,7 +323,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         spec = Spec(key, 1, b"fn", ARGS, deps, priority, retries, 1.0 if timeout else None, workers,
                     restricted == "loose", resources)
         self.held[key] += 1
-        self._do(self.door(E.Submit([spec])))
+        self.carry_out(self.door(E.Submit([spec])))
 
     @rule(small=st.booleans(), broadcast=st.booleans(), data=st.data())
     def scatter(self, small, broadcast, data):
@@ -332,41 +332,41 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.workers and data.draw(st.booleans()):
             to = frozenset(data.draw(st.lists(st.sampled_from(sorted(self.workers)), min_size=1, unique=True)))
         self.held[key] += 1
-        self._do(self.door(E.Scatter([(key, SMALL if small else BIG)], to, broadcast)))
+        self.carry_out(self.door(E.Scatter([(key, SMALL if small else BIG)], to, broadcast)))
 
-    @precondition(lambda self: self._held_keys())
+    @precondition(lambda self: self.held_keys())
     @rule(data=st.data())
     def release(self, data):
-        key = data.draw(st.sampled_from(self._held_keys()))
+        key = data.draw(st.sampled_from(self.held_keys()))
         self.held[key] -= 1
-        self._do(self.door(E.Drop([key])))
+        self.carry_out(self.door(E.Drop([key])))
 
-    @precondition(lambda self: self._held_keys())
+    @precondition(lambda self: self.held_keys())
     @rule(data=st.data())
     def cancel(self, data):
-        self._do(self.door(E.CancelKeys([data.draw(st.sampled_from(self._held_keys()))])))
+        self.carry_out(self.door(E.CancelKeys([data.draw(st.sampled_from(self.held_keys()))])))
 
-    @precondition(lambda self: self._held_keys())
+    @precondition(lambda self: self.held_keys())
     @rule(data=st.data())
     def retry(self, data):
         """Client.retry: an erred key runs again (any other key is left as it is)."""
-        self._do(self.door(E.Retry([data.draw(st.sampled_from(self._held_keys()))])))
+        self.carry_out(self.door(E.Retry([data.draw(st.sampled_from(self.held_keys()))])))
 
-    @precondition(lambda self: self._held_keys())
+    @precondition(lambda self: self.held_keys())
     @rule(data=st.data())
     def fetch_or_acquire(self, data):
-        key = data.draw(st.sampled_from(self._held_keys()))
+        key = data.draw(st.sampled_from(self.held_keys()))
         if data.draw(st.booleans()):
-            self._do(E.opened(self.door(E.Fetch(key)))[1])
+            self.carry_out(E.opened(self.door(E.Fetch(key)))[1])
         else:
             self.held[key] += 1
-            self._do(self.door(E.Hold(key)))
+            self.carry_out(self.door(E.Hold(key)))
 
-    @precondition(lambda self: self._held_keys())
+    @precondition(lambda self: self.held_keys())
     @rule(data=st.data(), n=st.sampled_from([None, 1, 2]))
     def replicate(self, data, n):
-        keys = data.draw(st.lists(st.sampled_from(self._held_keys()), min_size=1, max_size=2, unique=True))
-        self._do(E.opened(self.door(E.Replicate(keys, n)))[1])
+        keys = data.draw(st.lists(st.sampled_from(self.held_keys()), min_size=1, max_size=2, unique=True))
+        self.carry_out(E.opened(self.door(E.Replicate(keys, n)))[1])
 
     @rule(dice=st.integers(0, 5))
     def restart(self, dice):
@@ -374,18 +374,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for name in list(self.workers):
             self._forget_asker(name)
-        self._do(self.door(E.Clear(RuntimeError("restart"))))
+        self.carry_out(self.door(E.Clear(RuntimeError("restart"))))
         for name in list(self.workers):
-            self._die(name, "requested")
-        self._add(1)
-        self._add(2)
+            self.die(name, "requested")
+        self.add(1)
+        self.add(2)
 
     # --- coordination: Lock, Semaphore, Event, Queue, Variable, from the parent or a task ---
     @rule(data=st.data(), what=st.sampled_from(["lock", "semaphore", "release", "leases", "set", "clear", "wait",
                                                "put", "get", "size", "setvar", "delvar", "getvar"]))
     def coordinate(self, data, what):
         worker = data.draw(st.sampled_from([None] + sorted(self.workers)))
-        held = self._held_keys()
+        held = self.held_keys()
         keys = tuple(data.draw(st.lists(st.sampled_from(held), max_size=2))) if held and worker is None else ()
         if what in ("lock", "semaphore"):
             n = 1 if what == "lock" else 2
@@ -410,11 +410,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         if worker is None:
             req, actions = E.opened(self.door(E.Coordinate(body)))
             self.asking[(None, req)] = body
-            self._do(actions)
+            self.carry_out(actions)
         else:
             req = next(self.ids)
             self.asking[(worker, req)] = body
-            self._do(self.door(E.Asked(worker, [P.Ask(req, 0, body)])))
+            self.carry_out(self.door(E.Asked(worker, [P.Ask(req, 0, body)])))
 
     @precondition(lambda self: self.asking)
     @rule(data=st.data())
@@ -423,32 +423,32 @@ class SchedulerMachine(RuleBasedStateMachine):
         was already; never twice (``_answers`` checks)."""
         worker, req = data.draw(st.sampled_from(sorted(self.asking, key=str)))
         if worker is None:
-            self._do(self.door(E.Withdraw(req)))
+            self.carry_out(self.door(E.Withdraw(req)))
         else:
-            self._do(self.door(E.Asked(worker, [P.Ask(0, 0, P.Withdraw(req))])))
+            self.carry_out(self.door(E.Asked(worker, [P.Ask(0, 0, P.Withdraw(req))])))
         assert (worker, req) not in self.asking, f"request {(worker, req)} still waits after its withdrawal"
 
     # --- cluster events ---
     @precondition(lambda self: len(self.workers) < 4)
     @rule(nthreads=st.integers(1, 2), resources=st.sampled_from(WORKER_RESOURCES))
     def add_worker(self, nthreads, resources):
-        self._add(nthreads, resources)
+        self.add(nthreads, resources)
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), cause=st.sampled_from(["signal", "crash", "timeout", "memory-limit", "requested"]))
     def worker_dies(self, data, cause):
         name = data.draw(st.sampled_from(sorted(self.workers)))
-        self._die(name, cause, crashed=cause == "crash", timed_out=cause == "timeout")
+        self.die(name, cause, crashed=cause == "crash", timed_out=cause == "timeout")
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data())
     def retire(self, data):
-        self._do(self.door(E.HandOff(data.draw(st.sampled_from(sorted(self.workers))))))
+        self.carry_out(self.door(E.HandOff(data.draw(st.sampled_from(sorted(self.workers))))))
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), paused=st.booleans())
     def pause(self, data, paused):
-        self._do(self.door(E.SetPaused(data.draw(st.sampled_from(sorted(self.workers))), paused)))
+        self.carry_out(self.door(E.SetPaused(data.draw(st.sampled_from(sorted(self.workers))), paused)))
 
     # --- what the workers do ---
     @rule(on=st.booleans())
@@ -481,7 +481,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                              else P.Finished(seq, BIG.nbytes, "bytes", None, 0.001))
         if now:
             msgs, w.replies = w.replies, []
-            self._do(self.door(E.Reported(name, msgs)))
+            self.carry_out(self.door(E.Reported(name, msgs)))
 
     @precondition(lambda self: any(w.queue for w in self.workers.values()))
     @rule(data=st.data())
@@ -505,14 +505,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             on = data.draw(st.sampled_from([None, (name,), tuple(sorted(self.workers)), ("nobody",)]))
             body = P.RunOn(b"fn", ARGS, on, "f")
         elif kind == "cancel":
-            held = self._held_keys()
+            held = self.held_keys()
             body = P.CancelKeys(tuple(data.draw(st.lists(st.sampled_from(held), max_size=2, unique=True)))
                                 if held else ())
         else:
             body = P.WhoHas(None) if kind == "who_has" else P.Info()
         if request and kind != "cancel":
             self.awaiting.add((name, request))
-        self._do(self.door(E.Asked(name, [P.Ask(request, seq, body)])))
+        self.carry_out(self.door(E.Asked(name, [P.Ask(request, seq, body)])))
 
     @precondition(lambda self: any(w.exports or w.steals or w.calls for w in self.workers.values()))
     @rule(data=st.data())
@@ -543,7 +543,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(n for n, w in self.workers.items() if w.replies)))
         w = self.workers[name]
         msgs, w.replies = w.replies, []
-        self._do(self.door(E.Reported(name, msgs)))
+        self.carry_out(self.door(E.Reported(name, msgs)))
 
     # --- after every step ---
     @invariant()

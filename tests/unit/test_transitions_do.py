@@ -44,7 +44,7 @@ class Driver:
         self.m.s.validate()
 
     def _held(self) -> list:
-        return self.m._held_keys()
+        return self.m.held_keys()
 
     def _pick(self, items):
         items = sorted(items)
@@ -65,7 +65,7 @@ class Driver:
                  for name in names]
         for spec in specs:
             self.m.held[spec.key] += 1
-        self.m._do(self.m.door(E.Submit(specs)))
+        self.m.carry_out(self.m.door(E.Submit(specs)))
 
     def map(self) -> None:
         self.submit(self.rng.randint(3, 8))
@@ -74,47 +74,47 @@ class Driver:
         key = next(self.m.scattered)
         self.m.held[key] += 1
         small = self.rng.random() < 0.3
-        self.m._do(self.m.door(E.Scatter([(key, SMALL if small else BIG)])))
+        self.m.carry_out(self.m.door(E.Scatter([(key, SMALL if small else BIG)])))
 
     def release(self) -> None:
         key = self._pick(self._held())
         if key is not None:
             self.m.held[key] -= 1
-            self.m._do(self.m.door(E.Drop([key])))
+            self.m.carry_out(self.m.door(E.Drop([key])))
 
     def cancel(self) -> None:
         key = self._pick(self._held())
         if key is not None:
-            self.m._do(self.m.door(E.CancelKeys([key])))
+            self.m.carry_out(self.m.door(E.CancelKeys([key])))
 
     def retry(self) -> None:
         erred = [k for k in self._held() if k in self.m.s.tasks and self.m.s.tasks[k].state == "erred"]
         if erred:
-            self.m._do(self.m.door(E.Retry([self._pick(erred)])))
+            self.m.carry_out(self.m.door(E.Retry([self._pick(erred)])))
 
     def fetch(self) -> None:
         key = self._pick(self._held())
         if key is not None:
-            self.m._do(E.opened(self.m.door(E.Fetch(key)))[1])
+            self.m.carry_out(E.opened(self.m.door(E.Fetch(key)))[1])
 
     def add_worker(self) -> None:
         if len(self.m.workers) < 4:
-            self.m._add(self.rng.choice([1, 2]))
+            self.m.add(self.rng.choice([1, 2]))
 
     def worker_dies(self) -> None:
         name = self._pick(self.m.workers)
         if name is not None:
-            self.m._die(name, self.rng.choice(["signal", "crash", "memory-limit"]), crashed=True)
+            self.m.die(name, self.rng.choice(["signal", "crash", "memory-limit"]), crashed=True)
 
     def hand_off(self) -> None:
         name = self._pick(self.m.workers)
         if name is not None:
-            self.m._do(self.m.door(E.HandOff(name)))
+            self.m.carry_out(self.m.door(E.HandOff(name)))
 
     def pause(self) -> None:
         name = self._pick(self.m.workers)
         if name is not None:
-            self.m._do(self.m.door(E.SetPaused(name, self.rng.random() < 0.6)))
+            self.m.carry_out(self.m.door(E.SetPaused(name, self.rng.random() < 0.6)))
 
     def run_ends(self) -> None:
         """A run ends on its worker: a small or big result, an error, or damaged inputs."""
@@ -159,7 +159,7 @@ class Driver:
         w.exports, w.steals = [], []
         msgs, w.replies = w.replies, []
         if msgs:
-            self.m._do(self.m.door(E.Reported(name, msgs)))
+            self.m.carry_out(self.m.door(E.Reported(name, msgs)))
 
     def copies_damaged(self) -> None:
         """From now on Puts arrive damaged (not stored), or whole again (the model's switch)."""

@@ -61,7 +61,8 @@ class Driver:
         retries, loose, need = self.rng.choice([0, 0, 1]), self.rng.random() < 0.5, \
             self.rng.choice([None] * 5 + [(("MEM", 1),)])
         names = [self.rng.choice("abcdef")] if n == 1 else [f"m{i}" for i in range(n)]
-        specs = [Spec(f"{name}({','.join(deps)})", 1, b"fn", ARGS, deps, 0, retries, None, workers, loose, need)
+        timeout = 1.0 if self.rng.random() < 0.2 else None
+        specs = [Spec(f"{name}({','.join(deps)})", 1, b"fn", ARGS, deps, 0, retries, timeout, workers, loose, need)
                  for name in names]
         for spec in specs:
             self.m.held[spec.key] += 1
@@ -102,9 +103,20 @@ class Driver:
             self.m.add(self.rng.choice([1, 2]))
 
     def worker_dies(self) -> None:
+        """Killed, crashed (the runs it had started blamed: KilledWorker past allowed_failures),
+        out of memory, or killed for a run past its timeout (TaskTimeoutError)."""
         name = self._pick(self.m.workers)
         if name is not None:
-            self.m.die(name, self.rng.choice(["signal", "crash", "memory-limit"]), crashed=True)
+            cause = self.rng.choice(["signal", "crash", "memory-limit", "timeout"])
+            self.m.die(name, cause, crashed=cause == "crash", timed_out=cause == "timeout")
+
+    def run_starts(self) -> None:
+        name = self._pick(n for n, w in self.m.workers.items() if w.queue)
+        if name is not None:
+            w = self.m.workers[name]
+            startable = [seq for seq in w.queue if seq not in w.started and set(w.deps[seq]) <= w.store]
+            if startable and len(w.started) < w.nthreads:
+                w.started.add(self.rng.choice(startable))
 
     def hand_off(self) -> None:
         name = self._pick(self.m.workers)
@@ -122,7 +134,7 @@ class Driver:
         if name is None:
             return
         w = self.m.workers[name]
-        startable = [seq for seq in w.queue if set(w.deps[seq]) <= w.store]
+        startable = [seq for seq in w.queue if seq in w.started or set(w.deps[seq]) <= w.store]
         if not startable:
             return
         seq = self.rng.choice(startable)
@@ -167,7 +179,7 @@ class Driver:
 
 
 WEIGHTS = [("submit", 5), ("map", 1), ("scatter", 1), ("release", 3), ("cancel", 1), ("retry", 1), ("fetch", 1),
-           ("add_worker", 1.5), ("worker_dies", 1.5), ("hand_off", 0.3), ("pause", 0.5), ("run_ends", 8),
+           ("add_worker", 1.5), ("worker_dies", 1.5), ("hand_off", 0.3), ("pause", 0.5), ("run_ends", 8), ("run_starts", 2),
            ("frame", 3), ("copies_damaged", 0.5)]
 
 

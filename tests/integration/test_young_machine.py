@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,24 @@ AGE = 60        # seconds the machine has been up, as the namespace's processes 
 TESTS = ["tests/unit", "tests/integration/test_submit_burst.py", "tests/integration/test_broken.py"]
 
 
+def _host_clocks() -> dict:
+    """The machine's monotonic and boot clocks, in seconds: what this process reads less its own
+    namespace's offsets (a run of the suite may itself be in a young namespace, and a new
+    namespace's offsets count from the machine's clocks, not from its parent's)."""
+    offsets = {}
+    with open("/proc/self/timens_offsets") as f:
+        for line in f:
+            name, secs, nsecs = line.split()
+            offsets[name] = int(secs) + int(nsecs) / 1e9
+    return {"monotonic": time.clock_gettime(time.CLOCK_MONOTONIC) - offsets.get("monotonic", 0),
+            "boottime": time.clock_gettime(time.CLOCK_BOOTTIME) - offsets.get("boottime", 0)}
+
+
 def _young(argv: list) -> list:
-    """``argv`` run in a time namespace booted ``AGE`` seconds ago (as is, when the machine is younger)."""
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    back = int(uptime) - AGE
-    if back <= 0:
-        return argv
-    return ["unshare", "--time", "--monotonic", f"-{back}", "--boottime", f"-{back}", *argv]
+    """``argv`` run in a time namespace whose clocks read a machine booted ``AGE`` seconds ago."""
+    clocks = _host_clocks()
+    return ["unshare", "--time", "--monotonic", str(int(AGE - clocks["monotonic"])),
+            "--boottime", str(int(AGE - clocks["boottime"])), *argv]
 
 
 def _monotonic_when_young() -> float:

@@ -1,10 +1,15 @@
 """The user's side of the cluster: the Client and its futures.
 
 - ``client.py``: :class:`Client`, the class users hold; it keeps each of dask's calls where
-  users call it and hands the work to the parts below.
-- ``dask_calls.py``: the calls of dask's Client beyond submit, map and gather (run,
-  who_has, compute, persist, plugins...).
-- ``specs.py``: a task's Spec made from a call (functions pickled once, keys, options).
+  users call it and hands the work to the parts below: the calls a task's client has too
+  (submit, map, gather, scatter, cancel, run, who_has, scheduler_info) to the one
+  implementation of them, worker/api.py, over this client's transport.
+- ``transport.py``: that transport in the user's process (the cluster's Gateway, the
+  client's FutureTable), and what only this process has: the journal, workers= and
+  resources= checked against the live cluster, actors made.
+- ``dask_calls.py``: the calls of dask's Client that only the user's process has
+  (compute, persist, plugins, uploads, the workers' keys...).
+- ``specs.py``: Specs of tasks made in bulk (a plain ``map``, the journal's) and functions pickled once.
 - ``future.py``: :class:`Future`, a handle on the ``FutureState`` every Future of its key
   shares, and the client's ``FutureTable`` (key -> state) that the cluster tells how
   tasks end.

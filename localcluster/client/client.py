@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import functools
-import gc
-import hashlib
 import itertools
-import threading
 import time
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .. import cluster as _cluster
 from . import future as _future
-from ..wire import serialize
 from ..cluster import LocalCluster
-from ..config import check_int, check_resources
+from ..config import check_int
 from .dask_calls import DaskCalls, become_default, release_default
-from .specs import DEFAULT_OPTIONS, PREFIX, Function, Options, Specs, fresh_key, name_of, new_fn_id, terms_of
-from .. import journal as _journal
-from ..scheduler.records import Spec, Terms
+from .specs import PREFIX
+from .transport import GatewayTransport
 from ..engine.lifecycle import Phase
 from .future import Future
 from ..published import NO_DEFAULT, Datasets
@@ -37,6 +31,7 @@ from . import waiting as _waiting
 from .waiting import as_completed, wait  # noqa: F401 - re-exported
 from ..worker import actors as _actors
 from ..worker import arguments as _arguments
+from ..worker.api import ClientApi
 from ..worker import client as _in_tasks
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
@@ -97,18 +92,14 @@ class Client:
         self.cluster = cluster if cluster is not None else LocalCluster(**kwargs)
         self.id = f"client-{PREFIX}-{next(_client_numbers)}"
         self._closed = False
-        self._specs = Specs(self.id)                  # functions pickled once, arguments, keys
         self._gateway = _cluster.connect(self.cluster)     # the cluster's internal protocol
         # key -> the state its futures share; told by the cluster how tasks end
         self._table = _future.FutureTable(self, self._gateway)
         self._table.submit_call = self._submit_call   # for wrappers (the Executor): table_of(client)
         self._gateway.attach(self._table)
-        self._journal = self._gateway.journal          # the cluster's journal.Keeper, or None
-        #: key -> (the Spec that reads it, its own Spec) of a task this client's futures finished
-        #: from the journal, not given to the scheduler (until a task needs it as an input, or
-        #: its entry is damaged)
-        self._from_journal: dict = {}
-        self._dask = DaskCalls(self, self._gateway, self._check, self._specs, self._options)  # run, who_has...
+        # the Client API's calls, written once for this client and a task's (worker/api.py)
+        self._api = ClientApi(GatewayTransport(self, self._gateway, self._table, self._check))
+        self._dask = DaskCalls(self, self._gateway, self._check, self._api.options)   # the calls only we have
         if set_as_default:      # dask's default scheduler while open, as distributed's Client
             become_default()
             # one garbage-collected without close() gives dask's settings back too
@@ -227,17 +218,8 @@ class Client:
             ...     client.submit(pow, 2, 10).result()
             1024
         """
-        if kwargs:
-            if kwargs.pop("actor", False) | bool(kwargs.pop("actors", False)):
-                # dask's actor: the object lives on the worker that makes it; the Future's result is its handle
-                return self._submit_call(_actors.make, (fn, args, dict(kwargs), self.id), {},
-                                        key=key or fresh_key(name_of(fn)), pure=False, retries=retries,
-                                        timeout=timeout, priority=priority, workers=workers,
-                                        allow_other_workers=allow_other_workers, resources=resources)
-            _arguments.dask_keywords("submit", kwargs, _arguments.HINTS["submit"])
-        return self._submit_call(fn, args, kwargs, key=key, pure=pure, retries=retries, timeout=timeout,
-                                priority=priority, workers=workers, allow_other_workers=allow_other_workers,
-                                resources=resources)
+        return self._api.submit(fn, args, kwargs, key, pure, retries, timeout, priority, workers,
+                                allow_other_workers, resources)
 
     def _submit_call(self, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, *,
                     key: Optional[str] = None, pure: bool = True, retries: int = 0,
@@ -245,16 +227,8 @@ class Client:
                     allow_other_workers: bool = False, resources: Optional[dict] = None) -> Future:
         """``submit`` with the function's arguments passed explicitly, for wrappers (the
         Executor) whose callers may use keywords such as ``key`` or ``timeout`` for ``fn``."""
-        _arguments.check_call("submit", fn)
-        _arguments.check_key(key)
-        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
-                             check_resources(resources, "submit"))
-        if self._journal is not None and opts.pure:      # never pure=False (an actor's making among them)
-            journaled = self._journaled(self._journal, fn, [tuple(args)], dict(kwargs or {}), [key], opts)
-            if journaled is not None:
-                return journaled[0]
-        spec = self._specs.spec(fn, tuple(args), dict(kwargs or {}), key, opts)
-        return self._submit([spec], opts.resources)[0]
+        return self._api.submit_call(fn, tuple(args), dict(kwargs or {}), key, pure, retries, timeout, priority,
+                                     workers, allow_other_workers, resources)
 
     def map(self, fn: Callable, /, *iterables: Iterable, key: Any = None, pure: bool = True, retries: int = 0,
             timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
@@ -269,183 +243,8 @@ class Client:
         Raises:
             TypeError: ``fn`` is not callable, or no iterable is given.
         """
-        _arguments.check_call("map", fn, iterables)
-        _arguments.dask_keywords("map", kwargs, _arguments.HINTS["map"])   # batches are sized here
-        opts = self._options(pure, retries, timeout, priority, workers, allow_other_workers,
-                             check_resources(resources, "map"))
-        with _no_collection():
-            items = list(zip(*iterables))
-            keys = _arguments.map_keys(key, len(items))
-            if self._journal is not None and opts.pure:
-                journaled = self._journaled(self._journal, fn, items, kwargs, keys, opts,
-                                            key if isinstance(key, str) else None)
-                if journaled is not None:
-                    return journaled
-            how = self._specs.how(fn, opts.pure)
-            specs = self._specs.many(items, opts, how) if key is None and not kwargs else None
-            if specs is not None:
-                return self._submit(specs, opts.resources)
-            specs, specs_of = [], self._specs.spec
-            for args, k in zip(items, keys):
-                spec = specs_of(fn, args, kwargs, k, opts, how)
-                if isinstance(key, str):
-                    spec = spec.with_key(_arguments.prefixed(key, spec.key))
-                specs.append(spec)
-            return self._submit(specs, opts.resources)
-
-    def _options(self, pure: Any, retries: Any, timeout: Any, priority: Any, workers: Any,
-                 allow_other_workers: Any, resources: Optional[tuple] = None) -> Options:
-        if (retries == 0 and type(retries) is int and timeout is None and priority == 0 and type(priority) is int
-                and workers is None and allow_other_workers is False and resources is None):
-            self._check()                   # the defaults (a submit in a loop): nothing else to check
-            return DEFAULT_OPTIONS[bool(pure)]
-        _arguments.check_options(retries, timeout, priority, allow_other_workers)
-        self._check()
-        names = self._gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
-        return Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
-
-    def _submit(self, specs: list, resources: Optional[tuple] = None) -> list[Future]:
-        if resources is not None and specs:      # the same for each: one check
-            self._gateway.check_resources(specs[0].key, resources)
-        again: dict = {}        # filled by track(), before the scheduler reads it
-
-        def track() -> list:
-            futures, held_already = self._table.hold_many([s.key for s in specs])
-            again.update(held_already)
-            return futures
-        # inputs finished from the journal go to the scheduler first: their workers read them
-        inputs = self._journal_inputs(specs) if self._from_journal else []
-        return self._gateway.submit(inputs + specs if inputs else specs, track, again)
-
-    def _journal_inputs(self, specs: list) -> list:
-        """The Specs of the inputs of ``specs`` this client finished from the journal, taken
-        out of ``_from_journal``: the scheduler counts this client once for each, as its futures hold it."""
-        from_journal, out = self._from_journal, []
-        for spec in specs:
-            for d in spec.deps:
-                got = from_journal.pop(d, None)
-                if got is not None:
-                    out.append(got[0])
-        return out
-
-    # --- the journal (journal.py) ---------------------------------------------------------
-
-    def _journaled(self, keeper: _journal.Keeper, fn: Callable, items: list, kwargs: dict, keys: list,
-                   opts: Options, prefix: Optional[str] = None) -> Optional[list[Future]]:
-        """``fn``'s tasks with the journal: a pure one keyed by the fingerprint of ``fn`` and a
-        token of its arguments, each run as a Journaled; those whose entry is there finished
-        at once (``_submit_journaled``). None when ``fn`` has no fingerprint (unjournaled)."""
-        how = self._specs.how(fn, False)
-        fp = keeper.fingerprint(fn, how.name)
-        if fp is None:
-            return None
-        wrapped: dict = {}        # fingerprint -> the Function of fn run as a Journaled of it
-
-        def run_as(fpk: str) -> Function:
-            if fpk not in wrapped:
-                fn_id, data = keeper.wrapped(how.fn_id, how.fn_bytes, fpk, new_fn_id)
-                wrapped[fpk] = Function(fn_id, data, how.name, None, Terms(fn_id, data))
-            return wrapped[fpk]
-        if not kwargs and all(k is None for k in keys):
-            fast = self._journaled_plain(fp, f"{prefix or how.name}-", items, terms_of(run_as(fp), opts))
-            if fast is not None:
-                return self._submit_journaled(keeper, fast[0], fast[1], opts.resources)
-        specs: list = []
-        entries: list = []          # (entry id, fingerprint) of each spec, None for one not journaled
-        plain = None
-        for args, k in zip(items, keys):
-            k, fpk, why = self._journal_key(fp, how.name, args, kwargs, k, prefix)
-            if why is not None:
-                keeper.warn_unjournaled(how.name, why)
-                plain = plain or self._specs.how(fn, opts.pure)
-                spec = self._specs.spec(fn, args, kwargs, k, opts, plain)
-                specs.append(spec.with_key(_arguments.prefixed(prefix, spec.key)))
-                entries.append(None)
-                continue
-            specs.append(self._specs.spec(fn, args, kwargs, k, opts, run_as(fpk)))
-            entries.append((_journal.entry_id(k, fpk), fpk))
-        return self._submit_journaled(keeper, specs, entries, opts.resources)
-
-    @staticmethod
-    def _journaled_plain(fp: str, name: str, items: list, terms: Terms) -> Optional[tuple]:
-        """(Specs, entries) of pure tasks whose arguments are all plain (numbers, strings: the
-        pickle of such arguments is their token), in one loop; None if any is not."""
-        payloads = serialize.dumps_plain_many(items)
-        if payloads is None:
-            return None
-        h, entry_id, share = hashlib.sha1(fp.encode(), usedforsecurity=False), _journal.entry_id, Spec.sharing
-        specs, entries = [], []
-        for payload in payloads:
-            k = h.copy()
-            k.update(payload.meta if type(payload.meta) is bytes else payload.meta.raw())
-            key = name + k.hexdigest()
-            specs.append(share(key, payload, (), terms))
-            entries.append((entry_id(key, fp), fp))
-        return specs, entries
-
-    @staticmethod
-    def _journal_key(fp: str, name: str, args: tuple, kwargs: dict, key: Optional[str],
-                     prefix: Optional[str]) -> tuple:
-        """(key, fingerprint, None) of a journaled task, or (its own key, None, why it cannot be
-        journaled). A pure task's key is made of its code and its arguments' token; an explicit
-        key (a dask graph's) is kept, with the code of the graph nodes among its arguments."""
-        if key is None:
-            tok = _journal.token((args, kwargs))
-            if tok is None:
-                why = _journal.why_untokenizable((args, kwargs))
-                return None, None, f"an argument has no deterministic token ({why})"
-            return f"{prefix or name}-{_journal.pure_key(fp, tok)}", fp, None
-        try:
-            return key, _journal.combined(fp, _journal.graph_code(args)), None
-        except Exception as e:  # noqa: BLE001 - any failure of the walk leaves the task unjournaled
-            return key, None, f"the code of its dask graph node has no fingerprint ({e})"
-
-    def _submit_journaled(self, keeper: _journal.Keeper, specs: list, entries: list,
-                          resources: Optional[tuple]) -> list[Future]:
-        """Futures of ``specs``: those whose entry (``entries``) the journal holds finished at
-        once, their results read when asked for; the others submitted."""
-        found = keeper.lookup([e[0] for e in entries if e is not None])
-        from_journal, table = self._from_journal, self._table
-        hit = [e is not None and e[0] in found and (s.key in from_journal or not table.holds(s.key))
-               for s, e in zip(specs, entries)]
-        if not any(hit):
-            return self._submit(specs, resources)
-        submitted = iter(self._submit([s for s, h in zip(specs, hit) if not h], resources))
-        reused = table.hold_many([s.key for s, h in zip(specs, hit) if h])[0]
-        out, reuse = [], iter(reused)
-        for spec, entry, h in zip(specs, entries, hit):
-            if not h:
-                out.append(next(submitted))
-                continue
-            fut = next(reuse)
-            # A dependent has it read by its worker: the task itself when it has no inputs (a
-            # damaged entry is computed again there), else a reader of the entry alone, since
-            # its inputs may be let go of meanwhile (a damaged entry is an error naming it)
-            if spec.deps:
-                fn_id, data = keeper.reader(entry[1], new_fn_id)
-                reader = Spec.sharing(spec.key, serialize.plain_args(()), (), Terms(fn_id, data))
-            else:
-                fn_id, data = keeper.reader(entry[1], new_fn_id, spec.terms)
-                reader = Spec.sharing(spec.key, spec.kept, (), Terms(fn_id, data))
-            from_journal[spec.key] = (reader, spec)
-            state = table.state(spec.key)
-            if state is not None:
-                state.conclude("finished", _journal.InJournal(keeper, entry[0], functools.partial(self._again, spec.key)))
-            out.append(fut)
-        keeper.count_reused(len(reused))
-        return out
-
-    def _again(self, key: str) -> Any:
-        """The value of ``key`` computed again (its journal entry was damaged or gone)."""
-        specs = self._from_journal.pop(key, None)
-        if specs is not None:
-            self._table.renew(key)
-            return self._submit([specs[1]])[0].result()
-        fut = self._gateway.acquire(key, lambda: self._table.hold(key))      # a dependent had it made meanwhile
-        if fut is None:
-            raise RuntimeError(f"the journal entry of task {key!r} is damaged, and the task is no longer known "
-                               f"to the cluster: submit it again to compute it")
-        return fut.result()
+        return self._api.map(fn, iterables, kwargs, key, pure, retries, timeout, priority, workers,
+                             allow_other_workers, resources)
 
     def scatter(self, data: Any, broadcast: bool = False, workers: Any = None,
                 allow_other_workers: bool = False, direct: Any = None, hash: bool = True) -> Any:
@@ -462,20 +261,7 @@ class Client:
         Returns:
             A Future for a value; a list, tuple or dict of Futures for a container.
         """
-        self._check()
-        for flag, value in (("broadcast", broadcast), ("allow_other_workers", allow_other_workers)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag}={value!r}: expected True or False")
-        names = self._gateway.check_worker_names(workers, not allow_other_workers) if workers is not None else None
-        if names is not None and allow_other_workers and not names & set(self.cluster.workers):
-            names = None
-        if isinstance(data, dict):
-            return dict(zip(data, self.scatter(list(data.values()), broadcast, names)))
-        single = not isinstance(data, (list, tuple, set, frozenset))
-        values = [data] if single else list(data)
-        items = [(fresh_key(type(v).__name__), serialize.dumps(v)) for v in values]
-        futures = self._gateway.scatter(items, lambda: self._table.hold_many([key for key, _ in items])[0], names, broadcast)
-        return futures[0] if single else type(data)(futures) if isinstance(data, (list, tuple)) else futures
+        return self._api.scatter(data, broadcast, workers, allow_other_workers)
 
     def gather(self, futures: Any, errors: str = "raise", asynchronous: bool = False,
                timeout: Optional[float] = None) -> Any:
@@ -503,37 +289,7 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         if asynchronous:
             return self._gather_async(futures, errors, timeout, deadline)
-        return self._gathered(futures, errors, timeout, deadline)
-
-    def _gathered(self, futures: Any, errors: str, timeout: Optional[float], deadline: Optional[float]) -> Any:
-        """``gather`` by ``deadline`` (time.monotonic); ``timeout``: the caller's, which the
-        messages quote."""
-        flat = [f for f in _walk(futures) if isinstance(f, Future)]
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        # not cf.wait: in a forked child it raises instead of hanging
-        _waiting.wait_all(flat, left, "gather", stated=timeout)
-        states = [s for s in map(self._table.state_of, flat) if s is not None]
-        if errors == "raise":
-            # The first error in _rebuild's order, raised from here: the caller's traceback then
-            # shows two frames of ours above the task's own, not eight of _rebuild's recursion.
-            error = _first_error(states)
-            if error is not None:
-                raise error
-        if self._journal is not None:      # results finished from the journal: read in one pass
-            self._journal.read_ahead(states)
-        lazy = [s for s in dict.fromkeys(states) if s.needs_fetch()]
-        if lazy:   # fetch all large results at once rather than one round trip each
-            fetched = self._gateway.fetch([s.key for s in lazy])
-            for state, ff in zip(lazy, fetched):
-                try:
-                    payload = ff.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                except BaseException:
-                    if not ff.done():
-                        raise TimeoutError(f"gather(timeout={timeout:g}): the results were done, but fetching "
-                                           f"their data from the workers took longer than {timeout:g} s") from None
-                    continue
-                state.prefill(payload)
-        return _rebuild(futures, errors)
+        return self._api.gather(futures, errors, timeout, deadline)
 
     async def _gather_async(self, futures: Any, errors: str, timeout: Optional[float],
                             deadline: Optional[float]) -> Any:
@@ -558,7 +314,7 @@ class Client:
             error = _first_error([s for s in map(self._table.state_of, flat) if s is not None])
             if error is not None:
                 raise error
-        return await loop.run_in_executor(None, lambda: self._gathered(futures, errors, timeout, deadline))
+        return await loop.run_in_executor(None, lambda: self._api.gather(futures, errors, timeout, deadline))
 
     def retry(self, futures: Any, asynchronous: Any = None) -> None:
         """Run these futures' failed tasks again (and first the failed inputs they failed
@@ -603,7 +359,7 @@ class Client:
             futures: a Future, or (nested) lists, tuples and dicts of them.
             force: dask's; accepted and ignored (always ``True`` here).
         """
-        self._gateway.cancel([f.key for f in _walk(futures) if isinstance(f, Future)])
+        self._api.cancel(futures)
 
     def restart(self, timeout: float = 60.0, wait_for_workers: bool = True) -> "Client":
         """Stop every worker, forget every task (pending futures fail with ClusterRestarted),
@@ -681,7 +437,7 @@ class Client:
             >>> list(pids)
             ['worker-0']
         """
-        return self._dask.run(function, args, kwargs, workers, wait, nanny, on_error)
+        return self._api.run(function, args, kwargs, workers, wait, nanny, on_error)
 
     def who_has(self, futures: Any = None, **kwargs: Any) -> dict[str, tuple]:
         """The workers holding each future's data: key -> tuple of worker names (every key
@@ -693,7 +449,7 @@ class Client:
         Returns:
             ``{key: (worker name, ...)}``; an empty tuple while no worker holds the data.
         """
-        return self._dask.who_has(futures)
+        return self._api.who_has(futures)
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
         """dask's ``scheduler_info()``: the cluster and each worker, keyed by worker name.
@@ -703,7 +459,7 @@ class Client:
             ValueError: ``n_workers`` is not an int of -1 or more.
             RuntimeError: this client, or its cluster, is closed.
         """
-        return self._dask.scheduler_info(n_workers)
+        return self._api.scheduler_info(n_workers)
 
     def nthreads(self, workers: Any = None, **kwargs: Any) -> dict[str, int]:
         """The task threads of each worker: {worker name: threads} (dask's, keyed by address);
@@ -1336,38 +1092,6 @@ class Client:
 def _not_here(call: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"{call} is dask.distributed's and has no localcluster counterpart: {why} "
                                f"(docs/dask-api.md lists every name).")
-
-
-def _rebuild(obj: Any, errors: str) -> Any:
-    return _arguments.rebuild(obj, Future, Future.result, errors)
-
-
-_collection_paused = 0       # maps under way that paused the cyclic collector (under _collection_lock)
-_collection_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
-    """The cyclic garbage collector paused while a ``map`` makes its tasks: 200,000 tasks make
-    about 1.4 million objects, none of them garbage, and the collector's passes over them
-    were 40% of the time ``map`` took to hand its futures back. Nested and concurrent maps
-    count; a collector the user had disabled stays disabled."""
-    global _collection_paused
-    with _collection_lock:
-        if _collection_paused == 0 and not gc.isenabled():
-            paused = False
-        else:
-            paused = True
-            _collection_paused += 1
-            gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            with _collection_lock:
-                _collection_paused -= 1
-                if _collection_paused == 0:
-                    gc.enable()
 
 
 def _first_error(states: list) -> Optional[BaseException]:

@@ -1,12 +1,13 @@
-"""The calls of dask's Client beyond submit, map and gather, for ``Client`` (client.py), which
-keeps each public method where users call it and hands it here: ``run`` (a function on
-every worker, outside the task slots), ``who_has``, ``scheduler_info``, ``get_versions``,
-``get_worker_logs``, and ``compute``/``persist`` of dask collections (the graph's glue is in
-integrations/daskgraph.py, imported on first use: dask loads only for a program that uses it).
+"""The calls of dask's Client that only the user's process has, for ``Client`` (client.py),
+which keeps each public method where users call it and hands it here: ``get_versions``,
+``get_worker_logs``, plugins, uploads, the workers' keys, and ``compute``/``persist`` of dask
+collections (the graph's glue is in integrations/daskgraph.py, imported on first use: dask
+loads only for a program that uses it). The calls a task's client has too (submit, map,
+gather, scatter, cancel, run, who_has, scheduler_info) are written once, in worker/api.py.
 
 ``DaskCalls`` is made by its Client with what it needs by name: the client (its public
-methods and ``cluster``), its gateway (gateway.py), its check that it is open, its ``Specs`` (functions
-and arguments pickled as for submit) and its check of submit's options.
+methods and ``cluster``), its gateway (gateway.py), its check that it is open and its check
+of submit's options.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from ..engine.plugins import is_scheduler_plugin
 from ..wire import serialize
 from ..config import check_duration, check_int, check_resources
-from .specs import Options, Specs, name_of
-from ..worker.arguments import check_run, dask_keywords, run_results, shown_workers
-from .future import futures_of, gateway_of, loads_for
+from .specs import name_of
+from ..worker.arguments import dask_keywords
+from .future import gateway_of, loads_for
 from ..published import Published, Subscription
 from ..worker import setup
 
@@ -36,12 +37,10 @@ if TYPE_CHECKING:
 
 class DaskCalls:
     # Used by the user threads that call its Client; its subscriptions under _lock.
-    def __init__(self, client: Any, gateway: Gateway, check: Callable[[], None], specs: Specs,
-                 options: Callable[..., Options]):
+    def __init__(self, client: Any, gateway: Gateway, check: Callable[[], None], options: Callable[..., Any]):
         self._client = client          # the Client: gather, cluster
         self._gateway = gateway        # the cluster's internal protocol, as the Client holds it
         self._check = check            # the Client's: raises if it is closed (or a fork's)
-        self._specs = specs            # the Client's function cache and argument pickling
         self._options = options        # the Client's check of submit's options
         #: datasets and events, asked of the scheduler through the client's gateway
         self.published = Published(self._ask, self._give_back, lambda payload: loads_for(client, payload))
@@ -97,43 +96,6 @@ class DaskCalls:
                                  + "\nInstall the same versions everywhere (workers use the client's "
                                  "interpreter; a package upgraded while the cluster runs needs client.restart()).")
         return {"client": mine, "workers": theirs}
-
-    def run(self, function: Callable, args: tuple, kwargs: dict, workers: Any, wait: bool, nanny: bool,
-            on_error: str) -> Optional[dict]:
-        """``Client.run``: {worker name: result}, or None with ``wait=False``."""
-        check_run(function, nanny, on_error, "this process")
-        self._check()
-        gateway = self._gateway
-        names = gateway.check_worker_names(workers) if workers is not None else None
-        _, fn_bytes = self._specs.function(function)
-        payload, found = self._specs.pickle_args(function, args, kwargs)
-        if found:
-            raise TypeError(f"run({name_of(function)}, ...): its arguments hold futures ({next(iter(found))!r}), "
-                            f"which client.run does not resolve; pass their result() instead")
-        answers = gateway.run(fn_bytes, payload, names, f"client.run({name_of(function)})")
-        if not wait:
-            return None
-        return run_results(((name, lambda a=answer: serialize.loads(a.result())) for name, answer in answers.items()),
-                           on_error)
-
-    def who_has(self, futures: Any) -> dict[str, tuple]:
-        self._check()
-        keys = None if futures is None else list(dict.fromkeys(f.key for f in futures_of(futures)))
-        return self._gateway.who_has(keys)
-
-    def scheduler_info(self, n_workers: int) -> dict:
-        self._check()
-        cluster = self._client.cluster
-        workers = cluster.workers
-        shown = shown_workers(list(workers.values()), n_workers)
-        return {
-            "type": "Scheduler", "id": os.path.basename(cluster.local_directory),
-            "address": f"localcluster://{os.getpid()}", "services": {}, "started": self._gateway.started,
-            "n_workers": len(workers), "total_threads": sum(w.nthreads for w in workers.values()),
-            "total_memory": sum(w.memory_limit or 0 for w in workers.values()),
-            "workers": {w.name: _worker_identity(w, cluster.local_directory, cluster.config["resources"])
-                        for w in shown},
-        }
 
     def _workers(self, call: str, workers: Any) -> dict:
         """cluster.workers, or the named ones (unknown names: a ValueError naming the known)."""
@@ -262,7 +224,7 @@ class DaskCalls:
             raise NotImplementedError("retire_workers(close_workers=False): a localcluster worker that takes no "
                                       "work has no use here; it exits once its data is handed on")
         names = self._gateway.check_worker_names(workers)
-        info = self.scheduler_info(-1)["workers"]
+        info = self._client.scheduler_info(-1)["workers"]
         self._gateway.retire(names, float(kwargs.get("timeout") or 60.0))
         return {name: info.get(name, {"name": name}) for name in sorted(names)}
 
@@ -301,7 +263,7 @@ class DaskCalls:
                 os.remove(importlib.util.cache_from_source(target))
         step = ("upload", target, bool(load))
         self._steps(lambda steps: [s for s in steps if s[:2] != step[:2]] + [step])
-        self.run(setup.apply_upload, (target, bool(load)), {}, None, True, False, "raise")
+        self._client.run(setup.apply_upload, target, bool(load))
 
     def register_plugin(self, plugin: Any, name: Any) -> Any:
         self._check()
@@ -321,7 +283,7 @@ class DaskCalls:
         step = ("plugin", name, data)
         # first for the workers to come (a replacement runs it), then on those running now
         self._steps(lambda steps: [s for s in steps if s[:2] != step[:2]] + [step])
-        done = self.run(setup.add_plugin, (name, data), {}, None, True, False, "raise") or {}
+        done = self._client.run(setup.add_plugin, name, data) or {}
         return {worker: {"status": "OK"} for worker in done}
 
     def unregister_scheduler_plugin(self, name: str) -> None:
@@ -340,7 +302,7 @@ class DaskCalls:
         if not found:
             raise ValueError(f"The worker plugin {name!r} does not exist (register_plugin names it by its "
                              f"name attribute, or the name= given)")
-        done = self.run(setup.remove_plugin, (name,), {}, None, True, False, "raise") or {}
+        done = self._client.run(setup.remove_plugin, name) or {}
         return {worker: {"status": "OK"} for worker in done}
 
     def get_worker_logs(self, n: Optional[int], workers: Any) -> dict[str, list]:
@@ -508,7 +470,7 @@ class get_task_stream:     # noqa: N801 - dask's name: a context manager, used a
         self.data.extend(stream_records(self.client, self.client.cluster.history.since(self._start)))
 
 
-def _worker_identity(w: Any, directory: str, resources: Optional[dict]) -> dict:
+def worker_identity(w: Any, directory: str, resources: Optional[dict]) -> dict:
     """One worker as dask's ``scheduler_info()["workers"][...]`` shows it (a WorkerInfo in)."""
     return {"type": "Worker", "id": w.name, "name": w.name, "host": "localhost", "pid": w.pid,
             "nthreads": w.nthreads, "memory_limit": w.memory_limit or 0, "status": w.status, "resources": dict(resources or {}),

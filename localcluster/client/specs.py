@@ -2,24 +2,22 @@
 
 ``Specs`` (one per Client) pickles a task's function once and caches it, weakly where the
 callable allows it (a cached bound method must not keep its object alive, nor a closure its
-data); pickles the arguments, naming the one that cannot be pickled; and makes the key: the
-function's name and a hash of the function and arguments for a pure task, a fresh name
-otherwise (worker/arguments.py makes both, for a task's client too). ``Options`` are submit's checked options, the same for every task of a ``map``.
+data); and makes the Specs of a plain ``map`` in one loop, and those of the journal's tasks
+(client/transport.py). worker/api.py makes every other task, for a task's client too.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 from ..wire import serialize
 from ..scheduler.records import Spec, Terms
+from ..worker.api import DEFAULT_OPTIONS, Function, Options, pickle_args
 from ..worker.arguments import PREFIX, fresh_key, fresh_keys, hash_function, name_of, pure_key
 
-__all__ = ["Specs", "Function", "Options", "DEFAULT_OPTIONS", "terms_of", "new_fn_id", "PREFIX", "fresh_key",
-           "name_of"]
+__all__ = ["Specs", "terms_of", "new_fn_id", "PREFIX", "fresh_key", "name_of"]
 
 _fn_ids = itertools.count(1)         # function ids of this process, for every Client
 FN_CACHE = 512                       # functions each Client keeps pickled
@@ -27,32 +25,6 @@ FN_CACHE = 512                       # functions each Client keeps pickled
 def new_fn_id() -> int:
     """A function id never given before in this process (a task function wrapped anew)."""
     return next(_fn_ids)
-
-
-class Function(NamedTuple):
-    """A task function as ``Specs.spec`` needs it: its id and bytes, its name for keys, the
-    sha1 of its bytes for pure keys (copied, then fed each task's arguments), and the Terms
-    its tasks share when submitted with the default options (one for every such task)."""
-    fn_id: int
-    fn_bytes: bytes
-    name: str
-    hashed: Any
-    terms: Terms
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    pure: bool
-    retries: int
-    timeout: Optional[float]
-    priority: int
-    workers: Optional[frozenset]
-    loose: bool
-    resources: Optional[tuple] = None      # config.check_resources: ((name, amount), ...)
-
-
-#: submit's and map's options when none is given, pure or not: their tasks share Terms
-DEFAULT_OPTIONS = {flag: Options(flag, 0, None, 0, None, False, None) for flag in (False, True)}
 
 
 class Specs:
@@ -87,29 +59,6 @@ class Specs:
             self._fn_cache.popitem(last=False)
         return entry
 
-    def pickle_args(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
-        """(payload, {future key: its client id}) of ``fn``'s arguments; a TypeError naming the
-        argument that cannot be pickled."""
-        try:
-            return serialize.dumps_collecting((args, kwargs))
-        except Exception as e:
-            where = "the arguments"
-            for i, a in enumerate(args):
-                try:
-                    serialize.dumps(a)
-                except Exception:
-                    where = f"argument {i} ({serialize.describe(a)})"
-                    break
-            else:
-                for k, a in kwargs.items():
-                    try:
-                        serialize.dumps(a)
-                    except Exception:
-                        where = f"keyword argument {k!r} ({serialize.describe(a)})"
-                        break
-            raise TypeError(f"could not pickle {where} of {name_of(fn)}(): {type(e).__name__}: {e}. "
-                            f"Pass something picklable, or create it inside the task.") from e
-
     def spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: Options,
              how: Optional[Function] = None) -> Spec:
         """The task of ``fn(*args, **kwargs)``. ``how``: the function pickled, named and hashed
@@ -119,7 +68,7 @@ class Specs:
         payload = serialize.plain_args(args) if not opts.pure and not kwargs and key is None else None
         found = {}
         if payload is None:
-            payload, found = self.pickle_args(fn, args, kwargs)
+            payload, found = pickle_args(how.name, args, kwargs)
         if found:
             foreign = [k for k, owner in found.items() if owner != self._client_id]
             if foreign:

@@ -27,11 +27,10 @@ from collections.abc import Mapping
 from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator, Optional
 
-from ..config import check_resources
 from ..wire import protocol as P
 from ..wire import serialize
 from ..published import NO_DEFAULT, Datasets, Published
-from . import arguments, context, process
+from . import api, arguments, context, process
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
 
@@ -212,11 +211,16 @@ class TaskChannel:
     the TaskFutures this process holds by key. The protocol between a TaskClient, its
     TaskFutures and the cluster lives here, as the Client's lives on its FutureTable."""
 
-    def __init__(self, worker: "process.Worker"):
+    here = "the client's process"
+    keeps_plain = False         # a task's arguments travel pickled over the channel
+
+    def __init__(self, worker: "process.Worker", client: "TaskClient"):
         self.worker = worker
+        self.client = client            # the TaskClient it serves: its futures' client
         self.states: dict[str, TaskFutureState] = {}
         # Re-entrant: a garbage collection inside take() may run TaskFuture.__del__ -> let_go().
         self.lock = threading.RLock()
+        self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, its Function)
 
     def tell(self, body: Any) -> None:
         self.worker.tell(body, _seq())
@@ -282,12 +286,120 @@ class TaskChannel:
 
     def value(self, key: str, outcome: tuple) -> Any:
         """What a future of ``key`` that ended with ``outcome`` gives: its value, or its error raised."""
-        status, payload, error = outcome
-        if status == "finished":
-            return serialize.loads(payload)
+        if outcome[0] == "finished":
+            return serialize.loads(outcome[1])
+        raise self.error(key, outcome)
+
+    @staticmethod
+    def error(key: str, outcome: tuple) -> BaseException:
+        """What a future of ``key`` that ended otherwise than finished (``outcome``) raises."""
+        status, _, error = outcome
         if status == "cancelled":
-            raise CancelledError(f"{key!r} was cancelled (client.cancel in a task)")
-        raise serialize.loads_exception(error, key)
+            # the scheduler's words (scheduler/forgetting.py), as a future of the user's process has them
+            return CancelledError(f"Task {key!r} was cancelled by a task (cancel in the task), and its data is "
+                                  f"let go of: submit it again to compute it.")
+        return serialize.loads_exception(error, key)
+
+    # --- the Client API's transport (worker/api.py) ------------------------------------------
+
+    @property
+    def future(self) -> type:
+        """The class of a task's futures."""
+        return TaskFuture
+
+    def check(self) -> None:
+        """Nothing to check: the worker's channel lives as long as the task."""
+
+    def worker_names(self, workers: Any, strict: bool) -> frozenset:
+        """The names as given: the parent's scheduler knows which run."""
+        return frozenset((workers,) if isinstance(workers, str) else workers)
+
+    def function(self, fn: Callable, pure: bool) -> api.Function:
+        entry = self._fns.get(id(fn))
+        if entry is not None and entry[0] is fn:
+            return entry[1]
+        try:
+            data = serialize.pickle_function(fn)
+        except Exception as e:
+            raise TypeError(f"could not pickle the function {serialize.describe(fn)}: "
+                            f"{type(e).__name__}: {e}") from e
+        how = api.Function(0, data, arguments.name_of(fn), arguments.hash_function(data), None)
+        if len(self._fns) > 256:
+            self._fns.clear()
+        self._fns[id(fn)] = (fn, how)
+        return how
+
+    def task(self, how: api.Function, key: str, payload: Any, found: dict, opts: api.Options) -> P.NewTask:
+        return P.NewTask(key, how.fn_bytes, payload, tuple(found), opts.priority, opts.retries, opts.timeout,
+                         opts.workers, opts.loose, opts.resources)
+
+    def many(self, items: list, opts: api.Options, how: api.Function) -> None:
+        return None
+
+    def from_journal(self, fn: Callable, items: list, kwargs: dict, keys: list, opts: api.Options,
+                     prefix: Optional[str]) -> None:
+        return None     # the journal is the user's process's
+
+    def actor(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
+        raise NotImplementedError("submit(actor=True) in a task: an actor is made by a Client of your own "
+                                  "process; pass its handle to the task, whose calls of it work there")
+
+    def send(self, tasks: list, opts: api.Options) -> list:
+        keys = [t.key for t in tasks]
+        # made before the message: a reply may not outrun them
+        futures = [TaskFuture(k, self.client, s) for k, s in zip(keys, self.take(keys))]
+        self.tell(P.Submit(tuple(tasks)))
+        return futures
+
+    def scatter(self, items: list, workers: Optional[frozenset], broadcast: bool, loose: bool) -> list:
+        """As the Client's, but placed where the scheduler chooses (``workers`` is a hint)."""
+        keys = [k for k, _ in items]
+        futures = [TaskFuture(k, self.client, s) for k, s in zip(keys, self.take(keys))]
+        self.tell(P.Scatter(tuple(items), broadcast))
+        return futures
+
+    def cancel(self, futures: list) -> None:
+        self.tell(P.CancelKeys(tuple(f.key for f in futures)))
+        for f in futures:
+            state = self.state_of(f)
+            if state.outcome is None or state.outcome[0] not in ("finished", "error", "lost"):
+                state.outcome = ("cancelled", None, None)
+
+    def who_has(self, keys: Optional[tuple]) -> dict:
+        return dict(self.ask(P.WhoHas(keys)).data)
+
+    def run(self, fn_bytes: bytes, payload: Any, workers: Optional[frozenset], name: str,
+            wait: bool) -> Optional[Iterator[tuple]]:
+        body = P.RunOn(fn_bytes, payload, None if workers is None else tuple(sorted(workers)), name)
+        if not wait:
+            self.tell(body)
+            return None
+        answer = self.ask(body)
+        if answer.error is not None:
+            raise serialize.loads_exception(answer.error, f"run({name})")
+        return ((worker, functools.partial(_ran, name, worker, *outcome)) for worker, outcome in answer.data)
+
+    def workers(self) -> tuple:
+        workers = self.ask(P.Info()).data
+        return {"address": f"localcluster://{os.getppid()}"}, [
+            (name, threads, functools.partial(dict, type="Worker", id=name, name=name, host="localhost",
+                                              nthreads=threads, resources=resources))
+            for name, threads, resources in workers]
+
+    def wait(self, futures: list, timeout: Optional[float], deadline: Optional[float]) -> None:
+        pending = [f for f in futures if self.state_of(f).outcome is None]
+        if pending:
+            self.outcomes(pending, timeout)
+
+    def first_error(self, futures: list) -> Optional[BaseException]:
+        for f in futures:
+            outcome = self.state_of(f).outcome
+            if outcome is not None and outcome[0] != "finished":
+                return self.error(f.key, outcome)
+        return None
+
+    def values(self, futures: list, timeout: Optional[float], deadline: Optional[float]) -> Callable[[Any], Any]:
+        return TaskFuture.result      # every outcome is here, its value with it
 
 
 # Each task's client's channel by the client's id: found by ``channel_of``, never on the
@@ -381,8 +493,8 @@ class TaskClient:
         self.id = f"task-client-{worker.name}-{os.getpid()}"
         self.status = "running"
         self._worker_name = worker.name
-        self._channel = _channels[self.id] = TaskChannel(worker)
-        self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, pickled bytes, name, sha1 of the bytes)
+        self._channel = _channels[self.id] = TaskChannel(worker, self)
+        self._api = api.ClientApi(self._channel)     # the calls, written once for this client and the Client's
         self._published = Published(self._ask, self._channel.give_back)     # datasets and events
 
     def __repr__(self) -> str:
@@ -400,67 +512,31 @@ class TaskClient:
     def submit(self, fn: Callable, /, *args: Any, key: Optional[str] = None, pure: bool = True, retries: int = 0,
                timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
                allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> TaskFuture:
-        """As ``Client.submit``: ``fn(*args, **kwargs)`` on the cluster; a TaskFuture. Its
-        arguments are read and checked as the Client's (worker/arguments.py)."""
-        if kwargs.pop("actor", False) | bool(kwargs.pop("actors", False)):
-            raise NotImplementedError("submit(actor=True) in a task: an actor is made by a Client of your own "
-                                      "process; pass its handle to the task, whose calls of it work there")
-        arguments.dask_keywords("submit", kwargs, arguments.HINTS["submit"])
-        arguments.check_call("submit", fn)
-        arguments.check_key(key)
-        need = check_resources(resources, "submit")
-        arguments.check_options(retries, timeout, priority, allow_other_workers)
-        task = self._task(fn, args, kwargs, key, pure, retries, timeout, priority, workers, allow_other_workers, need)
-        return self._send([task])[0]
+        """As ``Client.submit``: ``fn(*args, **kwargs)`` on the cluster; a TaskFuture (one
+        implementation for both: worker/api.py)."""
+        return self._api.submit(fn, args, kwargs, key, pure, retries, timeout, priority, workers,
+                                allow_other_workers, resources)
 
     def map(self, fn: Callable, /, *iterables: Any, key: Any = None, pure: bool = True, retries: int = 0,
             timeout: Optional[float] = None, priority: int = 0, workers: Any = None,
             allow_other_workers: bool = False, resources: Optional[dict] = None, **kwargs: Any) -> list:
-        """As ``Client.map``: one task per item, sent in one message. Its arguments are read and
-        checked as the Client's (worker/arguments.py)."""
-        arguments.check_call("map", fn, iterables)
-        arguments.dask_keywords("map", kwargs, arguments.HINTS["map"])
-        need = check_resources(resources, "map")
-        arguments.check_options(retries, timeout, priority, allow_other_workers)
-        items = list(zip(*iterables))
-        keys = arguments.map_keys(key, len(items))
-        prefix = key if isinstance(key, str) else None
-        tasks = [self._task(fn, a, kwargs, k, pure, retries, timeout, priority, workers, allow_other_workers, need,
-                            prefix) for a, k in zip(items, keys)]
-        return self._send(tasks)
+        """As ``Client.map``: one task per item, sent in one message."""
+        return self._api.map(fn, iterables, kwargs, key, pure, retries, timeout, priority, workers,
+                             allow_other_workers, resources)
 
     def gather(self, futures: Any, errors: str = "raise", timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """As ``Client.gather``: the results of (nested lists, tuples and dicts of) futures."""
-        arguments.check_errors("gather", errors)
-        flat = list(dict.fromkeys(_walk(futures)))
-        channel = self._channel
-        outcomes: dict = {f: channel.state_of(f).outcome for f in flat}     # all known once pending are
-        pending = [f for f, outcome in outcomes.items() if outcome is None]
-        if pending:
-            outcomes.update(zip(pending, channel.outcomes(pending, timeout)))
-        return arguments.rebuild(futures, TaskFuture, lambda f: channel.value(f.key, outcomes[f]), errors)
+        return self._api.gather(futures, errors, timeout)
 
-    def scatter(self, data: Any, broadcast: bool = False, **kwargs: Any) -> Any:
+    def scatter(self, data: Any, broadcast: bool = False, workers: Any = None, allow_other_workers: bool = False,
+                **kwargs: Any) -> Any:
         """As ``Client.scatter``: data placed on the cluster's workers; futures of it."""
-        if isinstance(data, dict):
-            return dict(zip(data, self.scatter(list(data.values()), broadcast)))
-        single = not isinstance(data, (list, tuple, set, frozenset))
-        values = [data] if single else list(data)
-        items = tuple((arguments.fresh_key(type(v).__name__), serialize.dumps(v)) for v in values)
-        self._channel.tell(P.Scatter(items, broadcast))
-        futures = [TaskFuture(k, self) for k, _ in items]
-        return futures[0] if single else futures
+        return self._api.scatter(data, broadcast, workers, allow_other_workers)
 
     def cancel(self, futures: Any, force: bool = False, **kwargs: Any) -> None:
         """As ``Client.cancel``: these futures' tasks are cancelled and their data let go
         of, for every holder (what dask calls ``force=True``, as ``Client.cancel`` does)."""
-        fs = list(dict.fromkeys(_walk(futures)))
-        if fs:
-            self._channel.tell(P.CancelKeys(tuple(f.key for f in fs)))
-        for f in fs:
-            state = self._channel.state_of(f)
-            if state.outcome is None or state.outcome[0] not in ("finished", "error", "lost"):
-                state.outcome = ("cancelled", None, None)
+        self._api.cancel(futures)
 
     def run(self, function: Callable, /, *args: Any, workers: Any = None, wait: bool = True, nanny: bool = False,
             on_error: str = "raise", **kwargs: Any) -> Optional[dict]:
@@ -468,39 +544,17 @@ class TaskClient:
         now, outside the task slots, on a thread of its own there (this worker's too: no
         deadlock); ``{worker name: result}``. Errors as ``on_error`` says; a worker that dies
         meanwhile gives KilledWorker. ``wait=False``: None at once, the calls go on."""
-        arguments.check_run(function, nanny, on_error, "the client's process")
-        fn_bytes, name, _ = self._function(function)
-        payload, found = serialize.dumps_collecting((tuple(args), dict(kwargs)))
-        if found:
-            raise TypeError(f"run({name}, ...): its arguments hold futures ({next(iter(found))!r}), which "
-                            f"client.run does not resolve; pass their result() instead")
-        names = None if workers is None else tuple((workers,) if isinstance(workers, str) else workers)
-        body = P.RunOn(fn_bytes, payload, names, name)
-        if not wait:
-            self._channel.tell(body)
-            return None
-        answer = self._channel.ask(body)
-        if answer.error is not None:
-            raise serialize.loads_exception(answer.error, f"run({name})")
-        return arguments.run_results(((worker, functools.partial(_ran, name, worker, *outcome))
-                                      for worker, outcome in answer.data), on_error)
+        return self._api.run(function, args, kwargs, workers, wait, nanny, on_error)
 
     def who_has(self, futures: Any = None, **kwargs: Any) -> dict:
         """As ``Client.who_has``: key -> the names of the workers holding its data (every key
         the cluster knows when ``futures`` is None)."""
-        keys = None if futures is None else tuple(dict.fromkeys(f.key for f in _walk(futures)))
-        return dict(self._channel.ask(P.WhoHas(keys)).data)
+        return self._api.who_has(futures)
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> dict:
         """As ``Client.scheduler_info``, with what a task can know: each open worker (keyed by
         name) with its name, threads and resources; ``n_workers``: at most that many (-1: all)."""
-        workers = self._channel.ask(P.Info()).data
-        shown = arguments.shown_workers(list(workers), n_workers)
-        return {"type": "Scheduler", "address": f"localcluster://{os.getppid()}", "n_workers": len(workers),
-                "total_threads": sum(threads for _, threads, _ in workers),
-                "workers": {name: {"type": "Worker", "id": name, "name": name, "host": "localhost",
-                                   "nthreads": threads, "resources": resources}
-                            for name, threads, resources in shown}}
+        return self._api.scheduler_info(n_workers)
 
     # --- datasets and events, as the Client's (published.py) --------------------------------
 
@@ -532,37 +586,6 @@ class TaskClient:
             raise answer
         return answer
 
-    def _send(self, tasks: list) -> list:
-        keys = [t.key for t in tasks]
-        # made before the message: a reply may not outrun them
-        futures = [TaskFuture(k, self, s) for k, s in zip(keys, self._channel.take(keys))]
-        self._channel.tell(P.Submit(tuple(tasks)))
-        return futures
-
-    def _task(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], pure: bool, retries: int,
-              timeout: Optional[float], priority: int, workers: Any, loose: bool, need: Optional[tuple],
-              prefix: Optional[str] = None) -> P.NewTask:
-        fn_bytes, name, hashed = self._function(fn)
-        try:
-            payload, found = serialize.dumps_collecting((tuple(args), dict(kwargs)))
-        except Exception as e:
-            raise TypeError(f"could not pickle the arguments of {name}(): {type(e).__name__}: {e}") from e
-        if key is None:
-            key = arguments.pure_key(name, hashed, payload) if pure else arguments.fresh_key(name)
-            key = arguments.prefixed(prefix, key)
-        names = frozenset((workers,) if isinstance(workers, str) else workers) if workers is not None else None
-        return P.NewTask(key, fn_bytes, payload, tuple(found), priority, retries, timeout, names, bool(loose), need)
-
-    def _function(self, fn: Callable) -> tuple:
-        entry = self._fns.get(id(fn))
-        if entry is not None and entry[0] is fn:
-            return entry[1:]
-        data = serialize.pickle_function(fn)
-        entry = (fn, data, arguments.name_of(fn), arguments.hash_function(data))
-        if len(self._fns) > 256:
-            self._fns.clear()
-        self._fns[id(fn)] = entry
-        return entry[1:]
 
 
 _ENDED = frozenset({"memory", "erred", "lost", "released", "unknown"})     # the scheduler's states of an ended key
@@ -594,6 +617,3 @@ def _ran(name: str, worker: str, status: str, data: Any, error: Any) -> Any:
         raise serialize.loads_exception(error, f"run({name}) on {worker!r}")
     return serialize.loads(data)
 
-
-def _walk(obj: Any) -> Iterator[TaskFuture]:
-    return arguments.walk(obj, TaskFuture)

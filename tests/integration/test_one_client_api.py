@@ -1,0 +1,154 @@
+"""Differential: the Client API is one implementation over two transports (worker/api.py), so
+the same random program of calls run through the user's Client and through a task's client
+(``get_client()`` in a real worker) gives the same results, keys, statuses and errors."""
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import random
+import re
+from concurrent.futures import CancelledError
+
+import pytest
+
+from localcluster import get_client
+from localcluster.worker import api
+from _util import block_until
+
+
+def inc(x):
+    return x + 1
+
+
+def add(a, b):
+    return a + b
+
+
+def fail(x):
+    raise ValueError(f"no {x!r}")
+
+
+def total(xs):
+    return sum(xs)
+
+
+def _future_class(client):
+    from localcluster.client.future import Future
+    from localcluster.worker.client import TaskFuture
+    return TaskFuture if type(client).__name__ == "TaskClient" else Future
+
+
+def _error(call):
+    """(type name, message) of what ``call()`` raises, or ("", its value)."""
+    try:
+        return "", call()
+    except (Exception, CancelledError) as e:  # noqa: BLE001 - the error is what is compared
+        # who cancelled differs between the two (the user's process, a task): the rest is the same
+        return type(e).__name__, re.sub(r" was cancelled by .*?, and", " was cancelled by ..., and", str(e))
+
+
+def _key(fut, seed):
+    """A key as both runs make it: pure and given keys whole; a fresh key by its name only
+    (its number is its process's), and so a key of futures (``total``): a future pickles with
+    its client's id, which the pure key of the call hashes."""
+    key = fut.key
+    if key.startswith((f"k{seed}-", f"p{seed}-")) or (len(key.rsplit("-", 1)[-1]) == 40 and
+                                                       not key.startswith("total-")):
+        return key
+    return key.rsplit("-", 1)[0]
+
+
+def _step(client, rng, seed, futures, out, marker):
+    """One random call of the program: its future(s) kept, what it says written to ``out``."""
+    op = rng.choice(["submit", "fail", "map_prefix", "map_keys", "scatter", "nested", "rehold", "pickled",
+                     "cancel", "who_has"])
+    x = rng.randint(-50, 50)
+    if op == "submit":
+        futures.append(client.submit(inc, x, pure=rng.random() < 0.7))
+        futures.append(client.submit(inc, rng.randint(0, 3)))
+    elif op == "fail":
+        futures.append(client.submit(fail, x))
+    elif op == "map_prefix":
+        futures += client.map(inc, range(x, x + 3), key=f"p{seed}")
+    elif op == "map_keys":
+        futures += client.map(add, [x, x + 1], [1, 2], key=[f"k{seed}-{x}-a", f"k{seed}-{x}-b"])
+    elif op == "scatter":
+        data = rng.choice([x, [x, x + 1], {"a": x}, (x, str(x))])
+        scattered = client.scatter(data)
+        found = api.futures_in(scattered, _future_class(client))
+        out.append(("scatter", type(scattered).__name__ if found != [scattered] else "future", len(found)))
+        futures += found
+    elif op == "nested" and futures:
+        some = rng.sample(futures, min(len(futures), 3))
+        futures.append(client.submit(total, [f for f in some]))
+    elif op == "rehold":
+        y = rng.randint(0, 3)           # a small range: the same call comes back often
+        held = [f for f in futures if f.key == client.submit(inc, y).key]
+        for f in held:
+            futures.remove(f)
+        key = held[0].key if held else None
+        del held
+        gc.collect()                    # every future of the key gone: released
+        again = client.submit(inc, y)   # the same pure call: the same key, held anew
+        out.append(("rehold", key in (None, again.key), again.result(60)))
+        futures.append(again)
+    elif op == "pickled" and futures:
+        f = rng.choice(futures)
+        back = pickle.loads(pickle.dumps(f))
+        out.append(("pickled", back.key == f.key, type(back) is type(f)))
+        futures.append(back)
+    elif op == "cancel":
+        blocker = client.submit(block_until, marker, pure=False)
+        waiting = client.submit(inc, blocker)
+        client.cancel([waiting])
+        open(marker, "w").close()
+        said, why = _error(waiting.result)          # its key is made of the blocker's, a fresh one
+        out.append(("cancel", blocker.result(60), said, why.replace(repr(waiting.key), "<its key>"),
+                    waiting.status, waiting.cancelled()))
+        os.remove(marker)
+    elif op == "who_has" and futures:
+        client.gather(futures, errors="skip")
+        held = client.who_has(futures)
+        out.append(("who_has", sorted(_key(f, seed) for f in futures if f.status == "finished" and
+                                      f.key in held and held[f.key]) ==
+                    sorted(_key(f, seed) for f in futures if f.status == "finished")))
+
+
+def _program(client, seed, marker):
+    """The calls of ``seed``'s program, and what they said: keys, values, statuses, errors."""
+    rng = random.Random(seed)
+    futures, out = [], []
+    for _ in range(12):
+        _step(client, rng, seed, futures, out, marker)
+    out.append(("keys", [_key(f, seed) for f in futures]))
+    out.append(("skip", client.gather(futures, errors="skip")))
+    out.append(("raise", _error(lambda: client.gather(futures))))
+    out.append(("nested", client.gather({"all": futures[:2], "one": futures[-1]}, errors="skip")
+                if futures else None))
+    out.append(("statuses", [f.status for f in futures], [f.done() for f in futures]))
+    out.append(("errors", [_error(f.result)[0] if f.status != "finished" else "" for f in futures]))
+    out.append(("bad", _error(lambda: client.gather(futures, errors="bogus")),
+                _error(lambda: client.submit(inc, 1, key=3)), _error(lambda: client.map(inc, [1], key=["a", "b"])),
+                _error(lambda: client.run(len, on_error="bogus"))))
+    info = client.scheduler_info()
+    out.append(("info", info["type"], info["n_workers"], sorted(info["workers"])))
+    out.append(("run", client.run(add, 1, 2)))
+    return out
+
+
+def _program_in_a_task(seed, marker):
+    return _program(get_client(), seed, marker)
+
+
+@pytest.mark.timeout(120)
+def test_the_same_random_program_of_calls_says_the_same_in_a_task_and_in_the_users_process(client, tmp_path):
+    """submit, map with a prefix and with keys, scatter, futures nested in arguments, futures
+    released and held again, pickled, cancelled while pending, gather with errors= raise and
+    skip, who_has, scheduler_info, run: the same through both clients."""
+    for _ in range(3):
+        seed = random.randrange(2**32)
+        print(f"seed {seed}")
+        here = _program(client, seed, str(tmp_path / "here"))
+        there = client.submit(_program_in_a_task, seed, str(tmp_path / "there"), pure=False).result(90)
+        assert there == here, f"seed {seed}"

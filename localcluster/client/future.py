@@ -33,6 +33,7 @@ from ..engine.lifecycle import Phase
 from ..journal import InJournal
 from ..wire import protocol as P, remote, serialize
 from ..worker import arguments as _arguments
+from ..worker.holding import KeyTable
 
 __all__ = ["Future", "fire_and_forget"]
 
@@ -386,21 +387,20 @@ class FutureState:
             return self.result
 
 
-class FutureTable:
+class FutureTable(KeyTable[FutureState]):
     """A client's futures by key (dask's futures table): the one state the Futures of a key
-    share, and how many there are. The cluster tells it how tasks end (``resolve``,
-    ``fail_pending``: the Dispatcher's Listener); the last Future of a key to go releases the
-    key. Its client finds it by ``table_of``; a user never reaches it."""
+    share, and how many there are (worker/holding.py's KeyTable, as a task's client keeps
+    its own). The cluster tells it how tasks end (``resolve``, ``fail_pending``: the
+    Dispatcher's Listener); the last Future of a key to go releases the key. Its client
+    finds it by ``table_of``; a user never reaches it."""
 
     def __init__(self, client: Owner, gateway: Gateway):
+        super().__init__(functools.partial(FutureState, self))
         self.client = client
         self.gateway = gateway
-        self.states: dict[str, FutureState] = {}
         #: the client's submit with the function's arguments passed explicitly, for wrappers
         #: (the Executor) whose callers may use keywords such as ``key`` or ``timeout`` for it
         self.submit_call: Optional[Callable[..., Future]] = None
-        # Re-entrant: a garbage collection inside hold() may run Future.__del__ -> let_go().
-        self.lock = threading.RLock()
         _tables[client.id] = self
 
     def hold(self, key: str) -> tuple["Future", bool]:
@@ -408,78 +408,27 @@ class FutureTable:
         state, first = self.take(key)
         return Future(key, state=state), first
 
-    def take(self, key: str) -> tuple[FutureState, bool]:
-        """The state of ``key`` for one more Future of it, and whether it is new."""
-        with self.lock:
-            state = self.states.get(key)
-            if state is None:
-                state = self.states[key] = FutureState(self, key)
-                return state, True
-            if state.state in _ENDED:
-                state = self._renewed(state)
-            state.holders += 1
-            return state, False
-
-    def _renewed(self, ended: FutureState) -> FutureState:
-        """A pending state in place of ``ended`` for the Futures made from now on, which the
-        cluster ends anew (a key submitted again, computed again, or unpickled here): the
-        Futures made before keep what they had. The count of the key's Futures carries over."""
-        state = self.states[ended.key] = FutureState(self, ended.key)
-        state.holders = ended.holders
-        return state
-
-    def renew(self, key: str) -> None:
-        """The key is computed again (its journal entry was damaged): its Futures from now on
-        wait for that run."""
-        with self.lock:
-            state = self.states.get(key)
-            if state is not None and state.state in _ENDED:
-                self._renewed(state)
-
     def hold_many(self, keys: Iterable[str]) -> tuple[list, dict]:
         """New Futures of ``keys`` under one lock (a whole ``map``), and {key: how many of them}
         for those whose key this client held already (or held by one made before them here):
         the scheduler counts a client once a key, as the client lets a key go once, when its
         last future goes."""
-        futures: list = []
-        again: dict = {}
-        states, new, add = self.states, FutureState, futures.append
-        with self.lock:
-            for key in keys:
-                state = states.get(key)
-                if state is None:
-                    state = states[key] = new(self, key)
-                else:
-                    if state.state in _ENDED:
-                        state = self._renewed(state)
-                    state.holders += 1
-                    again[key] = again.get(key, 0) + 1
-                add(Future(key, state=state))
-        return futures, again
-
-    def holds(self, key: str) -> bool:
-        return key in self.states
-
-    def state(self, key: str) -> Optional[FutureState]:
-        return self.states.get(key)
+        return self.take_many(keys, Future)
 
     def state_of(self, fut: "Future") -> Optional[FutureState]:
         """The state ``fut`` shares with the other Futures of its key (None: not this client's,
         or released)."""
         return self.states.get(fut.key) if fut.client is self.client else None
 
-    def let_go(self, key: str) -> None:
-        """A Future of ``key`` was garbage-collected or released; the last one releases the key.
-        Runs inside the garbage collector, on any thread: hand the key off, never block."""
+    def let_go(self, key: str) -> bool:
+        """A Future of ``key`` was garbage-collected or released; the last one releases the key
+        (True). Runs inside the garbage collector, on any thread: hand the key off, never block."""
         if self.gateway.phase is Phase.FORKED:      # the parent's client holds the key
-            return
-        with self.lock:
-            state = self.states.get(key)
-            if state is not None and state.holders > 1:
-                state.holders -= 1
-                return
-            self.states.pop(key, None)
-        self.gateway.release(key)
+            return False
+        last = super().let_go(key)
+        if last:
+            self.gateway.release(key)
+        return last
 
     def resolve(self, key: str, status: str, value: Any) -> None:
         """The cluster says how ``key``'s task ended: finished (value: the payload, or None

@@ -31,6 +31,7 @@ from ..wire import protocol as P
 from ..wire import serialize
 from ..published import NO_DEFAULT, Datasets, Published
 from . import api, arguments, context, process
+from .holding import KeyTable
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
 
@@ -204,6 +205,9 @@ class TaskFutureState:
         self.outcome: Optional[tuple] = None
         self.holders = 1
 
+    def done(self) -> bool:
+        return self.outcome is not None
+
 
 class TaskChannel:
     """The transport of a task's client, which a task's code never reaches (``channel_of``):
@@ -217,9 +221,8 @@ class TaskChannel:
     def __init__(self, worker: "process.Worker", client: "TaskClient"):
         self.worker = worker
         self.client = client            # the TaskClient it serves: its futures' client
-        self.states: dict[str, TaskFutureState] = {}
-        # Re-entrant: a garbage collection inside take() may run TaskFuture.__del__ -> let_go().
-        self.lock = threading.RLock()
+        self.make = functools.partial(TaskFuture, client=client)       # a new future: make(key, state=...)
+        self.table: KeyTable[TaskFutureState] = KeyTable(TaskFutureState)     # key -> its futures' state
         self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, its Function)
 
     def tell(self, body: Any) -> None:
@@ -230,38 +233,21 @@ class TaskChannel:
         return self.worker.ask(body, _seq())
 
     def take(self, keys: list) -> list:
-        """The state of each key for one more TaskFuture of it. A key that ended here and is
-        held again (submitted anew, unpickled) gets a pending state: the TaskFutures made
-        before keep what they had."""
-        taken = []
-        with self.lock:
-            states = self.states
-            for key in keys:
-                state = states.get(key)
-                if state is None or state.outcome is not None:
-                    fresh = states[key] = TaskFutureState(key)
-                    fresh.holders += state.holders if state is not None else 0
-                    state = fresh
-                else:
-                    state.holders += 1
-                taken.append(state)
-        return taken
+        """The state of each key for one more TaskFuture of it (worker/holding.py: a key that
+        ended here and is held again gets a pending state)."""
+        take = self.table.take
+        return [take(key)[0] for key in keys]
 
     def let_go(self, key: str) -> None:
         """A TaskFuture of ``key`` was garbage-collected: its reference is given back (each
         TaskFuture holds one in the parent's scheduler). Runs inside the garbage collector."""
-        with self.lock:
-            state = self.states.get(key)
-            if state is not None:
-                state.holders -= 1
-                if state.holders <= 0:
-                    del self.states[key]
+        self.table.let_go(key)
         self.worker.drop(key)
 
     def state_of(self, fut: "TaskFuture") -> TaskFutureState:
         """The state ``fut`` shares with the other TaskFutures of its key (one read of the
         dict: no lock)."""
-        return self.states[fut.key]
+        return self.table.states[fut.key]
 
     def outcomes(self, futures: list, timeout: Optional[float]) -> list:
         """(status, payload, error) of each future, once each has ended (one round trip; the
@@ -345,16 +331,14 @@ class TaskChannel:
                                   "process; pass its handle to the task, whose calls of it work there")
 
     def send(self, tasks: list, opts: api.Options) -> list:
-        keys = [t.key for t in tasks]
         # made before the message: a reply may not outrun them
-        futures = [TaskFuture(k, self.client, s) for k, s in zip(keys, self.take(keys))]
+        futures = self.table.take_many([t.key for t in tasks], self.make)[0]
         self.tell(P.Submit(tuple(tasks)))
         return futures
 
     def scatter(self, items: list, workers: Optional[frozenset], broadcast: bool, loose: bool) -> list:
         """As the Client's, but placed where the scheduler chooses (``workers`` is a hint)."""
-        keys = [k for k, _ in items]
-        futures = [TaskFuture(k, self.client, s) for k, s in zip(keys, self.take(keys))]
+        futures = self.table.take_many([k for k, _ in items], self.make)[0]
         self.tell(P.Scatter(tuple(items), broadcast))
         return futures
 

@@ -240,7 +240,8 @@ class Dispatcher:
         cluster's lock: ``before()`` first, its value returned (what must happen in the same
         hold of the lock: futures made before any answer can arrive); or ``make()``, which
         returns (that value, the events), when the events depend on it (the policy's
-        verdict); then the deferred submits go through the door, and ``events`` after them
+        verdict, a future unpickled), once the deferred submits have gone through the door;
+        else the deferred submits go through it first and ``events`` after them
         (``Scheduler.handle``); ``also`` (sends of the dispatcher's own) after those.
         ``answer``: the Future (or _Slot) of the request an event opens; then the request's
         id is returned instead. On the scheduler thread, what was corked goes too;
@@ -250,10 +251,15 @@ class Dispatcher:
         lock (``post``)."""
         with self._lock:
             value = before() if before is not None else None
-            if make is not None:
-                value, events = make()
             deferred = self._take_deferred() if self._deferred else ()
+            admitted: list = []
+            if make is not None:
+                if deferred:        # what make() reads of the scheduler includes the submits made before it
+                    admitted, deferred = self._scheduler.handle(*deferred), ()
+                value, events = make()
             actions = self._scheduler.handle(*deferred, *events) if deferred or events else []
+            if admitted:
+                actions = admitted + actions
             if heard is not None:
                 heard(actions)
             if answer is not None:

@@ -2,8 +2,8 @@
 
 ``Specs`` (one per Client) pickles a task's function once and caches it, weakly where the
 callable allows it (a cached bound method must not keep its object alive, nor a closure its
-data); and makes the Specs of a plain ``map`` in one loop, and those of the journal's tasks
-(client/transport.py). worker/api.py makes every other task, for a task's client too.
+data); and makes the Specs of a plain ``map`` in one loop. worker/api.py makes every other
+task, for a task's client too.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from ..wire import serialize
 from ..scheduler.records import Spec, Terms
-from ..worker.api import DEFAULT_OPTIONS, Function, Options, pickle_args
+from ..worker.api import DEFAULT_OPTIONS, Function, Options
 from ..worker.arguments import PREFIX, fresh_key, fresh_keys, hash_function, name_of, pure_key
 
 __all__ = ["Specs", "terms_of", "new_fn_id", "PREFIX", "fresh_key", "name_of"]
@@ -29,8 +29,7 @@ def new_fn_id() -> int:
 
 class Specs:
     # Used by the user threads that submit through its Client, without a lock.
-    def __init__(self, client_id: str):
-        self._client_id = client_id    # futures among the arguments must be this client's
+    def __init__(self) -> None:
         #: id(fn) -> (ref to fn, fn_id, fn_bytes, the default Terms), least recently used
         #: first; at most FN_CACHE
         self._fn_cache: OrderedDict = OrderedDict()
@@ -59,34 +58,10 @@ class Specs:
             self._fn_cache.popitem(last=False)
         return entry
 
-    def spec(self, fn: Callable, args: tuple, kwargs: dict, key: Optional[str], opts: Options,
-             how: Optional[Function] = None) -> Spec:
-        """The task of ``fn(*args, **kwargs)``. ``how``: the function pickled, named and hashed
-        once, for a whole ``map``."""
-        how = how or self.how(fn, opts.pure)
-        # no pure key to hash: small immutable arguments are kept as they are, pickled when sent
-        payload = serialize.plain_args(args) if not opts.pure and not kwargs and key is None else None
-        found = {}
-        if payload is None:
-            payload, found = pickle_args(how.name, args, kwargs)
-        if found:
-            foreign = [k for k, owner in found.items() if owner != self._client_id]
-            if foreign:
-                raise ValueError(f"the arguments of {how.name}() hold future {foreign[0]!r} of another "
-                                 f"Client (closed or not this one): its data is not on this cluster. "
-                                 f"Pass its result() instead, or submit from the client that made it.")
-        deps = tuple(found)
-        if key is None:
-            if opts.pure:
-                key = pure_key(how.name, how.hashed, payload)
-            else:
-                key = fresh_key(how.name)
-        return Spec.sharing(key, payload, deps, terms_of(how, opts))
-
     def many(self, argss: list, opts: Options, how: Function) -> Optional[list]:
         """The Specs of a ``map`` whose tasks take plain positional arguments only (numbers,
-        strings: ``range(n)`` and its kind), as ``spec`` makes them, in one loop: half its
-        time a task. None if any argument is not plain (then ``spec`` for each)."""
+        strings: ``range(n)`` and its kind), as worker/api.py's ``ClientApi`` makes each, in
+        one loop: half its time a task. None if any argument is not plain (then one by one)."""
         # no pure key to hash: kept unpickled until sent, where they may be
         payloads = None if opts.pure else serialize.plain_args_many(argss)
         if payloads is None:

@@ -20,7 +20,6 @@ from ..scheduler.records import Spec, Terms
 from ..wire import serialize
 from ..worker import actors as _actors
 from ..worker.api import Function, Options
-from ..worker.arguments import prefixed
 from . import waiting as _waiting
 from .future import Future
 from .specs import Specs, new_fn_id, terms_of
@@ -43,7 +42,7 @@ class GatewayTransport:
         self._gateway = gateway        # the cluster's internal protocol
         self._table = table            # key -> the state its Futures share
         self.check = check             # the Client's: raises if it is closed (or a fork's)
-        self.specs = Specs(client.id)  # functions pickled once
+        self.specs = Specs()           # functions pickled once
         self._journal = gateway.journal          # the cluster's journal.Keeper, or None
         #: key -> (the Spec that reads it, its own Spec) of a task this client's futures finished
         #: from the journal, not given to the scheduler (until a task needs it as an input, or
@@ -103,7 +102,7 @@ class GatewayTransport:
     # --- the journal (journal.py) ---------------------------------------------------------
 
     def from_journal(self, fn: Callable, items: list, kwargs: dict, keys: list, opts: Options,
-                     prefix: Optional[str]) -> Optional[list[Future]]:
+                     prefix: Optional[str], make: Callable[..., Spec]) -> Optional[list[Future]]:
         """``fn``'s tasks with the journal: a pure one keyed by the fingerprint of ``fn`` and a
         token of its arguments, each run as a Journaled; those whose entry is there finished
         at once (``_submit_journaled``). None when there is no journal, or ``fn`` has no
@@ -134,11 +133,10 @@ class GatewayTransport:
             if why is not None:
                 keeper.warn_unjournaled(how.name, why)
                 plain = plain or self.specs.how(fn, opts.pure)
-                spec = self.specs.spec(fn, args, kwargs, k, opts, plain)
-                specs.append(spec.with_key(prefixed(prefix, spec.key)))
+                specs.append(make(plain, args, kwargs, k, opts, prefix))
                 entries.append(None)
                 continue
-            specs.append(self.specs.spec(fn, args, kwargs, k, opts, run_as(fpk)))
+            specs.append(make(run_as(fpk), args, kwargs, k, opts))
             entries.append((_journal.entry_id(k, fpk), fpk))
         return self._submit_journaled(keeper, specs, entries, opts.resources)
 

@@ -88,9 +88,10 @@ class Transport(Protocol):
         """The tasks of a ``map`` of plain positional arguments made in one loop, or None."""
 
     def from_journal(self, fn: Callable, items: list, kwargs: dict, keys: list, opts: Options,
-                     prefix: Optional[str]) -> Optional[list]:
-        """The futures of pure tasks, through the journal (those it holds finished at once);
-        None when there is no journal, or ``fn`` cannot be journaled."""
+                     prefix: Optional[str], make: Callable[..., Any]) -> Optional[list]:
+        """The futures of pure tasks, through the journal (those it holds finished at once),
+        each task made by ``make`` (``ClientApi``'s own making, with the journal's function
+        and key); None when there is no journal, or ``fn`` cannot be journaled."""
 
     def actor(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:
         """(function, args) of the task that makes an actor of ``fn(*args, **kwargs)``."""
@@ -190,11 +191,11 @@ class ClientApi:
                             check_resources(resources, "submit"))
         args = tuple(args)
         if opts.pure:
-            journaled = self._t.from_journal(fn, [args], kwargs, [key], opts, None)
+            journaled = self._t.from_journal(fn, [args], kwargs, [key], opts, None, self.make_task)
             if journaled is not None:
                 return journaled[0]
         how = self._t.function(fn, opts.pure)
-        return self._t.send([self._task(how, args, kwargs, key, opts)], opts)[0]
+        return self._t.send([self.make_task(how, args, kwargs, key, opts)], opts)[0]
 
     def map(self, fn: Callable, iterables: tuple, kwargs: dict, key: Any, pure: Any, retries: Any, timeout: Any,
             priority: Any, workers: Any, allow_other_workers: Any, resources: Any) -> list:
@@ -208,13 +209,13 @@ class ClientApi:
             items = list(zip(*iterables))
             keys = A.map_keys(key, len(items))
             if opts.pure:
-                journaled = self._t.from_journal(fn, items, kwargs, keys, opts, prefix)
+                journaled = self._t.from_journal(fn, items, kwargs, keys, opts, prefix, self.make_task)
                 if journaled is not None:
                     return journaled
             how = self._t.function(fn, opts.pure)
             tasks = self._t.many(items, opts, how) if key is None and not kwargs else None
             if tasks is None:
-                make = self._task
+                make = self.make_task
                 tasks = [make(how, args, kwargs, k, opts, prefix) for args, k in zip(items, keys)]
             return self._t.send(tasks, opts)
 
@@ -230,8 +231,9 @@ class ClientApi:
         names = self._t.worker_names(workers, not allow_other_workers) if workers is not None else None
         return Options(bool(pure), retries, timeout, priority, names, allow_other_workers, resources)
 
-    def _task(self, how: Function, args: tuple, kwargs: dict, key: Optional[str], opts: Options,
+    def make_task(self, how: Function, args: tuple, kwargs: dict, key: Optional[str], opts: Options,
               prefix: Optional[str] = None) -> Any:
+        """One task of ``how``: its arguments pickled (or kept plain), its key made unless given."""
         # no pure key to hash: small immutable arguments are kept as they are, pickled when sent
         payload = None
         if not opts.pure and not kwargs and key is None and self._t.keeps_plain:

@@ -323,7 +323,7 @@ class TaskChannel:
         return None
 
     def from_journal(self, fn: Callable, items: list, kwargs: dict, keys: list, opts: api.Options,
-                     prefix: Optional[str]) -> None:
+                     prefix: Optional[str], make: Callable[..., Any]) -> None:
         return None     # the journal is the user's process's
 
     def actor(self, fn: Callable, args: tuple, kwargs: dict) -> tuple:

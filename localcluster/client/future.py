@@ -395,7 +395,7 @@ class FutureTable(KeyTable[FutureState]):
     finds it by ``table_of``; a user never reaches it."""
 
     def __init__(self, client: Owner, gateway: Gateway):
-        super().__init__(functools.partial(FutureState, self))
+        super().__init__(FutureState)
         self.client = client
         self.gateway = gateway
         #: the client's submit with the function's arguments passed explicitly, for wrappers

@@ -200,7 +200,8 @@ class TaskFutureState:
 
     __slots__ = ("key", "outcome", "holders")
 
-    def __init__(self, key: str):
+    def __init__(self, table: Any, key: str):
+        # ``table``: the KeyTable that keeps it (as a FutureState's), which it needs not
         self.key = key
         self.outcome: Optional[tuple] = None
         self.holders = 1

@@ -34,8 +34,8 @@ class KeyTable(Generic[S]):
     collector (a future's ``__del__``): the lock is re-entrant, since a collection while it
     is held may let go of another future."""
 
-    def __init__(self, new: Callable[[str], S]):
-        self._new = new                 # a pending state of a key, held by one future
+    def __init__(self, new: Callable[[Any, str], S]):
+        self._new = new                 # new(table, key): a pending state of a key, held by one future
         self.states: dict[str, S] = {}
         self.lock = threading.RLock()
 
@@ -44,7 +44,7 @@ class KeyTable(Generic[S]):
         with self.lock:
             state = self.states.get(key)
             if state is None:
-                state = self.states[key] = self._new(key)
+                state = self.states[key] = self._new(self, key)
                 return state, True
             if state.done():
                 state = self._renewed(state)
@@ -62,7 +62,7 @@ class KeyTable(Generic[S]):
             for key in keys:
                 state = states.get(key)
                 if state is None:
-                    state = states[key] = new(key)
+                    state = states[key] = new(self, key)
                 else:
                     if state.done():
                         state = self._renewed(state)
@@ -74,7 +74,7 @@ class KeyTable(Generic[S]):
     def _renewed(self, ended: S) -> S:
         """A pending state in place of ``ended`` for the futures made from now on, which the
         cluster ends anew; the count of the key's futures carries over."""
-        state = self.states[ended.key] = self._new(ended.key)
+        state = self.states[ended.key] = self._new(self, ended.key)
         state.holders = ended.holders
         return state
 

@@ -7,7 +7,7 @@ from localcluster.worker.holding import KeyTable
 
 
 class State:
-    def __init__(self, key):
+    def __init__(self, table, key):
         self.key, self.holders, self.ended = key, 1, False
 
     def done(self):

@@ -61,10 +61,10 @@ def _key(fut, seed):
 
 
 def _let_go(client, key, timeout=5.0):
-    """In the user's process, until the scheduler has let ``key`` go. A key its client let go of is dropped by the scheduler thread
-    later (Dispatcher.free_released), after a submit of the same key made meanwhile, which
-    it then forgets under the new future: a known bug of that side door, left to its own
-    fix (a task's drop and its next submit travel in order on one channel)."""
+    """In the user's process, until the scheduler has let ``key`` go: a key its client let go
+    of is dropped by the scheduler thread later (Dispatcher.free_released), while a task's
+    drop travels in order on its channel; waiting makes both clients' programs see the same
+    key states (test_let_go_then_held checks a key held again before its drop arrives)."""
     if key is None or type(client).__name__ != "Client":
         return
     deadline = time.monotonic() + timeout
@@ -77,7 +77,7 @@ def _step(client, rng, seed, futures, out, marker, small):
     op = rng.choice(["submit", "fail", "map_prefix", "map_keys", "scatter", "nested", "rehold", "pickled",
                      "cancel", "who_has"])
     # a program's own numbers: the pure keys of one seed are never those of another, which
-    # the user's client let go of just before (that side door's bug, _let_go)
+    # the user's client let go of just before (_let_go)
     x = rng.randint(-50, 50) + 1000 * (seed % 10**6)
     if op == "submit":
         futures.append(client.submit(inc, x, pure=rng.random() < 0.7))

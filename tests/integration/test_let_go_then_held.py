@@ -2,7 +2,7 @@
 
 A Client lets go of a key when its last Future goes (even inside the garbage collector, on
 any thread: Dispatcher.release queues it, lock-free); the scheduler drops it later. A submit,
-an unpickled Future or a scatter of the same key in between holds it again: the drop, made
+a map or an unpickled Future of the same key in between holds it again: the drop, made
 before, must reach the scheduler before that hold, not after it (else the scheduler forgets
 a key a live Future holds, and its data with it). Random keys and orders, seed printed.
 """
@@ -42,7 +42,13 @@ def test_a_key_let_go_of_and_held_again_at_once_keeps_its_data():
             if how == "submit":
                 again = client.submit(make, BIG, round_ % 3, key=key)
             elif how == "unpickle":
-                again = pickle.loads(pickled)
+                try:
+                    again = pickle.loads(pickled)
+                except ValueError as e:
+                    # the drop reached the scheduler first (its thread's turn came): the key is
+                    # gone, and unpickling says so, naming it; nothing to hold again
+                    assert key in str(e) and "released" in str(e), f"seed {seed}: {e}"
+                    continue
             else:
                 again = client.map(make, [BIG], [round_ % 3], key=[key])[0]
             # the drop is handed in by now, whichever thread does it

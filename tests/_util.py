@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from localcluster.client.future import gateway_of
+from localcluster.system.machine import frame_of
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -87,7 +87,7 @@ def released(path):
 
 def reading(ident: int) -> bool:
     """Whether thread ``ident`` is inside a read of a lent channel now."""
-    frame = sys._current_frames().get(ident)
+    frame = frame_of(ident)
     while frame is not None:
         if frame.f_code.co_name == "read_for":
             return True

@@ -18,14 +18,13 @@ four times per limit, reads two attributes and sleeps again.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import traceback
 from typing import Callable, Optional
 
 from .loop import EventLoop
-from ..system.machine import block_interrupts
+from ..system.machine import block_interrupts, frame_of
 
 __all__ = ["Watchdog"]
 
@@ -77,7 +76,7 @@ class Watchdog:
 
 
 def _stack_of(ident: Optional[int], who: str) -> str:
-    frame = sys._current_frames().get(ident) if ident else None
+    frame = frame_of(ident) if ident else None
     if frame is None:
         return f"(the stack of the {who} could not be read)\n"
     return "".join(traceback.format_stack(frame))

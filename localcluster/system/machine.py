@@ -5,10 +5,13 @@ process was killed. Pure functions; any thread."""
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import re
 import signal
+import sys
 import threading
+from types import FrameType
 from typing import Any, Callable, Optional
 
 
@@ -396,3 +399,18 @@ def block_interrupts() -> None:
     import signal
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def frame_of(ident: int) -> Optional[FrameType]:
+    """The frame thread ``ident`` runs now, or None. With the garbage collector off meanwhile:
+    before 3.12, ``sys._current_frames()`` holds the interpreter's thread-list lock while it
+    allocates, a collection it sets off may free an object whose teardown takes that lock
+    again, and the process hangs with the GIL held (CPython gh-106883)."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        return sys._current_frames().get(ident)
+    finally:
+        if enabled:
+            gc.enable()

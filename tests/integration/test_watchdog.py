@@ -4,6 +4,8 @@ of waiting forever. The thread is made stuck for real, inside its handling of a 
 task, on a real cluster."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -119,3 +121,34 @@ def test_keys_let_go_at_once_are_freed_in_turns_not_taken_for_a_stall(monkeypatc
         del futures                  # 10 chunks of 0.2 s: 2 s, four times the watchdog's limit
         wait_for(lambda: not c.scheduler.tasks, timeout=30)
         assert cl.submit(inc, 1).result(30) == 2        # the cluster is not broken
+
+
+_READ_FRAMES_WHILE_COLLECTING = """
+import gc, sys, threading
+from localcluster.system.machine import frame_of
+read = frame_of if sys.argv[1] == "frame_of" else (lambda ident: sys._current_frames().get(ident))
+gc.set_threshold(1)            # every allocation may collect: the one inside the read too
+for _ in range(200):
+    garbage = [threading.local()]      # a local's teardown takes the thread-list lock
+    garbage.append(garbage)
+    del garbage
+    assert read(threading.get_ident()) is not None
+print("read")
+"""
+
+
+@pytest.mark.parametrize("read", ["frame_of", pytest.param("sys._current_frames", marks=[pytest.mark.slow, pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="CPython 3.12 fixed gh-106883: the bare call no longer hangs")])])
+def test_reading_a_threads_frame_while_the_collector_frees_a_thread_local_never_hangs(read):
+    """What the watchdog reads a stuck thread's stack with: before 3.12, sys._current_frames()
+    hangs the process when a collection it sets off frees a thread-local (gh-106883); the bare
+    call is shown hanging, so that the check of frame_of can fail."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _READ_FRAMES_WHILE_COLLECTING, read],
+                              capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        assert read != "frame_of", "frame_of hung, as sys._current_frames() does during a collection"
+        return
+    if read != "frame_of":
+        pytest.skip(f"this Python's sys._current_frames() does not hang here ({sys.version.split()[0]})")
+    assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr

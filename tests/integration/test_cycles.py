@@ -1,4 +1,4 @@
-"""100 start / submit / close cycles in one fresh interpreter, each moving 10 MB between
+"""50 start / submit / close cycles in one fresh interpreter, each moving 10 MB between
 two workers: descriptors, threads, child processes, memory maps and RSS come back to
 the baseline taken after the first cycles (imports and caches warm).
 
@@ -15,7 +15,11 @@ import pytest
 
 pytest.importorskip("numpy")
 
-TOLERANCE = {"fds": 0, "threads": 0, "children": 0, "maps": 8, "rss_mb": 16.0}
+# What the cycles after the baseline may add in all. Descriptors, threads and processes: none,
+# so one leaked per cycle fails after any count. Maps and RSS move a little without a leak
+# (malloc's arenas, the allocator's free lists): a leak of one map in every 9 cycles, or of
+# 200 kB a cycle, goes past these over the 45 cycles of the full run.
+TOLERANCE = {"fds": 0, "threads": 0, "children": 0, "maps": 4, "rss_mb": 8.0}
 
 
 def measure() -> dict:
@@ -55,11 +59,11 @@ def cycles(n: int) -> dict:
     return {"cycles": n, "baseline": baseline, "after": after}
 
 
-# The full run's 100 cycles find a slow leak; the quick tier's 7 (2 after the baseline) run the
+# The full run's 50 cycles find a slow leak; the quick tier's 7 (2 after the baseline) run the
 # same path and checks, and find a leak of one descriptor, thread or process per cycle.
-@pytest.mark.timeout(300)      # the child's own limit is 240 s; 100 cycles take ~60 s on a loaded 2-core machine
-@pytest.mark.parametrize("n", [pytest.param(100, marks=pytest.mark.slow), 7])
-def test_a_hundred_cycles_come_back_to_the_baseline(n):
+@pytest.mark.timeout(300)      # the child's own limit is 240 s
+@pytest.mark.parametrize("n", [pytest.param(50, marks=pytest.mark.slow), 7])
+def test_cycles_come_back_to_the_baseline(n):
     proc = subprocess.run([sys.executable, __file__, str(n)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -70,4 +74,4 @@ def test_a_hundred_cycles_come_back_to_the_baseline(n):
 
 
 if __name__ == "__main__":
-    print(json.dumps(cycles(int(sys.argv[1]) if len(sys.argv) > 1 else 100)))
+    print(json.dumps(cycles(int(sys.argv[1]) if len(sys.argv) > 1 else 50)))

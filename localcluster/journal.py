@@ -50,6 +50,7 @@ from .runs import PreviousRun
 from .system import registry
 from .wire import serialize
 from .worker import journal as J
+from .worker.future import Later
 
 __all__ = ["InJournal", "Journal", "JournalError", "Keeper", "entry_id", "fingerprint", "open_journal", "pure_key",
            "graph_code", "token", "why_untokenizable"]
@@ -359,7 +360,7 @@ def _node_code(obj: Any, found: set) -> None:
 
 # --- the lazy value -------------------------------------------------------------------------
 
-class InJournal:
+class InJournal(Later):
     """A finished Future's result while it is only in the journal: ``load()`` reads it here
     (and, if the entry turns out damaged or gone, has the task computed again)."""
     __slots__ = ("keeper", "entry", "again")
@@ -466,8 +467,8 @@ class Keeper:
         ones without a query each. Those in files, damaged or gone are left for ``result()``."""
         waiting: dict = {}
         for f in states:
-            lazy = f.in_journal()
-            if lazy is not None:
+            lazy = f.later()
+            if type(lazy) is InJournal:
                 waiting.setdefault(lazy.entry, []).append(f)
         if not waiting:
             return

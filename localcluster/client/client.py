@@ -32,6 +32,7 @@ from .waiting import as_completed, wait  # noqa: F401 - re-exported
 from ..worker import actors as _actors
 from ..worker import arguments as _arguments
 from ..worker.api import ClientApi
+from ..worker.future import first_error
 from ..worker import client as _in_tasks
 
 __all__ = ["Client", "Future", "wait", "as_completed"]  # the last three re-exported (future.py, waiting.py)
@@ -311,7 +312,7 @@ class Client:
                     if not f.done():
                         raise       # this coroutine was cancelled
         if errors == "raise":      # here rather than on the executor's thread: no frames of asyncio's
-            error = _first_error([s for s in map(self._table.state_of, flat) if s is not None])
+            error = first_error([s for s in map(self._table.state_of, flat) if s is not None])
             if error is not None:
                 raise error
         return await loop.run_in_executor(None, lambda: self._api.gather(futures, errors, timeout, deadline))
@@ -1092,15 +1093,6 @@ class Client:
 def _not_here(call: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"{call} is dask.distributed's and has no localcluster counterpart: {why} "
                                f"(docs/dask-api.md lists every name).")
-
-
-def _first_error(states: list) -> Optional[BaseException]:
-    """The first of ``states``' errors, or None; the caller raises it, a frame fewer."""
-    for state in states:
-        error = state.stored_error()
-        if error is not None:
-            return error
-    return None
 
 
 def _actor_call(client: Client, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:

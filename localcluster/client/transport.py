@@ -21,6 +21,7 @@ from ..wire import serialize
 from ..worker import actors as _actors
 from ..worker.api import Function, Options
 from . import waiting as _waiting
+from ..worker.future import FutureState
 from .future import Future
 from .specs import Specs, new_fn_id, terms_of
 
@@ -240,12 +241,8 @@ class GatewayTransport:
         # not cf.wait: in a forked child it raises instead of hanging
         _waiting.wait_all(futures, left, "gather", stated=timeout)
 
-    def first_error(self, futures: list) -> Optional[BaseException]:
-        for state in map(self._table.state_of, futures):
-            error = state.stored_error() if state is not None else None
-            if error is not None:
-                return error
-        return None
+    def state_of(self, fut: Future) -> Optional[FutureState]:
+        return self._table.state_of(fut)
 
     def values(self, futures: list, timeout: Optional[float], deadline: Optional[float]) -> Callable[[Any], Any]:
         """``Future.result``, after the results finished from the journal are read in one pass

@@ -30,7 +30,7 @@ def _only_futures(what: str, fs: Any) -> list:
                         f"dask collection") from None
     fs = []
     for i, f in enumerate(items):
-        if isinstance(f, (cf.Future, _in_tasks.TaskFuture)):
+        if isinstance(f, cf.Future):
             fs.append(f)
         elif _collection(f):
             fs += futures_of(f)
@@ -171,14 +171,13 @@ class as_completed:
 
     def add(self, future: Future) -> None:
         """Wait for ``future`` too."""
-        in_task = isinstance(future, _in_tasks.TaskFuture)
-        if not in_task and not isinstance(future, cf.Future):
+        if not isinstance(future, cf.Future):
             raise TypeError(f"as_completed: {type(future).__name__} {future!r:.60} is not a Future")
         with self._cond:
             self._waiting[future] = self._waiting.get(future, 0) + 1
             self._n_waiting += 1
         if isinstance(future, _in_tasks.TaskFuture):     # it calls nothing back: _next_done asks for it
-            if _in_tasks.outcome_of(future) is not None:
+            if _in_tasks.ended_here(future):
                 self._done(future)
         else:
             cf.Future.add_done_callback(future, self._done)   # no result() in it: no hop needed

@@ -47,7 +47,7 @@ def progress(*futures: Any, file: Optional[TextIO] = None, interval: float = 0.1
     fs = [f for group in futures for f in walk(group)]
     counts = _Counts(len(fs))
     # finished from the journal (journal.py), not run: said beside the count
-    counts.reused = sum(1 for s in map(state_of, fs) if s is not None and s.in_journal() is not None)
+    counts.reused = sum(1 for s in map(state_of, fs) if s is not None and s.later() is not None)
     for f in fs:
         cf.Future.add_done_callback(f, counts.done)      # the count only: no need to leave the thread
     if live:

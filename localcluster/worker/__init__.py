@@ -1,6 +1,6 @@
 """The worker process. It starts on ``wire``, ``system`` and these modules only, without the
 parent's diagnosis (``death``) or settings (``config``): it starts fast. A task's first
-``get_client`` loads ``client.py``, ``api.py``, ``holding.py`` and ``arguments.py``, with ``config``'s checks and ``published``.
+``get_client`` loads ``client.py``, ``api.py``, ``future.py``, ``holding.py`` and ``arguments.py``, with ``config``'s checks and ``published``.
 
 - ``boot.py``: ``BOOT`` and ``main``: the process's start (dies with its parent, authkey,
   initializer) and its end when its own machinery fails.
@@ -14,7 +14,9 @@ parent's diagnosis (``death``) or settings (``config``): it starts fast. A task'
   the user's process's (client/transport.py); loaded with ``client.py``.
 - ``holding.py``: the keys a client holds (``KeyTable``): the one state the futures of a key
   share, renewed when an ended key is held again, and the last future's going; the Client's
-  FutureTable is one, and a task's TaskChannel keeps one.
+  FutureTable is one, and a task's TaskTable.
+- ``future.py``: ``Future`` and ``FutureState``: the one state machine of a key's futures and
+  concurrent.futures' Future over it, the Client's and a task's (their ``Holder`` differs).
 - ``arguments.py``: the Client API's arguments, read and checked the same way by a task's client
   and the Client of the user's process (loaded with ``client.py``, never as the worker starts).
 - ``context.py``: what a task's thread knows about where it runs.

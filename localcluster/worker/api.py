@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 from ..config import check_resources
 from ..wire import serialize
 from . import arguments as A
+from .future import FutureState, first_error
 
 __all__ = ["ClientApi", "Transport", "Function", "Options", "DEFAULT_OPTIONS", "pickle_args", "futures_in"]
 
@@ -122,8 +123,9 @@ class Transport(Protocol):
         """Return once each future has ended; a TimeoutError past ``timeout`` (``deadline``:
         by time.monotonic, when the caller counts from earlier)."""
 
-    def first_error(self, futures: list) -> Optional[BaseException]:
-        """What the first of these ended futures that failed (or was cancelled) raises, or None."""
+    def state_of(self, fut: Any) -> Optional[FutureState]:
+        """The state ``fut`` shares with the other futures of its key here (None: not this
+        client's, or let go of)."""
 
     def values(self, futures: list, timeout: Optional[float], deadline: Optional[float]) -> Callable[[Any], Any]:
         """How to read each ended future's value (its error raised), after fetching ahead at
@@ -287,7 +289,7 @@ class ClientApi:
         if errors == "raise":
             # The first error in rebuild's order, raised from here: the caller's traceback then
             # shows two frames of ours above the task's own, not those of rebuild's recursion.
-            error = t.first_error(flat)
+            error = first_error([s for s in map(t.state_of, flat) if s is not None])
             if error is not None:
                 raise error
         return A.rebuild(futures, t.future, t.values(flat, timeout, deadline), errors)

@@ -31,6 +31,7 @@ from ..wire import protocol as P
 from ..wire import serialize
 from ..published import NO_DEFAULT, Datasets, Published
 from . import api, arguments, context, process
+from .future import Future, FutureState
 from .holding import KeyTable
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
@@ -194,20 +195,78 @@ def _seq() -> int:
     return run.seq if run is not None else 0
 
 
-class TaskFutureState:
-    """What the TaskFutures of one key share in a task's client: the key's (status, payload,
-    error) once known here (``outcome``), and how many TaskFutures of the key live."""
+class TaskTable(KeyTable[FutureState]):
+    """The futures a task's client holds, by key: the state every future of a key shares
+    (worker/future.py's, as the Client's), and the futures' Holder in a task. Nothing tells
+    it how a key ends: it asks the scheduler (``Results``, ``States``) when a future's
+    caller wants to know, or, for a wait or a callback through concurrent.futures, on a
+    thread of its own (``watched``)."""
 
-    __slots__ = ("key", "outcome", "holders")
+    def __init__(self, channel: "TaskChannel"):
+        super().__init__(FutureState)
+        self.channel = channel
+        self._watching: set = set()       # keys a watching thread asks for (under the lock)
 
-    def __init__(self, table: Any, key: str):
-        # ``table``: the KeyTable that keeps it (as a FutureState's), which it needs not
-        self.key = key
-        self.outcome: Optional[tuple] = None
-        self.holders = 1
+    @property
+    def client(self) -> "TaskClient":
+        return self.channel.client
 
-    def done(self) -> bool:
-        return self.outcome is not None
+    def wait_here(self, state: FutureState, deadline: Optional[float]) -> None:
+        """Nothing here: ``wait`` asks."""
+
+    def wait(self, state: FutureState, timeout: Optional[float]) -> bool:
+        if not state.done():
+            try:
+                self.channel.outcomes([state], timeout)
+            except TimeoutError:
+                pass
+        return state.done()
+
+    def ended(self, state: FutureState) -> bool:
+        """One round trip to the scheduler; a second for the outcome if it ended there."""
+        if self.channel.scheduler_states([state.key])[0] not in _ENDED_THERE:
+            return False
+        self.channel.outcomes([state], None)
+        return True
+
+    def watched(self, state: FutureState) -> None:
+        with self.lock:
+            if state.key in self._watching:
+                return
+            self._watching.add(state.key)
+        seq = _seq()
+        threading.Thread(target=self._watch, args=(state, seq), daemon=True,
+                         name=f"localcluster-watch-{state.key}").start()
+
+    def _watch(self, state: FutureState, seq: int) -> None:
+        """Ask for the key's outcome on this thread and end its state: wakes the waiters and
+        runs the callbacks that concurrent.futures added on its futures."""
+        try:
+            self.channel.outcomes([state], None, seq, lend=False)
+        except Exception as e:  # noqa: BLE001 - the worker is closing: the waiters learn it
+            state.conclude("error", e)
+        finally:
+            with self.lock:
+                self._watching.discard(state.key)
+
+    def why_pending(self, key: str) -> str:
+        return f"task {key!r} is not done (the scheduler has it {self.channel.scheduler_states([key])[0]})"
+
+    def materialize(self, state: FutureState, kept: Any, deadline: Optional[float],
+                    timeout: Optional[float]) -> Any:
+        if type(kept) is not P.Payload:     # a task's outcome brings its value: nothing is left elsewhere
+            raise AssertionError(f"a task's future of {state.key!r} has no value but {kept!r}")
+        return state.swap(kept, serialize.loads(kept))
+
+    def let_go(self, key: str) -> bool:
+        """A future of ``key`` was garbage-collected or released: its reference is given back
+        (each future holds one in the parent's scheduler). Runs inside the garbage collector."""
+        last = super().let_go(key)
+        self.channel.worker.drop(key)
+        return last
+
+    def reduce(self, key: str) -> tuple:
+        return (_rebuild, (key,))
 
 
 class TaskChannel:
@@ -223,7 +282,7 @@ class TaskChannel:
         self.worker = worker
         self.client = client            # the TaskClient it serves: its futures' client
         self.make = functools.partial(TaskFuture, client=client)       # a new future: make(key, state=...)
-        self.table: KeyTable[TaskFutureState] = KeyTable(TaskFutureState)     # key -> its futures' state
+        self.table = TaskTable(self)        # key -> its futures' state
         self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, its Function)
 
     def tell(self, body: Any) -> None:
@@ -233,30 +292,19 @@ class TaskChannel:
         """The scheduler's answer (a round trip on the channel)."""
         return self.worker.ask(body, _seq())
 
-    def take(self, keys: list) -> list:
-        """The state of each key for one more TaskFuture of it (worker/holding.py: a key that
-        ended here and is held again gets a pending state)."""
-        take = self.table.take
-        return [take(key)[0] for key in keys]
-
-    def let_go(self, key: str) -> None:
-        """A TaskFuture of ``key`` was garbage-collected: its reference is given back (each
-        TaskFuture holds one in the parent's scheduler). Runs inside the garbage collector."""
-        self.table.let_go(key)
-        self.worker.drop(key)
-
-    def state_of(self, fut: "TaskFuture") -> TaskFutureState:
-        """The state ``fut`` shares with the other TaskFutures of its key (one read of the
-        dict: no lock)."""
+    def state_of(self, fut: "TaskFuture") -> FutureState:
+        """The state ``fut`` shares with the other futures of its key (one read of the dict:
+        no lock). Its future holds the key: it is there."""
         return self.table.states[fut.key]
 
-    def outcomes(self, futures: list, timeout: Optional[float]) -> list:
-        """(status, payload, error) of each future, once each has ended (one round trip; the
-        task's thread slot is lent meanwhile)."""
-        answer = self.worker.ask(P.Results(tuple(f.key for f in futures)), _seq(), timeout, lend=True)
-        for f, outcome in zip(futures, answer.data):
-            self.state_of(f).outcome = outcome
-        return list(answer.data)
+    def outcomes(self, states: list, timeout: Optional[float], seq: Optional[int] = None,
+                 lend: bool = True) -> None:
+        """End each of ``states`` as its task ended, once each has (one round trip; with
+        ``lend``, the task's thread slot is lent meanwhile). Past ``timeout``: TimeoutError."""
+        answer = self.worker.ask(P.Results(tuple(s.key for s in states)), _seq() if seq is None else seq,
+                                 timeout, lend=lend)
+        for state, (status, payload, error) in zip(states, answer.data):
+            state.conclude(status, payload if status == "finished" else serialize.loads_exception(error, state.key))
 
     def scheduler_states(self, keys: list) -> list:
         """The scheduler's state of each key (memory, erred, processing ...)."""
@@ -270,22 +318,6 @@ class TaskChannel:
     def give_back(self, keys: tuple) -> None:
         """One reference less to each key: those handed to this worker with a queued value."""
         self.tell(P.Drop(tuple(keys)))
-
-    def value(self, key: str, outcome: tuple) -> Any:
-        """What a future of ``key`` that ended with ``outcome`` gives: its value, or its error raised."""
-        if outcome[0] == "finished":
-            return serialize.loads(outcome[1])
-        raise self.error(key, outcome)
-
-    @staticmethod
-    def error(key: str, outcome: tuple) -> BaseException:
-        """What a future of ``key`` that ended otherwise than finished (``outcome``) raises."""
-        status, _, error = outcome
-        if status == "cancelled":
-            # the scheduler's words (scheduler/forgetting.py), as a future of the user's process has them
-            return CancelledError(f"Task {key!r} was cancelled by a task (cancel in the task), and its data is "
-                                  f"let go of: submit it again to compute it.")
-        return serialize.loads_exception(error, key)
 
     # --- the Client API's transport (worker/api.py) ------------------------------------------
 
@@ -346,9 +378,10 @@ class TaskChannel:
     def cancel(self, futures: list) -> None:
         self.tell(P.CancelKeys(tuple(f.key for f in futures)))
         for f in futures:
-            state = self.state_of(f)
-            if state.outcome is None or state.outcome[0] not in ("finished", "error", "lost"):
-                state.outcome = ("cancelled", None, None)
+            # the scheduler's words (scheduler/forgetting.py), as a future of the user's process has them
+            self.state_of(f).conclude("cancelled", CancelledError(
+                f"Task {f.key!r} was cancelled by a task (cancel in the task), and its data is let go of: "
+                f"submit it again to compute it."))
 
     def who_has(self, keys: Optional[tuple]) -> dict:
         return dict(self.ask(P.WhoHas(keys)).data)
@@ -372,19 +405,12 @@ class TaskChannel:
             for name, threads, resources in workers]
 
     def wait(self, futures: list, timeout: Optional[float], deadline: Optional[float]) -> None:
-        pending = [f for f in futures if self.state_of(f).outcome is None]
+        pending = [s for s in map(self.state_of, futures) if not s.done()]
         if pending:
             self.outcomes(pending, timeout)
 
-    def first_error(self, futures: list) -> Optional[BaseException]:
-        for f in futures:
-            outcome = self.state_of(f).outcome
-            if outcome is not None and outcome[0] != "finished":
-                return self.error(f.key, outcome)
-        return None
-
     def values(self, futures: list, timeout: Optional[float], deadline: Optional[float]) -> Callable[[Any], Any]:
-        return TaskFuture.result      # every outcome is here, its value with it
+        return Future.result      # every outcome is here, its value with it
 
 
 # Each task's client's channel by the client's id: found by ``channel_of``, never on the
@@ -397,9 +423,9 @@ def channel_of(client: Any) -> TaskChannel:
     return _channels[client.id]
 
 
-def outcome_of(fut: "TaskFuture") -> Optional[tuple]:
-    """(status, payload, error) of ``fut`` once known in this process, else None."""
-    return channel_of(fut.client).state_of(fut).outcome
+def ended_here(fut: "TaskFuture") -> bool:
+    """Whether ``fut``'s key is known to have ended, without asking the scheduler."""
+    return channel_of(fut.client).state_of(fut).done()
 
 
 def actor_call(client: Any, fn: Callable, args: tuple, worker: str) -> Any:
@@ -409,64 +435,15 @@ def actor_call(client: Any, fn: Callable, args: tuple, worker: str) -> Any:
     return answers[worker]
 
 
-class TaskFuture:
-    """A key submitted from a task (``TaskClient.submit``): ``result()``, ``exception()``,
-    ``done()``, ``status``. One reference to the key while it lives; pickled (returned from
-    the task, or passed in another's arguments) it stays the same key."""
+class TaskFuture(Future):
+    """A key submitted from a task (``TaskClient.submit``): a Future as the Client's are
+    (worker/future.py), asking the parent's scheduler how its task ended when asked itself.
+    One reference to the key while it lives; pickled (returned from the task, or passed in
+    another's arguments) it stays the same key."""
 
-    def __init__(self, key: str, client: "TaskClient", state: Optional[TaskFutureState] = None):
-        # ``state``: taken for it already (TaskChannel.take, for all the futures of a call)
-        self.key = key
-        self.client = client
-        self._channel = channel_of(client)
-        self._s = state if state is not None else self._channel.take([key])[0]
-
-    def result(self, timeout: Optional[float] = None) -> Any:
-        return self._channel.value(self.key, self._s.outcome or self._channel.outcomes([self], timeout)[0])
-
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        try:
-            self.result(timeout)
-        except TimeoutError:
-            raise
-        except BaseException as e:  # noqa: BLE001 - the task's exception is the answer
-            return e
-        return None
-
-    def done(self) -> bool:
-        return self._s.outcome is not None or self.status in ("finished", "error", "lost", "cancelled")
-
-    def cancel(self, **kwargs: Any) -> bool:
-        """As ``Future.cancel``: ``client.cancel([self])``; whether it is cancelled now (False:
-        it had ended already)."""
-        if self.done():
-            return False
-        self.client.cancel([self])
-        return self.cancelled()
-
-    def cancelled(self) -> bool:
-        return self._s.outcome is not None and self._s.outcome[0] == "cancelled"
-
-    @property
-    def status(self) -> str:
-        if self._s.outcome is not None:
-            return self._s.outcome[0]
-        state = self._channel.scheduler_states([self.key])[0]
-        return {"memory": "finished", "erred": "error", "released": "cancelled", "unknown": "cancelled"}.get(
-            state, "lost" if state == "lost" else "pending")
-
-    def __reduce__(self) -> tuple:
-        return (_rebuild, (self.key,))
-
-    def __repr__(self) -> str:
-        state = self.__dict__.get("_s")      # None: __init__ failed before it
-        status = state.outcome[0] if state is not None and state.outcome else "pending"
-        return f"<Future: {status}, key: {self.key}>"
-
-    def __del__(self) -> None:
-        channel = self.__dict__.get("_channel")
-        if channel is not None and "_s" in self.__dict__:
-            channel.let_go(self.key)
+    def __init__(self, key: str, client: "TaskClient", state: Optional[FutureState] = None):
+        # ``state``: taken for it already (TaskChannel.send, for all the futures of a call)
+        super().__init__(key, state if state is not None else channel_of(client).table.take(key)[0])
 
 
 class TaskClient:
@@ -573,7 +550,7 @@ class TaskClient:
 
 
 
-_ENDED = frozenset({"memory", "erred", "lost", "released", "unknown"})     # the scheduler's states of an ended key
+_ENDED_THERE = frozenset({"memory", "erred", "lost", "released", "unknown"})     # the scheduler's states of an ended key
 
 
 def wait(fs: list, timeout: Optional[float], return_when: str) -> tuple:
@@ -582,17 +559,18 @@ def wait(fs: list, timeout: Optional[float], return_when: str) -> tuple:
     gives its slot back while it waits (``Worker.ask``'s lend). FIRST_COMPLETED and
     FIRST_EXCEPTION return at once when one is done (or failed) already, else once all are."""
     distinct = list(dict.fromkeys(fs))
-    pending = [f for f in distinct if outcome_of(f) is None]
+    pending = [f for f in distinct if not ended_here(f)]
     if pending and return_when != "ALL_COMPLETED":
         states = channel_of(pending[0].client).scheduler_states([f.key for f in pending])
-        ended = [f for f, state in zip(pending, states) if state in _ENDED]
-        failed = any(outcome[0] != "finished" for outcome in map(outcome_of, distinct) if outcome is not None) or \
-            any(state in _ENDED and state != "memory" for state in states)
+        ended = [f for f, state in zip(pending, states) if state in _ENDED_THERE]
+        failed = any(f.status != "finished" for f in distinct if ended_here(f)) or \
+            any(state in _ENDED_THERE and state != "memory" for state in states)
         if failed or (return_when == "FIRST_COMPLETED" and (ended or len(pending) < len(distinct))):
             pending = ended             # their outcomes are there: no wait
     if pending:
-        channel_of(pending[0].client).outcomes(pending, timeout)
-    done = {f for f in distinct if outcome_of(f) is not None}
+        channel = channel_of(pending[0].client)
+        channel.outcomes([channel.state_of(f) for f in pending], timeout)
+    done = {f for f in distinct if ended_here(f)}
     return done, set(distinct) - done
 
 

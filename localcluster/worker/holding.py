@@ -4,10 +4,9 @@ hands a state out for each new future (a key that ended and is held again, by a 
 or an unpickled future, gets a fresh pending state: the futures made before keep what they
 had), renews an ended key computed again, and says when the last future of a key goes.
 
-The Client's ``FutureTable`` (client/future.py) is one, over concurrent.futures' fields
-(``FutureState``); a task's ``TaskChannel`` (worker/client.py) keeps one over the outcomes it
-asked the scheduler for (``TaskFutureState``). What each does once the last future goes
-(the Client lets the key go once; a task gives back one reference a future) is its own.
+The Client's ``FutureTable`` (client/future.py) is one, and a task's ``TaskTable``
+(worker/client.py), both over worker/future.py's ``FutureState``. What each does once the last
+future goes (the Client lets the key go once; a task gives back one reference a future) is its own.
 """
 from __future__ import annotations
 

@@ -3,11 +3,13 @@ the same random program of calls run through the user's Client and through a tas
 (``get_client()`` in a real worker) gives the same results, keys, statuses and errors."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import gc
 import os
 import pickle
 import random
 import re
+import threading
 import time
 from concurrent.futures import CancelledError
 
@@ -75,7 +77,7 @@ def _let_go(client, key, timeout=5.0):
 def _step(client, rng, seed, futures, out, marker, small):
     """One random call of the program: its future(s) kept, what it says written to ``out``."""
     op = rng.choice(["submit", "fail", "map_prefix", "map_keys", "scatter", "nested", "rehold", "pickled",
-                     "cancel", "who_has"])
+                     "cancel", "who_has", "cf", "late"])
     # a program's own numbers: the pure keys of one seed are never those of another, which
     # the user's client let go of just before (_let_go)
     x = rng.randint(-50, 50) + 1000 * (seed % 10**6)
@@ -127,12 +129,38 @@ def _step(client, rng, seed, futures, out, marker, small):
         out.append(("cancel", blocker.result(60), said, why.replace(repr(waiting.key), "<its key>"),
                     waiting.status, waiting.cancelled()))
         os.remove(marker)
+    elif op == "cf":
+        out.append(("cf",) + _through_concurrent_futures(client, x))
+    elif op == "late":
+        blocker = client.submit(block_until, marker, pure=False)
+        said, why = _error(lambda: blocker.result(timeout=0.05))
+        out.append(("late", said, why.split(":")[0], blocker.done(), blocker.status,
+                    _error(lambda: blocker.exception(timeout=0))[0], repr(blocker).split(",")[0]))
+        open(marker, "w").close()
+        out.append(("late", blocker.result(60), blocker.done(), blocker.status, blocker.exception()))
+        os.remove(marker)
     elif op == "who_has" and futures:
         client.gather(futures, errors="skip")
         held = client.who_has(futures)
         out.append(("who_has", sorted(_key(f, seed) for f in futures if f.status == "finished" and
                                       f.key in held and held[f.key]) ==
                     sorted(_key(f, seed) for f in futures if f.status == "finished")))
+
+
+def _through_concurrent_futures(client, x):
+    """concurrent.futures' own wait, as_completed and callbacks on the client's futures."""
+    f = client.submit(inc, x, pure=False)
+    done, not_done = cf.wait([f], timeout=60)
+    called = threading.Event()
+    f.add_done_callback(lambda fut: called.set() if fut is f else None)
+    late = client.submit(fail, x, pure=False)
+    seen = []
+    late.add_done_callback(lambda fut: seen.append(type(fut.exception()).__name__))
+    first = cf.wait([late, client.submit(inc, x + 1, pure=False)], timeout=60, return_when=cf.FIRST_EXCEPTION)[0]
+    values = sorted(g.result() for g in cf.as_completed([client.submit(inc, x + 2, pure=False),
+                                                           client.submit(inc, x + 3, pure=False)], timeout=60))
+    return (isinstance(f, cf.Future), len(done), len(not_done), called.wait(10), f.result(), late in first,
+            late.traceback() is not None, seen, values)
 
 
 def _program(client, seed, marker):
@@ -149,7 +177,10 @@ def _program(client, seed, marker):
     out.append(("nested", client.gather({"all": futures[:2], "one": futures[-1]}, errors="skip")
                 if futures else None))
     out.append(("statuses", [f.status for f in futures], [f.done() for f in futures]))
-    out.append(("errors", [_error(f.result)[0] if f.status != "finished" else "" for f in futures]))
+    out.append(("errors", [_error(f.result)[0] if f.status != "finished" else "" for f in futures],
+                [_error(f.exception)[0] or type(f.exception()).__name__ for f in futures],
+                [f.traceback() is not None for f in futures if f.status == "error"],
+                [repr(f).split(",")[0] for f in futures], [f.cancelled() for f in futures]))
     out.append(("bad", _error(lambda: client.gather(futures, errors="bogus")),
                 _error(lambda: client.submit(inc, 1, key=3)), _error(lambda: client.map(inc, [1], key=["a", "b"])),
                 _error(lambda: client.run(len, on_error="bogus"))))

@@ -281,7 +281,9 @@ class Future(_future.Future):
             if client is None:
                 raise TypeError("Future(key, client): a Future belongs to a Client")
             state = table_of(client).take(key)[0]
-        super().__init__(key, state)
+        # the two fields of worker/future.py's Future, set here: a map makes one Future a task
+        self.key = key
+        self._s = state
 
     @property
     def client(self) -> Owner:

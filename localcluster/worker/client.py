@@ -31,7 +31,7 @@ from ..wire import protocol as P
 from ..wire import serialize
 from ..published import NO_DEFAULT, Datasets, Published
 from . import api, arguments, context, process
-from .future import Future, FutureState
+from .future import Future, FutureState, conclude_all
 from .holding import KeyTable
 
 __all__ = ["get_client", "worker_client", "secede", "rejoin", "get_worker", "TaskClient", "TaskFuture"]
@@ -176,9 +176,9 @@ def client_in_task(client_id: str) -> Any:
 
 def _rebuild_in_worker(key: str, client_id: Optional[str] = None) -> "TaskFuture":
     """A Future unpickled in a worker (in a result or a value): one more reference, held here."""
-    client = get_client()
-    fut = TaskFuture(key, client)
-    channel_of(client).tell(P.Hold((key,)))
+    channel = channel_of(get_client())
+    fut = TaskFuture(key, channel.table.take(key)[0])
+    channel.tell(P.Hold((key,)))
     return fut
 
 
@@ -281,7 +281,7 @@ class TaskChannel:
     def __init__(self, worker: "process.Worker", client: "TaskClient"):
         self.worker = worker
         self.client = client            # the TaskClient it serves: its futures' client
-        self.make = functools.partial(TaskFuture, client=client)       # a new future: make(key, state=...)
+        self.make = TaskFuture          # a new future: make(key, state=...)
         self.table = TaskTable(self)        # key -> its futures' state
         self._fns: dict[int, tuple] = {}          # id(fn) -> (fn, its Function)
 
@@ -303,8 +303,8 @@ class TaskChannel:
         ``lend``, the task's thread slot is lent meanwhile). Past ``timeout``: TimeoutError."""
         answer = self.worker.ask(P.Results(tuple(s.key for s in states)), _seq() if seq is None else seq,
                                  timeout, lend=lend)
-        for state, (status, payload, error) in zip(states, answer.data):
-            state.conclude(status, payload if status == "finished" else serialize.loads_exception(error, state.key))
+        conclude_all(states, [(status, payload if status == "finished" else serialize.loads_exception(error, s.key))
+                              for s, (status, payload, error) in zip(states, answer.data)])
 
     def scheduler_states(self, keys: list) -> list:
         """The scheduler's state of each key (memory, erred, processing ...)."""
@@ -439,11 +439,8 @@ class TaskFuture(Future):
     """A key submitted from a task (``TaskClient.submit``): a Future as the Client's are
     (worker/future.py), asking the parent's scheduler how its task ended when asked itself.
     One reference to the key while it lives; pickled (returned from the task, or passed in
-    another's arguments) it stays the same key."""
-
-    def __init__(self, key: str, client: "TaskClient", state: Optional[FutureState] = None):
-        # ``state``: taken for it already (TaskChannel.send, for all the futures of a call)
-        super().__init__(key, state if state is not None else channel_of(client).table.take(key)[0])
+    another's arguments) it stays the same key. Made as ``TaskFuture(key, state)``, ``state``
+    taken for it from its client's TaskTable."""
 
 
 class TaskClient:

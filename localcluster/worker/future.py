@@ -23,6 +23,7 @@ Below client/ and the journal (a worker imports it): a result kept elsewhere unt
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import logging
 import threading
 import time
@@ -466,7 +467,9 @@ class Future(cf.Future):
             if error is not None:
                 raise error
         value = s.result            # set before the state: no lock, no Condition made
-        while stored(value):        # again if another thread swapped it meanwhile (prefill)
+        # stored(value), inlined: this line is run once a result; again if another thread
+        # swapped it meanwhile (prefill)
+        while type(value) is P.Payload or isinstance(value, Later):
             value = s.table.materialize(s, value, deadline, timeout)
         return value.value if type(value) is _Boxed else value
 
@@ -553,18 +556,31 @@ class Future(cf.Future):
             state.table.let_go(self.key)
 
 
-def fail_all(states: list, exc: BaseException) -> None:
-    """End every pending one of ``states`` with ``exc`` (a restart, a close, the cluster
-    broke), under one lock for all those that nobody watches."""
+def conclude_all(states: list, endings: Iterable[tuple]) -> None:
+    """``state.conclude(status, value)`` for each of ``states`` and its (status, value) of
+    ``endings``, under one lock for all those that finished or failed and that nobody
+    watches: a batch of answers, or every key at once."""
+    rest = []
     with _MAKING:
-        watched = [s for s in states if s.state == PENDING and s.sync is not None and s.sync.cond is not None]
-        for s in states:
-            if s.sync is None or s.sync.cond is None:
-                s.end_unwatched(FINISHED, None, exc)
+        for s, (status, value) in zip(states, endings):
+            sync = s.sync
+            if sync is not None and sync.cond is not None:
+                rest.append((s, status, value))
+            elif status == "finished":
+                s.end_unwatched(FINISHED, ON_WORKER if value is None else value, None)
+            elif status == "error":
+                s.end_unwatched(FINISHED, None, value)
+            else:
+                rest.append((s, status, value))
     for s in states:
         s.ring()
-    for s in watched:
-        s.conclude("error", exc)
+    for s, status, value in rest:
+        s.conclude(status, value)
+
+
+def fail_all(states: list, exc: BaseException) -> None:
+    """End every pending one of ``states`` with ``exc`` (a restart, a close, the cluster broke)."""
+    conclude_all(states, itertools.repeat(("error", exc)))
 
 
 def first_error(states: Iterable[FutureState]) -> Optional[BaseException]:

@@ -19,7 +19,7 @@ from concurrent.futures import CancelledError
 from typing import Callable, Iterable, Optional
 
 from ..wire import protocol as P
-from .records import EMPTY, Deliver, Resolve, Send, Task, WorkerState, copies_dropped
+from .records import Deliver, Resolve, Send, Task, WorkerState, copies_dropped
 from .transfers import gone as _gone
 
 PENDING = frozenset({"waiting", "ready", "processing"})      # its futures are not done yet
@@ -74,7 +74,7 @@ class Forgetting:
         if ts.state == "processing":
             out += self.unassign(ts)
         if ts.state != "released":
-            ts.waiting_on = EMPTY       # a task waits only while waiting
+            ts.stop_waiting()
             self._to(ts, "released", why)
         out += self.forget(ts)
         return out

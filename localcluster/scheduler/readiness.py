@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from ..death import LostDataError
 from .forgetting import PENDING
-from .records import EMPTY, Deliver, Resolve, Task
+from .records import Deliver, Resolve, Task
 
 FAILED = frozenset({"erred", "lost"})
 
@@ -44,7 +44,7 @@ class Readiness:
             return []
         out: list = []
         task = self._task
-        ts.waiting_on = {d for d in ts.deps if task(d).state != "memory"} or EMPTY
+        ts.wait_on(d for d in ts.deps if task(d).state != "memory")
         for d in list(ts.waiting_on):
             dts = task(d)
             if dts.state in FAILED:
@@ -92,7 +92,7 @@ class Readiness:
     def fail(self, ts: Task, error: Any, why: str) -> list:
         """``ts`` ends with ``error``: its futures and fetches get it, and so do its pending dependents."""
         ts.error = error
-        ts.waiting_on = EMPTY       # a task waits only while waiting: an input arriving later is nothing to it
+        ts.stop_waiting()
         self._to(ts, "erred", why)
         out: list = [Resolve(ts.key, "error", error)]
         for req in ts.fetchers:

@@ -415,11 +415,21 @@ class Task:
     def drop_dependent(self, key: str) -> None:
         _dropped(self.dependents, key)
 
+    # --- waiting_on: its one writer ---
+    def wait_on(self, keys: Any) -> None:
+        """Wait for each of ``keys`` (its inputs not in memory), and no other."""
+        self.waiting_on = set(keys) or EMPTY
+
     def wait_for(self, key: str) -> None:
         self.waiting_on = _grown(self.waiting_on, key)
 
     def arrived(self, key: str) -> None:
         _dropped(self.waiting_on, key)
+
+    def stop_waiting(self) -> None:
+        """Wait for nothing: a task waits only while waiting, and an input arriving later is
+        nothing to it."""
+        self.waiting_on = EMPTY
 
     # --- wanted: its one writer ---
     def hold(self) -> None:

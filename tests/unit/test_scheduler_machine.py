@@ -96,6 +96,8 @@ WRITERS = {
                      ("records", "drop_holders")},
     "who_has writers called": {("records", "copy_stored"), ("records", "copy_dropped"),
                                ("records", "copies_dropped"), ("records", "copies_lost")},
+    "Task.waiting_on": {("records", "__init__"), ("records", "wait_on"), ("records", "wait_for"),
+                        ("records", "arrived"), ("records", "stop_waiting")},
     "WorkerState.has": {("records", "copy_stored"), ("records", "copy_dropped"), ("records", "copies_dropped"),
                         ("records", "copies_lost"), ("records", "forget_all")},
     "WorkerState.processing": {("records", "sent"), ("records", "taken_back"), ("records", "answered"),
@@ -118,7 +120,7 @@ def _writes(tree, module: str) -> dict:
             targets = (child.targets if isinstance(child, ast.Assign) else
                        [child.target] if isinstance(child, (ast.AugAssign, ast.AnnAssign)) else [])
             for t in targets:
-                if isinstance(t, ast.Attribute) and t.attr in ("state", "wanted", "who_has"):
+                if isinstance(t, ast.Attribute) and t.attr in ("state", "wanted", "who_has", "waiting_on"):
                     note(f"Task.{t.attr}", where)
                 if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr in ("has", "processing"):
                     note(f"WorkerState.{t.value.attr}", where)
@@ -126,16 +128,17 @@ def _writes(tree, module: str) -> dict:
                 f = child.func
                 if f.attr in ("add_holder", "drop_holder", "drop_holders"):
                     note("who_has writers called", where)
-                if isinstance(f.value, ast.Attribute) and f.value.attr in ("has", "processing") and \
+                if isinstance(f.value, ast.Attribute) and f.value.attr in ("has", "processing", "waiting_on") and \
                         f.attr in ("add", "discard", "remove", "clear", "pop", "update", "setdefault", "popitem"):
-                    note(f"WorkerState.{f.value.attr}", where)
+                    owner = "Task" if f.value.attr == "waiting_on" else "WorkerState"
+                    note(f"{owner}.{f.value.attr}", where)
             visit(child, name)
     visit(tree, "<module>")
     return found
 
 
 def test_each_piece_of_task_state_has_one_writer():
-    """``state``, ``wanted``, ``who_has`` (with each holder's ``has``) and ``processing`` are each
+    """``state``, ``wanted``, ``who_has`` (with each holder's ``has``), ``waiting_on`` and ``processing`` are each
     written in one place, as ``Task.state`` is by ``Transitions.apply``: read the scheduler's
     source, and find no other assignment or mutating call."""
     import ast
@@ -149,8 +152,10 @@ def test_each_piece_of_task_state_has_one_writer():
         assert found.get(field, set()) <= allowed, f"{field} written outside its writer: {found[field] - allowed}"
     assert ("records", "apply") in found["Task.state"] and ("records", "sent") in found["WorkerState.processing"]
     # the scan sees a write: a stray one is caught
-    stray = _writes(ast.parse("def f(ts, ws):\n    ts.wanted += 1\n    ws.has.add('k')\n    ws.processing[1] = 'k'\n"), "x")
-    assert stray == {"Task.wanted": {("x", "f")}, "WorkerState.has": {("x", "f")}, "WorkerState.processing": {("x", "f")}}
+    stray = _writes(ast.parse("def f(ts, ws):\n    ts.wanted += 1\n    ws.has.add('k')\n    ws.processing[1] = 'k'\n"
+                              "    ts.waiting_on = set()\n    ts.waiting_on.discard('k')\n"), "x")
+    assert stray == {"Task.wanted": {("x", "f")}, "WorkerState.has": {("x", "f")}, "WorkerState.processing": {("x", "f")},
+                     "Task.waiting_on": {("x", "f")}}
 
 
 def test_a_broken_invariant_is_reported_with_the_story_of_its_key():

@@ -348,9 +348,10 @@ class FutureState:
     def swap(self, kept: Any, value: Any) -> Any:
         """The value of the finished task once ``kept`` (what ``result`` held) is unpickled:
         kept once, whichever thread got there first."""
+        boxed = _Boxed(value) if type(value) is P.Payload or isinstance(value, Later) else value
         with _MAKING:     # finished: only this swap writes result now; the lock makes it once
             if self.result is kept:
-                self.result = boxed(value)
+                self.result = boxed
             return self.result
 
 
@@ -587,6 +588,8 @@ def first_error(states: Iterable[FutureState]) -> Optional[BaseException]:
     """What ``result()`` raises for the first of ``states`` that failed or was cancelled, or
     None; the caller raises it, a frame fewer."""
     for state in states:
+        if state.state == FINISHED and state.exception is None:     # most of a gather's: no call
+            continue
         error = state.stored_error()
         if error is not None:
             return error

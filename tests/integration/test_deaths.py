@@ -470,7 +470,7 @@ def test_dump_stacks_of_live_workers(client, tmp_path):
     # Every thread's stack (main, executor, flusher, heartbeat, the stacks thread), the
     # worker's main loop last, and the dump only: not the lines around it.
     assert len(stacks) == 2 and all(s.count("(most recent call first)") == 5 and s.rstrip().endswith("in <module>")
-                                    and "request" not in s for s in stacks.values()), stacks
+                                    and "for request" not in s for s in stacks.values()), stacks
     assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
     assert fut.result(30) is None and cluster.deaths == []
 

@@ -491,12 +491,15 @@ class LocalCluster:
         return self._supervisor.logs(n)
 
     def dump_stacks(self, worker: Optional[str] = None, timeout: float = 2.0) -> dict[str, str]:
-        """The live stacks of every thread of each worker (faulthandler, via SIGUSR1).
+        """The live stacks of every thread of each worker, written by faulthandler on a thread
+        of the worker's own while it holds the GIL (so each is whole, and costs the worker
+        nothing but the pause).
 
         Args:
             worker: one worker's name; None: every worker.
             timeout: seconds to wait for the stacks; a worker that has not answered by then is
-                left out.
+                left out (one whose task holds the GIL in C code the whole time: its hang is
+                diagnosed by the stacks dumped before it is killed).
 
         Returns:
             ``{worker name: text}``, each thread labelled with the task it runs; a worker not

@@ -474,6 +474,16 @@ class Scheduler:
             out += self._asked(worker, ask)
         return out
 
+    def _scatter_targets(self, body: P.Scatter) -> Optional[frozenset]:
+        """Where a task's scatter may place its data, as the Client's may (client/transport.py):
+        on the workers named, or on any when none of them runs and ``loose``."""
+        if body.workers is None:
+            return None
+        names = frozenset(body.workers)
+        if body.loose and not any(name in self.workers and not self.workers[name].closing for name in names):
+            return None
+        return names
+
     def _asked(self, worker: str, ask: P.Ask) -> list:
         body, t = ask.body, type(ask.body)
         books = self.asking
@@ -493,7 +503,7 @@ class Scheduler:
             books.hold(worker, known, self.key_of(ask.seq))
             return []
         if t is P.Scatter:
-            out = self.admission.scatter(list(body.items), None, body.broadcast)
+            out = self.admission.scatter(list(body.items), self._scatter_targets(body), body.broadcast)
             books.hold(worker, [k for k, _ in body.items], self.key_of(ask.seq))
             return out
         if t is P.Secede:

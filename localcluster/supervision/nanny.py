@@ -33,8 +33,9 @@ from ..system.cgroup import WorkerGroup
 from ..system.machine import descendants, open_statm, rss_of
 from ..system.machine import rss as read_rss
 from ..system.oom import OomWatch
-from .output import OutputStream
+from .output import STACKS_TAIL_LINE, OutputStream
 from ..worker.boot import boot_argv, settings_frame
+from ..worker.process import STACKS_HEAD
 
 logger = logging.getLogger("localcluster")
 
@@ -87,6 +88,8 @@ class Nanny:
         self.log: deque[str] = deque(maxlen=log_lines)
         self.lines_seen = 0                       # lines ever kept (the log itself is bounded)
         self.stacks_mark: Optional[int] = None    # lines_seen when the policy asked for the stacks
+        self._stacks_w: Optional[int] = None      # where dump_stacks asks the worker's stacks thread
+        self._stacks_asked = itertools.count(1)   # the number of each such request
         self.exitcode: Optional[int] = None
         self._children: list[int] = []
         self._children_at = float("-inf")   # the first sample looks, whatever the clock reads (it counts from boot)
@@ -120,10 +123,18 @@ class Nanny:
             # in argv, which ps shows to every user: SECURITY.md).
             key = bytes(multiprocessing.current_process().authkey)
             self.board = Board(self.nthreads)
-            self.proc = self._launch(child_sock.fileno(),
-                                     lambda frame: parent_sock.sendall(frame + len(key).to_bytes(4, "big") + key))
+            stacks_r, self._stacks_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                self.proc = self._launch(child_sock.fileno(), stacks_r,
+                                         lambda frame: parent_sock.sendall(frame + len(key).to_bytes(4, "big") + key))
+            finally:
+                os.close(stacks_r)
+            os.set_blocking(self._stacks_w, False)
         except BaseException:       # nothing of a worker that did not start is left open
             parent_sock.close()
+            if self._stacks_w is not None:
+                os.close(self._stacks_w)
+                self._stacks_w = None
             if self.board is not None:
                 self.board.close()
                 self.board = None
@@ -147,10 +158,10 @@ class Nanny:
         self.statm = open_statm(self.pid)
         self.oom = OomWatch(self.pid, (self.group.path, self.group.version) if self.group is not None else None)
 
-    def _launch(self, sock_fd: int, preamble: Callable[[bytes], None]) -> subprocess.Popen:
+    def _launch(self, sock_fd: int, stacks_fd: int, preamble: Callable[[bytes], None]) -> subprocess.Popen:
         cfg = {
             "name": self.name, "nthreads": self.nthreads, "parent_pid": os.getpid(),
-            "sock_fd": sock_fd, "board_fd": self.board.fd,
+            "sock_fd": sock_fd, "board_fd": self.board.fd, "stacks_fd": stacks_fd,
             "sys_path": [os.fspath(p) or os.getcwd() for p in sys.path if isinstance(p, (str, os.PathLike))],
             "memory_limit": self.memory_limit, "memory_target": self.settings.get("memory_target"),
             "memory_pause": self.settings.get("memory_pause"),
@@ -170,7 +181,7 @@ class Nanny:
             os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
         self._make_group(cfg)
         preamble(settings_frame(cfg))
-        return subprocess.Popen(boot_argv(cfg), pass_fds=(sock_fd, self.board.fd), stdin=subprocess.DEVNULL,
+        return subprocess.Popen(boot_argv(cfg), pass_fds=(sock_fd, self.board.fd, stacks_fd), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
 
     def _make_group(self, cfg: dict) -> None:
@@ -226,13 +237,29 @@ class Nanny:
         self.lines_seen += 1
 
     def dump_complete(self, mark: int) -> bool:
-        """Whether a stack dump asked for when ``lines_seen`` was ``mark`` has fully arrived:
-        faulthandler writes the main thread last, and its outermost frame is the ``python -c`` line."""
+        """Whether the dump SIGUSR1 asked for when ``lines_seen`` was ``mark`` (``signal_stacks``)
+        has fully arrived: faulthandler writes the main thread last, and its outermost frame is
+        the ``python -c`` line."""
         new = min(self.lines_seen - mark, len(self.log))
         return any(self.log[-i].strip().startswith('File "<string>"') for i in range(1, new + 1))
 
     def stacks_arrived(self) -> bool:
         return self.stacks_mark is not None and self.dump_complete(self.stacks_mark)
+
+    def stacks_for(self, request: int) -> Optional[str]:
+        """The dump that answers ``request`` (``request_stacks``), once it has arrived whole:
+        the newest one between the lines naming a request at least as new (output.py's
+        ``STACKS_HEAD`` and ``STACKS_TAIL``)."""
+        lines = list(self.log)
+        for end in range(len(lines) - 1, -1, -1):
+            m = STACKS_TAIL_LINE.match(lines[end])
+            if m:
+                if int(m.group(1)) < request:
+                    return None             # the newest answer is older: ours is still to come
+                head = STACKS_HEAD.format(m.group(1))
+                start = next((i for i in range(end - 1, -1, -1) if lines[i] == head), -1)
+                return "\n".join(lines[start + 1:end]).strip()
+        return None
 
     def sample(self, now: float) -> Optional[int]:
         """RSS of the worker and its children, bytes; None while it is gone or being torn
@@ -265,12 +292,24 @@ class Nanny:
             from ..wire.protocol import Stop
             self.chan.send(Stop())
 
-    def request_stacks(self, mark: bool = False) -> None:
-        """faulthandler in the worker dumps every thread's stack into its log (works while
-        C code holds the GIL: the dump runs in the signal handler). ``mark``: for
-        ``stacks_arrived`` (the policy waits for them before a kill)."""
-        if mark:
-            self.stacks_mark = self.lines_seen
+    def request_stacks(self) -> int:
+        """Ask the worker's stacks thread for every thread's stack (``stacks_for`` gives it):
+        written with the GIL held, so a worker whose GIL C code holds answers once it lets go.
+        Returns the request's number."""
+        request = next(self._stacks_asked)
+        try:
+            os.write(self._stacks_w, request.to_bytes(4, "big"))
+        except (OSError, TypeError):    # gone, or requests already waiting: the next dump answers them all
+            pass
+        return request
+
+    def signal_stacks(self) -> None:
+        """Before the policy kills a hung worker (``stacks_arrived`` tells when it is written):
+        faulthandler in the worker dumps every thread's stack into its log from the signal
+        handler, so it works while C code holds the GIL. It reads the frames of threads that
+        run meanwhile, so it may read one half built: acceptable for a worker about to be
+        killed, not for a live one (``request_stacks``)."""
+        self.stacks_mark = self.lines_seen
         try:
             os.kill(self.pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -312,6 +351,9 @@ class Nanny:
                     pipe.close()
         if self.board is not None:
             self.board.close()
+        if self._stacks_w is not None:
+            os.close(self._stacks_w)
+            self._stacks_w = None
         if self.group is not None:
             self.group.remove()
             self.group = None

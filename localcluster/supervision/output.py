@@ -17,14 +17,19 @@ import re
 import sys
 from typing import Callable, Optional
 
+from ..worker.process import STACKS_HEAD, STACKS_TAIL
+
+#: the line after the stacks a worker wrote for a request of dump_stacks, with its number
+STACKS_TAIL_LINE = re.compile("^" + re.escape(STACKS_TAIL).replace(r"\{\}", r"(\d+)") + "$")
+_STACKS_HEAD_LINE = re.compile("^" + re.escape(STACKS_HEAD).replace(r"\{\}", r"\d+") + "$")
 # The first line of a faulthandler dump: the fatal-error banner, or a thread header
-# (``dump_traceback`` of every thread starts with one).
+# (``dump_traceback`` of every thread starts with one), or the line before the stacks asked for.
 _DUMP_START = re.compile(r"^(Fatal Python error: |(Current thread|Thread) 0x[0-9a-fA-F]+\b.*\(most recent call first\):"
-                         r"|Stack \(most recent call first\):)")
-# What may follow inside a dump: indented frames, blank lines, more thread headers and
-# the trailing module and runtime-state lines.
+                         r"|Stack \(most recent call first\):)|" + _STACKS_HEAD_LINE.pattern)
+# What may follow inside a dump: indented frames, blank lines, more thread headers, the
+# trailing module and runtime-state lines, and the line after the stacks asked for.
 _DUMP_BODY = re.compile(r"^(|  .*|(Current thread|Thread) 0x.*|Stack \(most recent call first\):.*"
-                        r"|Extension modules: .*|Python runtime state: .*|<.*>)$")
+                        r"|Extension modules: .*|Python runtime state: .*|<.*>)$|" + STACKS_TAIL_LINE.pattern)
 
 
 class DumpFilter:

@@ -144,7 +144,7 @@ class Supervisor:
             elif t is SendStop:
                 n.stop()
             elif t is DumpStacks:
-                n.request_stacks(mark=True)
+                n.signal_stacks()
             elif t is Note:
                 n.add_log(i.line)
         if spawns:
@@ -632,21 +632,19 @@ class Supervisor:
         return {name: (lines[-n:] if n else lines) for name, lines in logs.items()}
 
     def dump_stacks(self, worker: Optional[str] = None, timeout: float = 2.0) -> dict[str, str]:
-        """The live stacks of every thread of each worker (faulthandler, via SIGUSR1)."""
+        """The live stacks of every thread of each worker (its stacks thread, with the GIL)."""
         with self._lock:
             targets = [n for name, n in self.nannies.items() if worker in (None, name)
                        and name in self.policy.slots and self.policy.slots[name].ready]
-            marks = {n.name: n.lines_seen for n in targets}
-        for n in targets:
-            n.request_stacks()
+        requests = {n.name: n.request_stacks() for n in targets}
         deadline = time.monotonic() + timeout
         out: dict[str, str] = {}
         with self._changed:
             while True:
                 for n in targets:
-                    if n.name not in out and n.dump_complete(marks[n.name]):
-                        new = list(n.log)[-(n.lines_seen - marks[n.name]):]
-                        out[n.name] = self._label_threads(n, "\n".join(new).strip())
+                    text = None if n.name in out else n.stacks_for(requests[n.name])
+                    if text is not None:
+                        out[n.name] = self._label_threads(n, text)
                 if len(out) == len(targets) or time.monotonic() > deadline:
                     return out
                 self._changed.wait(0.05)

@@ -479,9 +479,13 @@ class States:
 
 @_dc
 class Scatter:
-    """Body: data from a task, ``((key, Payload), ...)``, held by the asking worker. No answer."""
+    """Body: data from a task, ``((key, Payload), ...)``, held by the asking worker, placed as
+    the Client's scatter places it: on ``workers`` (names; None: any), on each of them with
+    ``broadcast``, on any worker when none of them runs and ``loose``. No answer."""
     items: tuple
     broadcast: bool = False
+    workers: Optional[tuple] = None
+    loose: bool = False
 
 
 @_dc

@@ -138,8 +138,9 @@ def main(cfg: dict) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # pass_fds hands them over inheritable: a program a task starts with close_fds=False
     # would get our channel to the parent and the board (SECURITY.md).
-    for fd in (cfg["sock_fd"], cfg["board_fd"]):
-        os.set_inheritable(fd, False)
+    for fd in (cfg["sock_fd"], cfg["board_fd"], cfg.get("stacks_fd")):
+        if fd is not None:
+            os.set_inheritable(fd, False)
     context.started()
     worker = None
     try:

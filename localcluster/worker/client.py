@@ -370,9 +370,9 @@ class TaskChannel:
         return futures
 
     def scatter(self, items: list, workers: Optional[frozenset], broadcast: bool, loose: bool) -> list:
-        """As the Client's, but placed where the scheduler chooses (``workers`` is a hint)."""
+        """As the Client's: the scheduler places the data by ``workers`` and ``loose``."""
         futures = self.table.take_many([k for k, _ in items], self.make)[0]
-        self.tell(P.Scatter(tuple(items), broadcast))
+        self.tell(P.Scatter(tuple(items), broadcast, None if workers is None else tuple(sorted(workers)), loose))
         return futures
 
     def cancel(self, futures: list) -> None:

@@ -16,11 +16,14 @@ Threads::
     heartbeat        stamps the board every second (a GIL held by C code stops it: that is
                      how the parent tells "unresponsive"), spills when RSS passes target, and
                      gives back landing memory unused for a second (recycle.py)
+    stacks           answers ``dump_stacks``: writes every thread's stack to stderr, with the
+                     GIL held (``answer_stacks``)
 
 The process starts in boot.py (``BOOT``, ``main``), which makes the ``Worker`` and serves.
 """
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import os
 import pickle
@@ -58,6 +61,10 @@ SPIN_AFTER_REPLY = 4
 # then: results already done come back within a round trip, with no secession to pay for.
 LEND_AFTER = 0.002
 RECYCLE_BUDGET = 1 << 30     # bytes of warm landing memory kept, without a memory_limit (a quarter of it with one)
+# The lines around a dump of every thread's stack that the parent asked for (dump_stacks),
+# each naming the newest request it answers; the parent's reader knows them (output.py).
+STACKS_HEAD = "Stacks of every thread, for request {}:"
+STACKS_TAIL = "End of the stacks for request {}."
 
 class Worker:
     def __init__(self, cfg: dict):
@@ -107,7 +114,7 @@ class Worker:
         self._out: list = []
         self._out_lock = threading.Lock()
         self._flush_wanted = threading.Event()
-        self.heartbeat = cfg.get("heartbeat", 1.0)
+        self.heartbeat, self.stacks_fd = cfg.get("heartbeat", 1.0), cfg.get("stacks_fd")   # stacks_fd: answer_stacks
         # Tasks that submit tasks (client.py). Under _lock: the executors running a task in a
         # slot (``_busy``; a run that seceded is not), and the seceded runs waiting to rejoin.
         self._busy = 0
@@ -134,6 +141,9 @@ class Worker:
             threading.Thread(target=self._execute, args=(row,), name=f"localcluster-exec-{row}", daemon=True).start()
         threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
+        if self.stacks_fd is not None:
+            threading.Thread(target=answer_stacks, args=(self.stacks_fd,), name="localcluster-stacks",
+                             daemon=True).start()
         while True:
             self._main_turn()
             try:
@@ -642,6 +652,24 @@ class Worker:
                 self.store.spill_for_rss(self.spill_at, lambda: self.recycler.trim(everything=True))
             self.board.set_reusable(self.recycler.cached())
             time.sleep(min(0.1, self.heartbeat) if self.trim_at is not None else self.heartbeat)
+
+
+def answer_stacks(fd: int) -> None:
+    """The stacks thread: for each request the parent writes on ``fd`` (4 bytes, its number),
+    every thread's stack on stderr between ``STACKS_HEAD`` and ``STACKS_TAIL`` naming the newest
+    request read, until the parent closes its end. faulthandler runs here with the GIL held,
+    not in a signal handler: the other threads then wait at a point where their frames are
+    whole, so it never follows a frame being pushed or popped (in a signal handler that can
+    crash the worker or cut the dump short), and requests that come while it writes are
+    answered by the next dump, never dropped."""
+    while True:
+        data = os.read(fd, 4096)        # whole requests: the parent writes 4 bytes at once
+        if not data:
+            return
+        newest = int.from_bytes(data[-4:], "big")
+        os.write(2, (STACKS_HEAD.format(newest) + "\n").encode())
+        faulthandler.dump_traceback(file=2, all_threads=True)
+        os.write(2, (STACKS_TAIL.format(newest) + "\n").encode())
 
 
 def fatal(worker: Any, tb: str, name: Any = None) -> None:

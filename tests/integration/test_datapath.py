@@ -15,9 +15,7 @@ import gc
 import os
 import signal
 import threading
-import time
 
-import psutil
 import pytest
 
 import _data
@@ -25,6 +23,7 @@ from _util import wait_for
 from _data import KINDS, SIZES, fingerprint, identity, make
 from localcluster import Client, LocalCluster, wait
 from localcluster.engine import dispatch
+from localcluster.wire import protocol as P
 from localcluster.cluster import validate
 
 # The quick tier (pytest -m "not slow") runs a diagonal of each table, the full run all of it:
@@ -337,21 +336,6 @@ def twenty_mb(i: int):
     return np.full(20_000_000 // 8, float(i))
 
 
-def _ended(pid: int) -> bool:
-    """The process has exited (a zombie not reaped yet counts: its memory is gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _rss(pid: int) -> int:
-    try:
-        return psutil.Process(pid).memory_info().rss
-    except psutil.NoSuchProcess:
-        return 0
-
-
 def spilled_results(client, cluster, n):
     """``n`` results of 20 MB, half on each worker (placement alone may leave one too few to spill)."""
     names = sorted(cluster.workers)
@@ -380,27 +364,27 @@ def test_gathering_twice_the_workers_memory_of_spilled_results_kills_no_worker()
 @pytest.mark.timeout(180)
 def test_a_worker_that_dies_while_sending_its_values_says_so(monkeypatch):
     """With no window (as before the fix), the gather kills a worker; its death names the
-    values it was asked to send, not only the tasks' memory. The parent is made slow: it
-    copies a value out of a worker once that worker holds more than its limit, or a second
-    has passed. A fast parent frees each value before the worker has read the next back
-    from its disk, and the death would depend on that race."""
-    copy, limit, slow = dispatch.copy_located, 400 << 20, {}
+    values it was asked to send, not only the tasks' memory. The parent holds every value the
+    first workers show it (Located) unread until that worker is gone: it never copies one out
+    nor lets the worker unpin it, so each of them holds all it was asked for, passes its limit
+    and is killed with its sends under way, whatever the load (a parent that copied as it read
+    could free each value before the worker read the next back from its disk)."""
+    real, held = dispatch.Dispatcher.on_worker_messages, {}
 
-    def slowly(pid, *args, **kwargs):
-        if slow.get(pid, 0) > 0:        # the first workers, 15 copies each: under the watchdog
-            slow[pid] -= 1
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline and not _ended(pid) and _rss(pid) <= limit:
-                time.sleep(0.02)
-        return copy(pid, *args, **kwargs)
+    def holding(self, worker, msgs):
+        if worker in held:
+            kept = [m for m in msgs if type(m) is not P.Located]
+            held[worker] += len(msgs) - len(kept)
+            msgs = kept
+        return real(self, worker, msgs)
 
     # No leak restart: on a busy machine the worker may stay paused for memory long enough to
     # be restarted as a leak before it passes its limit; the cause would depend on the load.
-    with LocalCluster(n_workers=2, memory_limit=limit, memory_leak_restart=None, forward_logs=False) as cluster, \
+    with LocalCluster(n_workers=2, memory_limit="400MiB", memory_leak_restart=None, forward_logs=False) as cluster, \
             Client(cluster) as client:
         fs = spilled_results(client, cluster, 40)
-        slow.update((w.pid, 15) for w in cluster.workers.values())
-        monkeypatch.setattr(dispatch, "copy_located", slowly)
+        held.update((name, 0) for name in cluster.workers)
+        monkeypatch.setattr(dispatch.Dispatcher, "on_worker_messages", holding)
         cluster.scheduler.transfers.window = 1 << 40
         out: list = []
         t = threading.Thread(target=lambda: out.append(client.gather(fs, timeout=150)))
@@ -409,6 +393,7 @@ def test_a_worker_that_dies_while_sending_its_values_says_so(monkeypatch):
         cluster.scheduler.transfers.window = 64 << 20
         t.join(150)
         death = cluster.deaths[0]
+        assert held[death.worker] > 0                 # it died with values shown and not read
         assert death.cause == "memory-limit" and death.tasks == ()
         assert "It was asked to send" in death.message and "to the client (gather or result())" in death.message
         assert [float(a[0]) for a in out[0]] == [float(i) for i in range(40)]

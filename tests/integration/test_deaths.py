@@ -460,23 +460,55 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
 
 def test_dump_stacks_of_live_workers(client, tmp_path):
     cluster = client.cluster
-    # a worker is ready once it said Ready, and starts its threads after (its main thread, an
-    # executor a thread, the flusher, the heartbeat): a dump of that moment has fewer
-    pids = list(client.run(os.getpid).values())
-    wait_for(lambda: all(psutil.Process(p).num_threads() >= 3 + cluster.threads_per_worker for p in pids),
-             timeout=20)
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
     wait_running(cluster, fut)
-    stacks = cluster.dump_stacks(timeout=20)      # the default 2 s got one of two on a loaded machine
+    # at once, without waiting for the workers' threads: the stacks thread starts after the
+    # others, and the request waits in its pipe until it does
+    stacks = cluster.dump_stacks(timeout=20)
     release(marker)
-    # Every thread's stack, the worker's main loop last. Not always a "Current thread" block:
-    # faulthandler marks the thread the SIGUSR1 landed on, and the kernel may hand a
-    # process-directed signal to a thread with no Python state (once under load: none marked).
-    assert len(stacks) == 2 and all(s.count("(most recent call first)") >= 3 and s.rstrip().endswith("in <module>")
-                                    for s in stacks.values()), stacks
+    # Every thread's stack (main, executor, flusher, heartbeat, the stacks thread), the
+    # worker's main loop last, and the dump only: not the lines around it.
+    assert len(stacks) == 2 and all(s.count("(most recent call first)") == 5 and s.rstrip().endswith("in <module>")
+                                    and "for request" not in s for s in stacks.values()), stacks
     assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
     assert fut.result(30) is None and cluster.deaths == []
+
+
+def deep(n):
+    return deep(n - 1) + 1 if n else 0
+
+
+def call_and_return_until(path, started):
+    """Frames pushed and popped without a pause, until ``path`` exists."""
+    open(started, "w").close()
+    while not os.path.exists(path):
+        for _ in range(100):
+            deep(30)
+
+
+@pytest.mark.slow
+def test_dump_stacks_while_every_thread_calls_and_returns(tmp_path):
+    """Each dump whole, and the worker alive, however busy its threads are. faulthandler's
+    dump from a signal handler read the frames of threads running meanwhile: it followed a
+    frame being pushed (the worker died of SIGSEGV in its own dump) or dropped a request
+    that came while its previous dump was being finished (the dump never came)."""
+    marker = str(tmp_path / "go")
+    with LocalCluster(n_workers=1, threads_per_worker=3, forward_logs=False) as cluster, Client(cluster) as client:
+        started = [str(tmp_path / f"started-{i}") for i in range(3)]
+        futs = [client.submit(call_and_return_until, marker, s) for s in started]
+        wait_for(lambda: all(map(os.path.exists, started)))
+        try:
+            for i in range(500):
+                stacks = cluster.dump_stacks(timeout=10)
+                assert list(stacks) == ["worker-0"] and cluster.deaths == [], (i, stacks, cluster.deaths)
+                text = stacks["worker-0"]
+                # main, 3 executors, flusher, heartbeat (and the stacks thread)
+                assert text.count("(most recent call first)") >= 6 and text.rstrip().endswith("in <module>"), text
+                assert text.count("in call_and_return_until") == 3, text
+        finally:
+            release(marker)
+        assert client.gather(futs) == [None] * 3 and cluster.deaths == []
 
 
 @fragile

@@ -230,3 +230,32 @@ def test_a_future_unpickled_right_after_a_burst_of_submits_is_of_its_key(client)
         futures = [client.submit(inc, 10**6 * i + j) for j in range(3)]
         back = pickle.loads(pickle.dumps(futures[-1]))
         assert back.key == futures[-1].key and back.result(30) == 10**6 * i + 3
+
+
+def _scatter_placements(client, names):
+    """Where each scatter with ``workers=`` put its data (who_has), in the order made."""
+    first, last = names
+    futures = [client.scatter(i, workers=[last]) for i in range(3)]         # not where fewest keys are
+    futures += client.scatter([10, 11], workers=first)
+    futures.append(client.scatter(12, workers=[first, last], broadcast=True))
+    futures.append(client.scatter(13, workers=["worker-gone"], allow_other_workers=True))
+    held = client.who_has(futures)
+    out = [sorted(held[f.key]) for f in futures[:-1]] + [len(held[futures[-1].key])]
+    out.append(client.gather(futures))
+    return out
+
+
+def _scatter_placements_in_a_task(names):
+    return _scatter_placements(get_client(), names)
+
+
+@pytest.mark.timeout(60)
+def test_scatter_to_named_workers_places_the_data_there_from_a_task_as_from_the_users_process(client):
+    """The same scatter(workers=...) through a task's client and the user's puts the data on
+    the same workers (a task's scatter once took workers= as a hint and placed by key count)."""
+    names = sorted(client.cluster.workers)
+    here = _scatter_placements(client, names)
+    there = client.submit(_scatter_placements_in_a_task, names, pure=False).result(30)
+    first, last = names
+    assert here == [[last]] * 3 + [[first]] * 2 + [[first, last], 1, [0, 1, 2, 10, 11, 12, 13]]
+    assert there == here

@@ -85,8 +85,8 @@ def test_fib_with_worker_client_on_one_worker_of_one_thread():
         assert client.submit(fib, 8).result(30) == 21
         assert client.submit(fib_impure, 9, pure=False).result(30) == 34     # 109 tasks, none shared
         pid = next(iter(cluster.workers.values())).pid
-        # every thread started for a seceded task is gone: main, executor, flusher, heartbeat
-        wait_for(lambda: psutil.Process(pid).num_threads() == 4, 10)
+        # every thread started for a seceded task is gone: main, executor, flusher, heartbeat, stacks
+        wait_for(lambda: psutil.Process(pid).num_threads() == 5, 10)
 
 
 @pytest.mark.slow
@@ -362,8 +362,8 @@ def test_a_task_waiting_for_its_children_gives_its_slot_back_without_seceding():
         assert client.submit(down_gathered, 20).result(60) == 20
         assert client.submit(add_from_task, 1).result(30) == 4       # done results: no secession needed
         pid = next(iter(cluster.workers.values())).pid
-        # every thread started for a waiting task is gone: main, executor, flusher, heartbeat
-        wait_for(lambda: psutil.Process(pid).num_threads() == 4, 10)
+        # every thread started for a waiting task is gone: main, executor, flusher, heartbeat, stacks
+        wait_for(lambda: psutil.Process(pid).num_threads() == 5, 10)
         assert list(client.nthreads().values()) == [1]          # the slots lent were all taken back
 
 

@@ -15,7 +15,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from localcluster import get_client
+from localcluster import get_client, get_worker
 from localcluster.worker import api
 from _util import block_until
 
@@ -30,6 +30,11 @@ def add(a, b):
 
 def fail(x):
     raise ValueError(f"no {x!r}")
+
+
+def inc_slowly(x):
+    time.sleep(1.0)     # longer than the program's late wait (0.05 s) by far, even under load
+    return x + 1
 
 
 def total(xs):
@@ -132,19 +137,26 @@ def _step(client, rng, seed, futures, out, marker, small):
     elif op == "cf":
         out.append(("cf",) + _through_concurrent_futures(client, x))
     elif op == "late":
-        blocker = client.submit(block_until, marker, pure=False)
-        said, why = _error(lambda: blocker.result(timeout=0.05))
-        out.append(("late", said, why.split(":")[0], blocker.done(), blocker.status,
-                    _error(lambda: blocker.exception(timeout=0))[0], repr(blocker).split(",")[0]))
-        open(marker, "w").close()
-        out.append(("late", blocker.result(60), blocker.done(), blocker.status, blocker.exception()))
-        os.remove(marker)
+        # Run elsewhere than the program: in a task, the program's wait lends its thread slot
+        # (worker/process.py), where the task it waits for could run, and the slot is taken
+        # back only once that ends (test_worker_client covers it): the wait would not time out.
+        slow = client.submit(inc_slowly, x, pure=False, workers=[_elsewhere(client)])
+        said, why = _error(lambda: slow.result(timeout=0.05))
+        out.append(("late", said, why.split(":")[0], slow.done(), slow.status,
+                    _error(lambda: slow.exception(timeout=0))[0], repr(slow).split(",")[0]))
+        out.append(("late", slow.result(60), slow.done(), slow.status, slow.exception()))
     elif op == "who_has" and futures:
         client.gather(futures, errors="skip")
         held = client.who_has(futures)
         out.append(("who_has", sorted(_key(f, seed) for f in futures if f.status == "finished" and
                                       f.key in held and held[f.key]) ==
                     sorted(_key(f, seed) for f in futures if f.status == "finished")))
+
+
+def _elsewhere(client):
+    """A worker that does not run this program (any, in the user's process)."""
+    here = get_worker().name if type(client).__name__ == "TaskClient" else None
+    return sorted(set(client.scheduler_info()["workers"]) - {here})[0]
 
 
 def _through_concurrent_futures(client, x):

@@ -107,7 +107,7 @@ def _tasks(new: int, running: int, threads_per_worker: int) -> Optional[tuple]:
         if worst is None or fit < worst[1]:
             worst = (f"processes and threads (each takes a pid): a worker is {each} (its main thread, "
                      f"{threads_per_worker} executor{'s' if threads_per_worker != 1 else ''} for threads_per_worker="
-                     f"{threads_per_worker}, a flusher and a heartbeat), {need} for {new}, and {name} is "
+                     f"{threads_per_worker}, a flusher, a heartbeat and a stacks thread), {need} for {new}, and {name} is "
                      f"{limit}{in_use}; {_most(fit)}", fit, remedy)
     return worst
 

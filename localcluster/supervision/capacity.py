@@ -32,18 +32,18 @@ __all__ = ["IDLE_WORKER", "FDS_PER_WORKER", "tasks_per_worker", "refusal"]
 IDLE_WORKER = 12 << 20
 # The parent's descriptors of one worker (nanny.py): its socket, its doorbell (an eventfd), its
 # status board (the memfd and the mmap's own duplicate), its pidfd, its stdout and stderr
-# pipes, its /proc/<pid>/statm and /dev/kmsg (oom.py, where readable).
-FDS_PER_WORKER = 9
+# pipes, the pipe dump_stacks asks on, its /proc/<pid>/statm and /dev/kmsg (oom.py, where readable).
+FDS_PER_WORKER = 10
 # Descriptors a start needs for a moment beyond those (the child's socket end, its pipes'
 # other ends, subprocess's error pipe), and the memfds of values in flight: kept free.
 FDS_SPARE = 64
 # A worker's threads besides its executors (worker/process.py): the main thread, which reads
-# the channel, the flusher and the heartbeat.
-OWN_THREADS = 3
+# the channel, the flusher, the heartbeat and the stacks thread.
+OWN_THREADS = 4
 
 
 def tasks_per_worker(threads_per_worker: int) -> int:
-    """Kernel tasks (pids) a worker takes: its main thread, executors, flusher and heartbeat."""
+    """Kernel tasks (pids) a worker takes: its main thread, executors, flusher, heartbeat and stacks."""
     return threads_per_worker + OWN_THREADS
 
 
@@ -107,7 +107,7 @@ def _tasks(new: int, running: int, threads_per_worker: int) -> Optional[tuple]:
         if worst is None or fit < worst[1]:
             worst = (f"processes and threads (each takes a pid): a worker is {each} (its main thread, "
                      f"{threads_per_worker} executor{'s' if threads_per_worker != 1 else ''} for threads_per_worker="
-                     f"{threads_per_worker}, a flusher and a heartbeat), {need} for {new}, and {name} is "
+                     f"{threads_per_worker}, a flusher, a heartbeat and a stacks thread), {need} for {new}, and {name} is "
                      f"{limit}{in_use}; {_most(fit)}", fit, remedy)
     return worst
 

@@ -32,7 +32,7 @@ def test_ten_million_workers_are_refused_at_once_with_the_figures():
                            "machine, and no worker was started for it:")
     # no machine has the 150 TB their "auto" limits need, nor pids for 40 million tasks (pid_max <= 2**22)
     assert "memory_limit=\"auto\" gives each worker" in text and "an idle worker needs 12.00 MiB" in text
-    assert "a worker is 4 (its main thread, 1 executor for threads_per_worker=1" in text
+    assert "a worker is 5 (its main thread, 1 executor for threads_per_worker=1" in text
     assert "pid_max" in text or "threads-max" in text
     assert "Ask for " in text and " workers or fewer" in text
 
@@ -66,12 +66,12 @@ def test_workers_beyond_a_pids_limit_are_refused_naming_it(monkeypatch):
     with pytest.raises(ValueError) as info:
         LocalCluster(n_workers=11)
     text = str(info.value)
-    assert ("a worker is 4 (its main thread, 1 executor for threads_per_worker=1, a flusher and a heartbeat), 44 "
-            "for 11, and the pids cgroup's pids.max (/sys/fs/cgroup/box) is 100 with 60 in use; at most 10 workers "
-            "fit") in text
+    assert ("a worker is 5 (its main thread, 1 executor for threads_per_worker=1, a flusher, a heartbeat and a "
+            "stacks thread), 55 for 11, and the pids cgroup's pids.max (/sys/fs/cgroup/box) is 100 with 60 in use; "
+            "at most 8 workers fit") in text
     assert "raised (pids.max of /sys/fs/cgroup/box)" in text
     assert counted == [1]
-    with pytest.raises(ValueError, match=r"a worker is 6 .* 180 for 30, and .* is 100; at most 16 workers fit"):
+    with pytest.raises(ValueError, match=r"a worker is 7 .* 210 for 30, and .* is 100; at most 14 workers fit"):
         LocalCluster(n_workers=30, threads_per_worker=3)
     assert counted == [1]               # more than the limit itself: what is in use is not counted
 
@@ -81,8 +81,8 @@ def test_workers_beyond_the_file_descriptor_limit_are_refused_naming_it(monkeypa
     with pytest.raises(ValueError) as info:
         LocalCluster(n_workers=11)
     text = str(info.value)
-    assert ("file descriptors: this process keeps 9 open for each worker (its socket, pipes, pidfd ...), 163 for 11 "
-            "with 64 spare, and its RLIMIT_NOFILE (ulimit -n) is 200 with 40 open; at most 10 workers fit") in text
+    assert ("file descriptors: this process keeps 10 open for each worker (its socket, pipes, pidfd ...), 174 for 11 "
+            "with 64 spare, and its RLIMIT_NOFILE (ulimit -n) is 200 with 40 open; at most 9 workers fit") in text
     assert "resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard)) in your process, up to its hard limit of 4096" in text
 
 
@@ -94,7 +94,7 @@ def test_scale_and_adapt_beyond_what_fits_are_refused_and_change_nothing(monkeyp
                 call()
             text = str(info.value)
             assert "12 workers cannot run on this machine (1 running now)" in text
-            assert "163 for 11 with 64 spare" in text and "at most 11 workers fit" in text
+            assert "174 for 11 with 64 spare" in text and "at most 10 workers fit" in text
             assert "setrlimit" not in text             # the hard limit is the soft one: nothing to raise here
         assert str(info.value).startswith("adapt(maximum=12) was refused")
         c.scale(1)                                   # what fits goes on as before

@@ -261,6 +261,7 @@ def _scatter_placements_in_a_task(names):
     return _scatter_placements(get_client(), names)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_scatter_to_named_workers_places_the_data_there_from_a_task_as_from_the_users_process(client):
     """The same scatter(workers=...) through a task's client and the user's puts the data on

@@ -179,19 +179,23 @@ class Gateway:
         """Futures for the data (Payloads) of ``keys``, however far away it is."""
         return [self._dispatch.request(E.Fetch(key)) for key in keys]
 
-    def run(self, fn: bytes, args: Any, workers: Optional[frozenset], what: str) -> dict[str, cf.Future]:
+    def run(self, fn: bytes, args: Any, workers: Optional[frozenset], what: str,
+            queue: str = "") -> dict[str, cf.Future]:
         """``Client.run``: a Future per worker (each running one, or those named) for the
-        Payload of ``fn``'s result there, or its error (KilledWorker if the worker dies first)."""
+        Payload of ``fn``'s result there, or its error (KilledWorker if the worker dies first).
+        The calls of one ``queue`` run one at a time there, in the order made."""
         with self._lock:
             names = sorted(workers) if workers is not None else self._scheduler.open_workers()
-        return {name: self._dispatch.request(E.Call(name, fn, args, f"{what} on {name!r}")) for name in names}
+        return {name: self._dispatch.request(E.Call(name, fn, args, f"{what} on {name!r}", queue)) for name in names}
 
     def actor_call(self, fn: Callable, args: tuple, key: str, worker: str, what: str) -> Any:
         """An actor's method call or attribute read: ``fn(*args)`` on ``worker``, outside the task
         slots, as an ActorFuture (KilledWorker, naming the death, once the worker has died)."""
         from .worker.actors import ActorFuture
         payload, _found = serialize.dumps_collecting((args, {}))
-        answers = self.run(serialize.pickle_function(fn), payload, frozenset([worker]), f"actor {key!r}: {what}")
+        # one queue an actor: its calls run in the order they were made, as dask's
+        answers = self.run(serialize.pickle_function(fn), payload, frozenset([worker]), f"actor {key!r}: {what}",
+                           queue=key)
         return ActorFuture(answers[worker], serialize.loads, what)
 
     def coordinate(self, body: Any, timeout: Optional[float], undo: Optional[Callable[[Any], Any]] = None) -> Any:

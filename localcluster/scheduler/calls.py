@@ -29,9 +29,10 @@ class Calls:
         #: worker name -> its death, for a call to a worker that died (an actor's): KilledWorker naming it
         self.dead: dict[str, WorkerDeath] = {}
 
-    def call(self, worker: str, fn: bytes, args: P.Payload, what: str) -> tuple[int, list]:
+    def call(self, worker: str, fn: bytes, args: P.Payload, what: str, queue: str = "") -> tuple[int, list]:
         """Run a function on ``worker`` now (``Client.run``): (request id, actions). The answer
-        is a Deliver: the result, the function's error, or KilledWorker if the worker dies first."""
+        is a Deliver: the result, the function's error, or KilledWorker if the worker dies first.
+        The calls of one ``queue`` run in the order they are made here."""
         req = next(self._ids)
         ws = self._worker(worker)
         if ws is None and worker in self.dead:
@@ -41,7 +42,7 @@ class Calls:
             return req, [Deliver(req, what, error=RuntimeError(
                 f"{what} could not run on {worker!r}: the worker {why}. cluster.workers lists those running."))]
         self.calls[req] = (worker, what)
-        return req, [Send(worker, P.Call(req, fn, args))]
+        return req, [Send(worker, P.Call(req, fn, args, queue))]
 
     def called(self, request: int, data: Optional[P.Payload], error: Optional[bytes]) -> list:
         """A worker answered a Call."""

@@ -144,11 +144,13 @@ class DropCopies:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """Run a function on ``worker`` now (``Client.run``), outside the tasks."""
+    """Run a function on ``worker`` now (``Client.run``), outside the tasks; those of one
+    ``queue`` (an actor's calls) in the order they came."""
     worker: str
     fn: bytes
     args: Any
     what: str
+    queue: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -866,7 +866,7 @@ HANDLERS: dict[type, tuple[Callable[[Scheduler, Any], Any], bool, bool]] = {
     E.Replicate: (lambda self, e: self.transfers.replicate(e.keys, e.n), False, True),
     E.Rebalance: (lambda self, e: self._rebalance(e.keys, e.names, e.moves), False, True),
     E.DropCopies: (lambda self, e: self._drop_copies(e.moves), False, False),
-    E.Call: (lambda self, e: self.calls.call(e.worker, e.fn, e.args, e.what), False, True),
+    E.Call: (lambda self, e: self.calls.call(e.worker, e.fn, e.args, e.what, e.queue), False, True),
     E.Coordinate: (lambda self, e: self._coordinate(e.body), False, True),
     E.Withdraw: (lambda self, e: self._withdraw(e.request), False, False),
 }

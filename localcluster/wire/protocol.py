@@ -266,10 +266,13 @@ class Stop:
 @_dc
 class Call:
     """Run ``fn(*args, **kwargs)`` now, outside the task slots (``Client.run``): ``args`` is
-    the pickled ``(args, kwargs)``. Answered by :class:`Called` with the same ``request``."""
+    the pickled ``(args, kwargs)``. Answered by :class:`Called` with the same ``request``.
+    The calls of one ``queue`` (an actor's key) run one at a time, in the order they came;
+    those of none each at once."""
     request: int
     fn: bytes
     args: Payload
+    queue: str = ""
 
 
 # --- worker -> parent ------------------------------------------------------------------

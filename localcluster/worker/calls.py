@@ -1,6 +1,7 @@
 """``Client.run`` on a worker: the function of a ``Call``, run on a short thread of its own
 (process.py starts it: a worker whose every slot is busy still answers, and a long function
-never stops the channel's reader), answered with a ``Called``. An async function is run to
+never stops the channel's reader), answered with a ``Called``. The calls of one queue (an
+actor's) run one after another on one such thread, in the order they came. An async function is run to
 its end, as dask does. The error of a step before or after the function itself (unpickling
 it or its arguments, pickling the result) says which step failed, on which worker.
 """

@@ -97,10 +97,10 @@ class Worker:
         self._work = threading.Condition(self._lock)     # idle executors wait here
         self.turn = MainTurn()                            # the main thread waits for its turn here
         self._runs: deque = deque()
+        self._queues: dict[str, deque] = {}     # under _lock: a queue -> its Calls behind the running one
         self._reader: Any = None        # who holds the reader role: "main", an executor row, or None
         self._idle = 0                  # executors waiting for work (woken ones count until they run)
-        self._nudge_r, self._nudge_w = os.pipe()
-        self._nudged = False
+        (self._nudge_r, self._nudge_w), self._nudged = os.pipe(), False
         # An executor taking the reader role polls the channel for a while before it sleeps
         # (spin.py: only while the machine's CPUs are not contended)
         self.spin_wait = cfg.get("spin_wait", 0.0) * SPIN_AFTER_REPLY
@@ -240,6 +240,8 @@ class Worker:
         elif isinstance(msg, P.Call):
             # A thread of its own, not the reader's nor an executor's: a worker whose every
             # slot is busy still answers, and a long function never stops the channel's reader.
+            if msg.queue and self._queued(msg):
+                return
             threading.Thread(target=self._call, args=(msg,), name=f"localcluster-run-{msg.request}",
                              daemon=True).start()
         elif isinstance(msg, P.Stop):
@@ -323,8 +325,30 @@ class Worker:
         self.chan.send_frame(*frame)
 
     def _call(self, msg: P.Call) -> None:
-        """``Client.run``'s function, on this thread (calls.py); answer Called."""
-        self.chan.send(calls.answer(msg, self.name))
+        """``Client.run``'s function, on this thread (calls.py); answer Called; then the calls
+        of its queue that came meanwhile, in order."""
+        while msg is not None:
+            self.chan.send(calls.answer(msg, self.name))
+            msg = self._next_queued(msg.queue) if msg.queue else None
+
+    def _queued(self, msg: P.Call) -> bool:
+        """On the reader: True if ``msg`` waits behind its queue's running call (which runs it
+        next); False if it is the first, to run now."""
+        with self._lock:
+            waiting = self._queues.get(msg.queue)
+            if waiting is not None:
+                waiting.append(msg)
+                return True
+            self._queues[msg.queue] = deque()
+            return False
+
+    def _next_queued(self, queue: str) -> Optional[P.Call]:
+        with self._lock:
+            waiting = self._queues[queue]
+            if waiting:
+                return waiting.popleft()
+            del self._queues[queue]
+            return None
 
     # --- requests from tasks (client.py: get_client, secede, rejoin) -------------------
 

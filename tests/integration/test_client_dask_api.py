@@ -4,7 +4,9 @@ prints the same for each under distributed (tests/external/test_distributed_comp
 one-machine run can check."""
 from __future__ import annotations
 
+import itertools
 import os
+import time
 import traceback
 
 import pytest
@@ -471,6 +473,32 @@ def test_an_actor_keeps_its_state_on_its_worker(shared):
         counter.nothing        # noqa: B018 - read there, raised here
     with pytest.raises(NotImplementedError, match="actors"):
         shared.map(Counter, [1], actor=True)
+
+
+def _late_int(value, delay):
+    time.sleep(delay)
+    return value
+
+
+class LateInt:
+    """An int that takes ``delay`` seconds to unpickle: a call made earlier is readied later."""
+
+    def __init__(self, value, delay):
+        self.value, self.delay = value, delay
+
+    def __reduce__(self):
+        return _late_int, (self.value, self.delay)
+
+
+def test_an_actors_calls_run_in_the_order_they_were_made(shared):
+    """As dask's: each call sees the ones made before it, however long each takes to get
+    ready (each used to run on a thread of its own: the one made last, readied first, took
+    the actor first)."""
+    counter = shared.submit(Counter, 0, actor=True).result(30)
+    calls = [counter.increment(by) for by in range(1, 31)]
+    calls += [counter.increment(LateInt(by, (41 - by) * 0.01)) for by in range(31, 41)]
+    assert [c.result(30) for c in calls] == list(itertools.accumulate(range(1, 41)))
+    assert counter.n == 820
 
 
 @pytest.mark.slow

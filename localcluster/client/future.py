@@ -286,11 +286,6 @@ class Future(_future.Future):
         self._s = state
 
     @property
-    def client(self) -> Owner:
-        """The Client this future belongs to (dask's)."""
-        return self._s.table.client
-
-    @property
     def _gateway(self) -> Gateway:
         """The cluster as a future sees it: callbacks, fetch."""
         return cast(FutureTable, self._s.table).gateway     # a Client's Future is held by its FutureTable

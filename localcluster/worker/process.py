@@ -687,7 +687,7 @@ def answer_stacks(fd: int) -> None:
     crash the worker or cut the dump short), and requests that come while it writes are
     answered by the next dump, never dropped."""
     while True:
-        data = os.read(fd, 4096)        # whole requests: the parent writes 4 bytes at once
+        data = os.read(fd, 4096)        # whole requests: each is one write() under PIPE_BUF, never split
         if not data:
             return
         newest = int.from_bytes(data[-4:], "big")

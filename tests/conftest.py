@@ -137,33 +137,20 @@ def _children_import_this_checkout():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _children_read_compiled_code(tmp_path_factory):
+def _children_read_compiled_code():
     """Where Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, as many container
     images set), every worker a test starts would compile localcluster from its source again,
-    and the suite starts thousands. Compile the package and the tests once, into a folder of
-    the session's (never beside the user's files), and point the children there: they read
-    the compiled code and still write nothing."""
-    if not sys.dont_write_bytecode:
-        yield       # children write and read __pycache__ beside the source, as usual
-        return
-    import compileall
+    and the suite starts thousands. Compile the package and the tests once, beside their
+    source as pip does for an installed package, so the children read the compiled code.
+    (PYTHONPYCACHEPREFIX would keep the tree clean, but it moves where every library's compiled
+    code is looked for: the children would compile numpy and pandas instead.)"""
+    if sys.dont_write_bytecode:
+        import compileall
 
-    import localcluster
-    prefix = str(tmp_path_factory.mktemp("pycache"))
-    saved, sys.pycache_prefix = sys.pycache_prefix, prefix
-    try:
-        package = os.path.dirname(os.path.abspath(localcluster.__file__))
-        for folder in (package, os.path.dirname(os.path.abspath(__file__))):
-            compileall.compile_dir(folder, quiet=2, workers=1)
-    finally:
-        sys.pycache_prefix = saved
-    before = os.environ.get("PYTHONPYCACHEPREFIX")
-    os.environ["PYTHONPYCACHEPREFIX"] = prefix
-    yield
-    if before is None:
-        os.environ.pop("PYTHONPYCACHEPREFIX", None)
-    else:
-        os.environ["PYTHONPYCACHEPREFIX"] = before
+        import localcluster
+        for folder in (os.path.dirname(os.path.abspath(localcluster.__file__)),
+                       os.path.dirname(os.path.abspath(__file__))):
+            compileall.compile_dir(folder, quiet=2)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -109,6 +111,7 @@ def _run_registry_of_the_session(tmp_path_factory):
     of the suite's own (runs.py), never in the user's cache: a test that kills a script would
     make the user's next cluster say so."""
     saved = os.environ.get("XDG_CACHE_HOME")
+    tempfile.gettempdir()       # this process's, fixed before any test points TMPDIR elsewhere
     _CACHES["base"] = tmp_path_factory.mktemp("caches")
     _CACHES["count"] = itertools.count()
     os.environ["XDG_CACHE_HOME"] = str(_CACHES["base"] / "session")
@@ -155,13 +158,17 @@ def _children_read_compiled_code():
 
 @pytest.fixture(autouse=True)
 def run_registry(monkeypatch):
-    """Each test its own registry: a script one test kills is never reported by the first
-    cluster of another test's script. The folder it is in (``localcluster/`` below it), made
-    by the registry when it first writes: tmp_path_factory, making a folder for each of the
-    suite's tests, slowed every test."""
-    cache = _CACHES["base"] / f"t{next(_CACHES['count'])}"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    return cache / "localcluster"
+    """Each test its own registry, and its own temporary folder (TMPDIR) for the processes it
+    starts. A script one test kills is never reported by the first cluster of another test's
+    script; the folder its cluster left is never found, removed and told of by another test's
+    cluster (a line in a notebook cell's output). Both go when the test ends. The registry's
+    own folder (``localcluster/`` below the one returned) is made when it first writes."""
+    folder = _CACHES["base"] / f"t{next(_CACHES['count'])}"
+    (folder / "tmp").mkdir(parents=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder / "tmp"))
+    yield folder / "localcluster"
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- validate(): the scheduler's invariants, for every cluster a test makes ---------------

@@ -93,6 +93,18 @@ def no_leaks():
     assert not left_shm, f"test left /dev/shm entries: {sorted(left_shm)}"
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (setup.cfg): a test process per core this process may run on, two at most.
+    Every test starts workers of its own, so more test processes than that only queue for
+    the cores, and the tests that wait on a deadline wait longer. PYTEST_XDIST_AUTO_NUM_WORKERS
+    still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
 def pytest_collection_finish(session):
     """What exists once the tests are collected (pytest, the imported libraries, the test
     modules) lives to the end of the session: freeze it out of the garbage collector's

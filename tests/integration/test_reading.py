@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from _util import released_once_reading
+from _util import block_until, release, released_once_reading
 
 import localcluster
 from localcluster import KilledWorker
@@ -22,6 +22,11 @@ pytestmark = pytest.mark.timeout(60)
 
 def inc(x):
     return x + 1
+
+
+def held(x, path):
+    block_until(path)
+    return x
 
 
 def late(x, seconds=0.3):
@@ -73,13 +78,16 @@ def test_requests_from_tasks_on_a_lent_channel_go_to_the_scheduler_thread_in_ord
 
 
 @pytest.mark.cluster(n_workers=1, threads_per_worker=2)
-def test_a_timed_out_wait_gives_the_channel_back(client):
-    slow = client.submit(late, 1, 2.0)
+def test_a_timed_out_wait_gives_the_channel_back(client, tmp_path):
+    go = str(tmp_path / "go")
+    slow = client.submit(held, 1, go)        # runs until the test releases it, not for a fixed time
     with pytest.raises(cf.TimeoutError, match="running on worker"):
         slow.result(timeout=0.05)
     quick = client.submit(inc, 1)
     done, _ = localcluster.wait([quick], timeout=20)     # waits without reading: the scheduler thread reads
     assert quick in done and quick.result() == 2
+    assert not slow.done()                   # the quick one came back while the slow one still ran
+    release(go)
     assert slow.result(timeout=30) == 1
 
 
@@ -114,14 +122,17 @@ def test_a_ctrl_c_while_interrupts_are_held_lands_right_after_them():
 
 
 @pytest.mark.slow
-def test_a_timeout_counts_the_time_spent_reading(client):
+def test_a_timeout_counts_the_time_spent_reading(client, tmp_path):
     """result(timeout) reads for a while, then (the channel given back) waits as usual: the
     two together end at the timeout, not at twice it (CPython's test_map_timeout found it)."""
-    slow = client.submit(late, 1, 5.0)
+    go = str(tmp_path / "go")
+    slow = client.submit(held, 1, go)          # outlasts the timeout whatever the load: released after it
     t0 = time.monotonic()
     with pytest.raises(cf.TimeoutError):
         slow.result(timeout=2.0)
     assert time.monotonic() - t0 < 3.5         # twice the timeout: 4 s
+    assert not slow.done()
+    release(go)
     assert slow.result(timeout=30) == 1
 
 

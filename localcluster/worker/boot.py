@@ -86,14 +86,12 @@ def settings_frame(cfg: dict) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-#: the signal a worker gets when its parent dies, with an end note to write; the last
-#: real-time ones are the least likely to be a library's
-END_SIGNAL = getattr(signal, "SIGRTMAX", 64) - 3
+SA_NODEFER = 0x40000000
 
 
 def _die_with_parent(parent_pid: int, end_note: "str | None") -> None:
     """Ask the kernel to end this process when its parent ends: with SIGKILL, or, given the
-    run's ``end_note`` file, with ``END_SIGNAL``, which faulthandler answers in C (no GIL
+    run's ``end_note`` file, with ``context.END_SIGNAL``, which faulthandler answers in C (no GIL
     needed, so a task holding it does not delay it) by writing every thread's stack there
     and then letting the signal's default action end the process."""
     sig = signal.SIGKILL
@@ -103,9 +101,10 @@ def _die_with_parent(parent_pid: int, end_note: "str | None") -> None:
         except OSError:
             fd = -1           # the note is gone (the run's record could not be written): no note
         if fd >= 0:
-            faulthandler.register(END_SIGNAL, file=fd, all_threads=True, chain=True)
+            faulthandler.register(context.END_SIGNAL, file=fd, all_threads=True, chain=True)
+            _one_delivery_at_a_time(context.END_SIGNAL)
             context.end_note = fd
-            sig = END_SIGNAL
+            sig = context.END_SIGNAL
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -117,6 +116,35 @@ def _die_with_parent(parent_pid: int, end_note: "str | None") -> None:
     if os.getppid() != parent_pid:   # the parent died before prctl took effect
         context.parent_gone()
         os._exit(0)
+
+
+def _one_delivery_at_a_time(sig: int) -> None:
+    """Keep ``sig`` blocked while faulthandler's handler for it runs. The kernel sends the
+    parent-death signal again each time the dying parent hands this process on from one of
+    its threads to the next, and faulthandler registers with SA_NODEFER: a second delivery
+    during the dump found it busy, skipped, and ended the process halfway through the note
+    (or before its first byte, when the note's time is all a later run reads). With the
+    signal blocked in the handler, and taken by one thread only (the stacks thread), the
+    next delivery waits for the dump to end. Where the C layout of ``struct sigaction`` is
+    not the one below, this does nothing."""
+    import ctypes
+    import platform
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "aarch64"):
+        return
+
+    class SigAction(ctypes.Structure):      # glibc's and musl's, on these two
+        _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                    ("restorer", ctypes.c_void_p)]
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        action = SigAction()
+        if libc.sigaction(sig, None, ctypes.byref(action)) != 0:
+            return
+        action.flags &= ~SA_NODEFER
+        action.mask[(sig - 1) // 64] |= 1 << ((sig - 1) % 64)
+        libc.sigaction(sig, ctypes.byref(action), None)
+    except (OSError, AttributeError):    # no libc to call: faulthandler's own flags stay
+        pass
 
 
 def _raise_oom_score() -> None:

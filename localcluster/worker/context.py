@@ -5,6 +5,7 @@ secede, get_worker in client.py, the joblib backend and ``cancelled`` read them)
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Any, Optional
 
@@ -18,6 +19,9 @@ before_reply: list = []
 _in_worker = False
 #: the fd of the run's end note (boot.py), written when the parent is gone; -1 without one
 end_note = -1
+#: the signal a worker gets when its parent dies, with an end note to write; the last
+#: real-time ones are the least likely to be a library's
+END_SIGNAL = getattr(signal, "SIGRTMAX", 64) - 3
 
 
 def started(worker: Optional[Any] = None) -> None:

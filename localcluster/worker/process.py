@@ -17,7 +17,8 @@ Threads::
                      how the parent tells "unresponsive"), spills when RSS passes target, and
                      gives back landing memory unused for a second (recycle.py)
     stacks           answers ``dump_stacks``: writes every thread's stack to stderr, with the
-                     GIL held (``answer_stacks``)
+                     GIL held (``answer_stacks``); the one thread that takes the parent-death
+                     signal (boot.py), so that its dumps into the end note never overlap
 
 The process starts in boot.py (``BOOT``, ``main``), which makes the ``Worker`` and serves.
 """
@@ -28,6 +29,7 @@ import itertools
 import os
 import pickle
 import select
+import signal
 import socket
 import sys
 import threading
@@ -137,13 +139,19 @@ class Worker:
         message that comes meanwhile waits in the socket."""
         self.chan.send(P.Ready(os.getpid(), versions))
         before_tasks()
+        if self.stacks_fd is not None:
+            threading.Thread(target=answer_stacks, args=(self.stacks_fd,), name="localcluster-stacks",
+                             daemon=True).start()
+            if context.end_note >= 0:
+                # The stacks thread alone takes the parent-death signal: it was started before
+                # this block and keeps the mask it was born with (no Python code of its own
+                # needs to run, which a task holding the GIL would delay for good); the
+                # threads started from here on inherit the block.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {context.END_SIGNAL})
         for row in range(1, self.nthreads + 1):
             threading.Thread(target=self._execute, args=(row,), name=f"localcluster-exec-{row}", daemon=True).start()
         threading.Thread(target=self._flusher, name="localcluster-flush", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="localcluster-heartbeat", daemon=True).start()
-        if self.stacks_fd is not None:
-            threading.Thread(target=answer_stacks, args=(self.stacks_fd,), name="localcluster-stacks",
-                             daemon=True).start()
         while True:
             self._main_turn()
             try:
@@ -685,7 +693,9 @@ def answer_stacks(fd: int) -> None:
     not in a signal handler: the other threads then wait at a point where their frames are
     whole, so it never follows a frame being pushed or popped (in a signal handler that can
     crash the worker or cut the dump short), and requests that come while it writes are
-    answered by the next dump, never dropped."""
+    answered by the next dump, never dropped. It is also the one thread that takes the
+    parent-death signal (boot.py), which the others block: its dumps into the end note then
+    come one after another, never one inside another."""
     while True:
         data = os.read(fd, 4096)        # whole requests: each is one write() under PIPE_BUF, never split
         if not data:

@@ -102,6 +102,36 @@ def test_workers_busy_in_c_end_with_their_parent_and_note_the_moment(tmp_path, r
     assert not os.path.exists(note)
 
 
+@pytest.mark.slow
+def test_the_parent_death_signal_sent_again_and_again_leaves_the_dump_whole(tmp_path, run_registry):
+    """The kernel sends a worker its parent-death signal again each time the dying parent hands
+    it on from one of its threads to the next: several, within microseconds, under load. Sent
+    here in a burst, while the task holds the GIL, they leave every thread's stack in the end
+    note, the task's among them, and the worker ended."""
+    import psutil
+
+    from localcluster.worker.context import END_SIGNAL
+    proc = spawn(tmp_path, script(tmp_path, "holder.py", HOLDER), str(tmp_path / "in-c"))
+    try:
+        worker = int(proc.stdout.readline().strip() or 0)
+        assert worker, proc.stderr.read()
+        for _ in range(20):
+            os.kill(worker, END_SIGNAL)
+
+        def gone() -> bool:
+            try:
+                return psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+        wait_for(gone, timeout=10)
+        with open(record_of(run_registry, proc.pid)["end_note"]) as f:
+            note = f.read()
+    finally:
+        end(proc)
+    first = note.split("Thread 0x")[1:]
+    assert "in hold" in note and len(first) >= 5, note     # every thread of the first dump, the task's too
+
+
 CRASHER = """
     import ctypes
     from localcluster import Client, LocalCluster

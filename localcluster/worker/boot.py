@@ -103,6 +103,8 @@ def _die_with_parent(parent_pid: int, end_note: "str | None") -> None:
         if fd >= 0:
             faulthandler.register(context.END_SIGNAL, file=fd, all_threads=True, chain=True)
             _one_delivery_at_a_time(context.END_SIGNAL)
+            # blocked by a worker thread that started us (a cluster made in a task): ours to take
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {context.END_SIGNAL})
             context.end_note = fd
             sig = context.END_SIGNAL
     if sys.platform.startswith("linux"):
@@ -122,7 +124,7 @@ def _one_delivery_at_a_time(sig: int) -> None:
     """Keep ``sig`` blocked while faulthandler's handler for it runs. The kernel sends the
     parent-death signal again each time the dying parent hands this process on from one of
     its threads to the next, and faulthandler registers with SA_NODEFER: a second delivery
-    during the dump found it busy, skipped, and ended the process halfway through the note
+    during the dump would find it busy, skip, and end the process halfway through the note
     (or before its first byte, when the note's time is all a later run reads). With the
     signal blocked in the handler, and taken by one thread only (the stacks thread), the
     next delivery waits for the dump to end. Where the C layout of ``struct sigaction`` is

@@ -72,12 +72,20 @@ HOLDER = """
 """
 
 
+def ended(pid: int) -> bool:
+    """The process ``pid`` has ended (a zombie, or gone)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 @pytest.mark.slow
 def test_workers_busy_in_c_end_with_their_parent_and_note_the_moment(tmp_path, run_registry):
     """The parent SIGKILLed while its worker runs a task that holds the GIL: the worker
     still ends at once (no orphan), and the next process's record of the run says when its
     workers saw it end, from their end note (faulthandler, in C), which is then removed."""
-    import psutil
     proc = spawn(tmp_path, script(tmp_path, "holder.py", HOLDER), str(tmp_path / "in-c"))
     try:
         worker = int(proc.stdout.readline().strip() or 0)
@@ -87,12 +95,7 @@ def test_workers_busy_in_c_end_with_their_parent_and_note_the_moment(tmp_path, r
     finally:
         end(proc)
 
-    def gone() -> bool:
-        try:
-            return psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-    wait_for(gone, timeout=10)
+    wait_for(lambda: ended(worker), timeout=10)
     note = record_of(run_registry, proc.pid)["end_note"]
     with open(note) as f:
         assert "in hold" in f.read()          # the task's stack, as it was
@@ -108,7 +111,6 @@ def test_the_parent_death_signal_sent_again_and_again_leaves_the_dump_whole(tmp_
     it on from one of its threads to the next: several, within microseconds, under load. Sent
     here in a burst, while the task holds the GIL, they leave every thread's stack in the end
     note, the task's among them, and the worker ended."""
-    import psutil
 
     from localcluster.worker.context import END_SIGNAL
     proc = spawn(tmp_path, script(tmp_path, "holder.py", HOLDER), str(tmp_path / "in-c"))
@@ -117,13 +119,7 @@ def test_the_parent_death_signal_sent_again_and_again_leaves_the_dump_whole(tmp_
         assert worker, proc.stderr.read()
         for _ in range(20):
             os.kill(worker, END_SIGNAL)
-
-        def gone() -> bool:
-            try:
-                return psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                return True
-        wait_for(gone, timeout=10)
+        wait_for(lambda: ended(worker), timeout=10)
         with open(record_of(run_registry, proc.pid)["end_note"]) as f:
             note = f.read()
     finally:

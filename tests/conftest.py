@@ -105,6 +105,16 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(2, cores))
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` (setup.cfg), but one that ends when a test process dies, as one
+    does when pytest-timeout ends it: the stock one can then wait forever (_xdist_scheduling)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from _xdist_scheduling import LoadScopeThatSurvivesACrash
+    return LoadScopeThatSurvivesACrash(config, log)
+
+
 def pytest_collection_finish(session):
     """What exists once the tests are collected (pytest, the imported libraries, the test
     modules) lives to the end of the session: freeze it out of the garbage collector's

@@ -17,6 +17,8 @@ import psutil
 import pytest
 
 from _util import shm_names as _shm
+from _xdist import (  # noqa: F401  (hooks: two test processes that end when one dies)
+    pytest_configure, pytest_timeout_set_timer, pytest_unconfigure, pytest_xdist_make_scheduler)
 
 from localcluster import Client, LocalCluster
 from localcluster.cluster import live_clusters, validate, watch
@@ -103,16 +105,6 @@ def pytest_xdist_auto_num_workers(config):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(2, cores))
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope`` (setup.cfg), but one that ends when a test process dies, as one
-    does when pytest-timeout ends it: the stock one can then wait forever (_xdist_scheduling)."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from _xdist_scheduling import LoadScopeThatSurvivesACrash
-    return LoadScopeThatSurvivesACrash(config, log)
 
 
 def pytest_collection_finish(session):

@@ -1,4 +1,4 @@
-"""The suite's ``--dist loadscope`` scheduler (tests/_xdist_scheduling.py) ends when a test
+"""The suite's ``--dist loadscope`` scheduler (tests/_xdist.py) ends when a test
 process dies. The scheduler is driven here by stand-ins of xdist's test processes, which
 keep its rule: a process starts an item only once it holds the next item or the order to
 shut down. Random suites, random interleavings and random deaths, with printed seeds; the
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from xdist.scheduler import LoadScopeScheduling
 
-from _xdist_scheduling import LoadScopeThatSurvivesACrash
+from _xdist import LoadScopeThatSurvivesACrash
 
 
 class _Process:

@@ -193,7 +193,8 @@ class Gateway:
         slots, as an ActorFuture (KilledWorker, naming the death, once the worker has died)."""
         from .worker.actors import ActorFuture
         payload, _found = serialize.dumps_collecting((args, {}))
-        # one queue an actor: its calls run in the order they were made, as dask's
+        # one queue an actor: its calls run in the order they were made (dask's run in the
+        # order they arrive, which for calls made at once is not always the same)
         answers = self.run(serialize.pickle_function(fn), payload, frozenset([worker]), f"actor {key!r}: {what}",
                            queue=key)
         return ActorFuture(answers[worker], serialize.loads, what)

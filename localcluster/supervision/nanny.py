@@ -41,6 +41,11 @@ logger = logging.getLogger("localcluster")
 
 _groups = itertools.count()      # cgroup names stay unique across clusters of one process
 
+# How long the stacks thread may wait for the GIL before the stacks asked for before a kill
+# come from SIGUSR1 instead (``last_stacks_arrived``): half the policy's STACK_GRACE, so that
+# the signal's dump still has time to arrive.
+GIL_WAIT = 0.5
+
 _WORKER_ENV = {
     # dask's pre-spawn environment: return freed memory to the OS promptly, and do
     # not let every worker start one BLAS thread per core.
@@ -88,6 +93,8 @@ class Nanny:
         self.log: deque[str] = deque(maxlen=log_lines)
         self.lines_seen = 0                       # lines ever kept (the log itself is bounded)
         self.stacks_mark: Optional[int] = None    # lines_seen when the policy asked for the stacks
+        # the stacks asked for before a kill: (request, when asked; None once SIGUSR1 was sent)
+        self._last_stacks: Optional[tuple[int, Optional[float]]] = None
         self._stacks_w: Optional[int] = None      # where dump_stacks asks the worker's stacks thread
         self._stacks_asked = itertools.count(1)   # the number of each such request
         self.exitcode: Optional[int] = None
@@ -237,14 +244,11 @@ class Nanny:
         self.lines_seen += 1
 
     def dump_complete(self, mark: int) -> bool:
-        """Whether the dump SIGUSR1 asked for when ``lines_seen`` was ``mark`` (``signal_stacks``)
+        """Whether the dump SIGUSR1 asked for when ``lines_seen`` was ``mark`` (``last_stacks_arrived``)
         has fully arrived: faulthandler writes the main thread last, and its outermost frame is
         the ``python -c`` line."""
         new = min(self.lines_seen - mark, len(self.log))
         return any(self.log[-i].strip().startswith('File "<string>"') for i in range(1, new + 1))
-
-    def stacks_arrived(self) -> bool:
-        return self.stacks_mark is not None and self.dump_complete(self.stacks_mark)
 
     def stacks_for(self, request: int) -> Optional[str]:
         """The dump that answers ``request`` (``request_stacks``), once it has arrived whole:
@@ -303,17 +307,32 @@ class Nanny:
             pass
         return request
 
-    def signal_stacks(self) -> None:
-        """Before the policy kills a hung worker (``stacks_arrived`` tells when it is written):
-        faulthandler in the worker dumps every thread's stack into its log from the signal
-        handler, so it works while C code holds the GIL. It reads the frames of threads that
-        run meanwhile, so it may read one half built: acceptable for a worker about to be
-        killed, not for a live one (``request_stacks``)."""
+    def ask_last_stacks(self, now: float) -> None:
+        """Before the policy kills a hung worker (``last_stacks_arrived`` tells when they are
+        written): every thread's stack, asked of the stacks thread first (``request_stacks``)."""
         self.stacks_mark = self.lines_seen
-        try:
-            os.kill(self.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+        self._last_stacks = (self.request_stacks(), now)
+
+    def last_stacks_arrived(self, now: float) -> bool:
+        """Whether the stacks asked for before a kill are written. The stacks thread writes
+        them once it holds the GIL. When C code holds the GIL for ``GIL_WAIT``, faulthandler
+        writes them from SIGUSR1 instead, without the GIL. The handler reads the frames of
+        threads that may run meanwhile, and a frame pushed or popped under it can crash the
+        worker: the death would then read SIGSEGV instead of the timeout that killed it.
+        While C code holds the GIL, no other thread runs Python, so the frames hold still."""
+        if self._last_stacks is None:
+            return False
+        request, asked = self._last_stacks
+        if self.stacks_for(request) is not None:
+            return True
+        if asked is not None and now - asked >= GIL_WAIT:
+            self._last_stacks = (request, None)
+            self.stacks_mark = self.lines_seen
+            try:
+                os.kill(self.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        return asked is None and self.stacks_mark is not None and self.dump_complete(self.stacks_mark)
 
     # --- after death -----------------------------------------------------------------
 

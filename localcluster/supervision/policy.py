@@ -18,8 +18,8 @@ after which the next step is taken anyway::
 
     handoff  the scheduler moves the data only this worker holds (scale down, a leak)
     stop     the worker was sent Stop and exits by itself
-    stacks   faulthandler was asked for every thread's stack (timeout, unresponsive), so
-             that the death shows where the worker was
+    stacks   every thread's stack was asked for (timeout, unresponsive), so that the
+             death shows where the worker was
     kill     SIGKILL was sent; the exit is what is left to see
 
 The reasons are the nanny's causes of ``death.classify``: requested, memory-limit,
@@ -93,7 +93,8 @@ class Kill:
 
 @dataclass(frozen=True)
 class DumpStacks:
-    """faulthandler writes every thread's stack into the worker's log (SIGUSR1)."""
+    """Every thread's stack into the worker's log, from its stacks thread, or from SIGUSR1 when
+    C code holds the GIL (``Nanny.last_stacks_arrived``)."""
     worker: str
 
 

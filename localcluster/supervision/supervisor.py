@@ -144,7 +144,7 @@ class Supervisor:
             elif t is SendStop:
                 n.stop()
             elif t is DumpStacks:
-                n.signal_stacks()
+                n.ask_last_stacks(time.monotonic())
             elif t is Note:
                 n.add_log(i.line)
         if spawns:
@@ -349,7 +349,7 @@ class Supervisor:
                 # most ticks the board shows nothing for the policy: then no lock is taken
                 if policy.late_run(runs) is not None or policy.silent(beat, now):
                     self._decide(lambda: policy.observed(name, now, runs, beat))
-            elif slot.step == "stacks" and n.stacks_arrived():
+            elif slot.step == "stacks" and n.last_stacks_arrived(now):
                 self._decide(lambda: policy.stacks_arrived(name))
         self._decide(lambda: policy.tick(now))
         self._adapt(now)

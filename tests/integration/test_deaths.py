@@ -303,6 +303,41 @@ def test_a_timeout_names_the_frame_the_task_was_in():
         assert "was in: File " in death.summary() and "in sleep_in_user_code" in death.summary()
 
 
+def _calls(depth):
+    return _calls(depth - 1) if depth else None
+
+
+def churn_then_overrun(threads):
+    """Runs past its timeout while ``threads`` threads call and return without pause."""
+    def churn():
+        while True:
+            _calls(5)
+    for _ in range(threads):
+        threading.Thread(target=churn, daemon=True).start()
+    time.sleep(300)
+
+
+@pytest.mark.slow
+def test_the_stacks_before_a_timeout_kill_are_whole_while_other_threads_run():
+    """The stacks asked for before a kill come from the worker's stacks thread, which writes
+    them holding the GIL. faulthandler in a signal handler would read the frames of threads
+    that run meanwhile. That could crash the worker, and its death then read SIGSEGV and lost
+    the task's stack, instead of the timeout that killed it."""
+    from localcluster.worker.process import STACKS_TAIL
+    tail = STACKS_TAIL.split("{}")[0]
+    with LocalCluster(n_workers=1, threads_per_worker=1, forward_logs=False) as c, Client(c) as cl:
+        for n in range(3):
+            # the new worker imports this module first: an import can outlast the timeout
+            assert cl.submit(_calls, 0, pure=False).result(60) is None
+            with pytest.raises(TaskTimeoutError):
+                cl.submit(churn_then_overrun, 3, timeout=0.5, pure=False).result(60)
+            wait_for(lambda: len(c.deaths) == n + 1)
+        for death in c.deaths:
+            assert (death.cause, death.signal) == ("timeout", "SIGKILL"), death
+            assert any(line.startswith(tail) for line in death.log_tail), death.log_tail
+            assert "in churn_then_overrun" in (death.stack or ""), death.stack
+
+
 @pytest.mark.slow
 def test_exit_from_a_non_task_thread_is_exit():
     def exit_soon():
@@ -460,11 +495,13 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
 
 def test_dump_stacks_of_live_workers(client, tmp_path):
     cluster = client.cluster
+    # A worker runs a task only once its main thread reads the channel, after it started every
+    # other thread; the stacks thread starts first, and would answer a worker still starting
+    # with fewer (a worker an earlier test's death replaced may be that young).
+    assert client.gather([client.submit(abs, -1, workers=[w], pure=False) for w in cluster.workers]) == [1, 1]
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
     wait_running(cluster, fut)
-    # at once, without waiting for the workers' threads: the stacks thread starts after the
-    # others, and the request waits in its pipe until it does
     stacks = cluster.dump_stacks(timeout=20)
     release(marker)
     # Every thread's stack (main, executor, flusher, heartbeat, the stacks thread), the

@@ -123,7 +123,7 @@ def test_every_stop_and_kill_of_a_worker_is_made_on_the_scheduler_thread(monkeyp
     event, the nanny is signalled and sent Stop from the scheduler thread only."""
     from localcluster.supervision.nanny import Nanny
     seen: list = []
-    for name in ("stop", "kill", "signal_stacks"):
+    for name in ("stop", "kill", "ask_last_stacks", "last_stacks_arrived"):
         real = getattr(Nanny, name)
 
         def recording(self, *args, _real=real, _name=name, **kwargs):

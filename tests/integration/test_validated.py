@@ -60,7 +60,8 @@ INNER = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_a_broken_invariant_fails_the_test_whatever_made_the_cluster(tmp_path):
-    for helper in ("conftest.py", "_util.py"):       # the conftest imports its /dev/shm rule from _util
+    # the conftest imports its /dev/shm rule from _util, and its test-process hooks from _xdist
+    for helper in ("conftest.py", "_util.py", "_xdist.py"):
         shutil.copy(os.path.join(os.path.dirname(os.path.dirname(__file__)), helper), tmp_path / helper)
     (tmp_path / "test_inner.py").write_text(INNER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))

@@ -495,20 +495,25 @@ def test_logs_are_captured_at_fd_level_and_forwarded(capfd):
 
 def test_dump_stacks_of_live_workers(client, tmp_path):
     cluster = client.cluster
-    # A worker runs a task only once its main thread reads the channel, after it started every
-    # other thread; the stacks thread starts first, and would answer a worker still starting
-    # with fewer (a worker an earlier test's death replaced may be that young).
-    assert client.gather([client.submit(abs, -1, workers=[w], pure=False) for w in cluster.workers]) == [1, 1]
     marker = str(tmp_path / "go")
     fut = client.submit(block_until, marker, pure=False)
     wait_running(cluster, fut)
-    stacks = cluster.dump_stacks(timeout=20)
+    dumps: list = []
+
+    def every_thread_started() -> bool:
+        dumps.append(cluster.dump_stacks(timeout=20))
+        return all(s.count("(most recent call first)") == 5 for s in dumps[-1].values())
+    # The stacks thread starts first and answers with the threads there are: a young worker's
+    # executor may already run a task while its main thread still starts the flusher and the
+    # heartbeat. Every thread's stack, once started: main, executor, flusher, heartbeat and
+    # the stacks thread.
+    wait_for(every_thread_started, timeout=30)
     release(marker)
-    # Every thread's stack (main, executor, flusher, heartbeat, the stacks thread), the
-    # worker's main loop last, and the dump only: not the lines around it.
-    assert len(stacks) == 2 and all(s.count("(most recent call first)") == 5 and s.rstrip().endswith("in <module>")
-                                    and "for request" not in s for s in stacks.values()), stacks
-    assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
+    for stacks in dumps:
+        # the worker's main loop last, and the dump only: not the lines around it
+        assert len(stacks) == 2 and all(s.rstrip().endswith("in <module>") and "for request" not in s
+                                        for s in stacks.values()), "\n=====\n".join(stacks.values())
+        assert sum(f"running task {fut.key!r}" in s for s in stacks.values()) == 1
     assert fut.result(30) is None and cluster.deaths == []
 
 

@@ -219,10 +219,14 @@ def test_the_task_stream_says_which_task_submitted_which(tmp_path):
             records = {r.key: r for r in cluster.history.tasks()}
     by = {key: r.submitter for key, r in records.items()}
     assert by[top.key] is None and len(records) == 4      # fib(3), fib(2), fib(1) (one pure key, run once), fib(0)
+    # fib(2): submitted by the top task, and submits in turn
+    (middle,) = [k for k, s in by.items() if s == top.key and k in by.values()]
     children = [k for k, s in by.items() if s == top.key]
-    assert len(children) == 2 and all(k.startswith("fib-") for k in children)
-    grandchildren = [k for k, s in by.items() if s is not None and s != top.key]
-    assert grandchildren and all(by[k] in children for k in grandchildren)
+    grandchildren = [k for k, s in by.items() if s == middle]
+    # fib(1)'s key is pure and both submit it: its record names the first that did, which
+    # under load can be fib(2), started while the top task still submits
+    assert len(children) + len(grandchildren) == 3 and len(children) in (1, 2)
+    assert all(k.startswith("fib-") for k in children + grandchildren)
     page = path.read_text()
     assert f'data-submitter="{top.key}"' in page and f"submitted by task {top.key}" in page
     assert re.search(r"runs of tasks submitted by tasks</td><td[^>]*>3 \(by 2 tasks: fib-", page)

@@ -223,10 +223,12 @@ def test_the_task_stream_says_which_task_submitted_which(tmp_path):
     (middle,) = [k for k, s in by.items() if s == top.key and k in by.values()]
     children = [k for k, s in by.items() if s == top.key]
     grandchildren = [k for k, s in by.items() if s == middle]
-    # fib(1)'s key is pure and both submit it: its record names the first that did, which
-    # under load can be fib(2), started while the top task still submits
+    # fib(1)'s key is pure and both submit it: under load fib(2) can submit it first
     assert len(children) + len(grandchildren) == 3 and len(children) in (1, 2)
     assert all(k.startswith("fib-") for k in children + grandchildren)
     page = path.read_text()
     assert f'data-submitter="{top.key}"' in page and f"submitted by task {top.key}" in page
-    assert re.search(r"runs of tasks submitted by tasks</td><td[^>]*>3 \(by 2 tasks: fib-", page)
+    # 3 runs, or 4 when fib(2) ended and let go of fib(1) before the top task submitted it:
+    # then it runs again
+    assert re.search(r"runs of tasks submitted by tasks</td><td[^>]*>[34] \(by 2 tasks: fib-", page), \
+        page[page.find("runs of tasks submitted by tasks"):][:300]

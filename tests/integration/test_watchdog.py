@@ -113,12 +113,14 @@ def test_keys_let_go_at_once_are_freed_in_turns_not_taken_for_a_stall(monkeypatc
             time.sleep(0.2)          # one chunk of keys as slow as 5,000 are on a loaded machine
         return handle(self, *events)
 
-    monkeypatch.setattr(dispatch, "_RELEASE_CHUNK", 10)
-    with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=0.5) as c, Client(c) as cl:
+    monkeypatch.setattr(dispatch, "_RELEASE_CHUNK", 5)
+    # a limit five times a chunk's 0.2 s: a loaded machine woke a thread from that sleep late
+    # enough for one chunk to outlast a limit of 0.5 s
+    with LocalCluster(n_workers=1, forward_logs=False, scheduler_watchdog=1.0) as c, Client(c) as cl:
         futures = cl.map(inc, range(100))
         assert cl.gather(futures) == list(range(1, 101))
         monkeypatch.setattr(S.Scheduler, "handle", slow_release)
-        del futures                  # 10 chunks of 0.2 s: 2 s, four times the watchdog's limit
+        del futures                  # 20 chunks of 0.2 s: 4 s, four times the watchdog's limit
         wait_for(lambda: not c.scheduler.tasks, timeout=30)
         assert cl.submit(inc, 1).result(30) == 2        # the cluster is not broken
 

@@ -350,9 +350,13 @@ class BlockingChannel:
     """The worker's end: blocking reads, thread-safe whole-frame sends."""
 
     def __init__(self, sock: socket.socket, charge: Optional[Callable[[int], None]] = None,
-                 fresh: Callable[[int], Any] = vmcopy.fresh):
+                 fresh: Callable[[int], Any] = vmcopy.fresh, gone: Optional[Callable[[], None]] = None):
         self.sock = sock
         self.charge = charge        # passed to encode(): the memfd bytes it writes
+        # called when a send finds the peer's end closed, on whatever thread sent: the worker
+        # ends there, as it does on EOF. A thread that only raised would die alone, and the
+        # rest of the worker could wait for it for ever.
+        self.gone = gone
         self._reader = _Reader(fresh=fresh)
         self._pending: deque = deque()
         self._lock = threading.Lock()
@@ -373,6 +377,10 @@ class BlockingChannel:
                 while n < total:
                     rest = _skip(chunks, n)
                     chunks, total, n = rest, total - n, self.sock.sendmsg(rest)
+        except ConnectionError:
+            if self.gone is not None:
+                self.gone()
+            raise
         finally:
             for fd in fds:
                 os.close(fd)

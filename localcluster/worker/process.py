@@ -79,8 +79,8 @@ class Worker:
         limit = cfg.get("memory_limit")
         # the memory the parent copies large arguments into, kept warm for the next ones
         self.recycler = Recycler(limit // 4 if limit else RECYCLE_BUDGET)
-        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]),
-                                    self.allowance.charge if self.allowance else None, self.recycler.take)
+        charge = self.allowance.charge if self.allowance else None
+        self.chan = BlockingChannel(socket.socket(fileno=cfg["sock_fd"]), charge, self.recycler.take, _parent_gone)
         target = cfg.get("memory_target")
         self.spill_at = int(limit * target) if limit and target else None
         pause = cfg.get("memory_pause")
@@ -193,8 +193,7 @@ class Worker:
         try:
             msgs = self.chan.recv_all()
         except (EOFError, OSError):
-            context.parent_gone()
-            os._exit(0)
+            _parent_gone()
         for msg in msgs:
             self._handle(msg)
 
@@ -686,20 +685,28 @@ class Worker:
             time.sleep(min(0.1, self.heartbeat) if self.trim_at is not None else self.heartbeat)
 
 
+def _parent_gone() -> None:
+    """The channel to the parent is closed, found by a read or a send: end now."""
+    context.parent_gone()
+    os._exit(0)
+
+
 def answer_stacks(fd: int) -> None:
     """The stacks thread: for each request the parent writes on ``fd`` (4 bytes, its number),
     every thread's stack on stderr between ``STACKS_HEAD`` and ``STACKS_TAIL`` naming the newest
-    request read, until the parent closes its end. faulthandler runs here with the GIL held,
+    request read, while the parent keeps its end open. faulthandler runs here with the GIL held,
     not in a signal handler: the other threads then wait at a point where their frames are
     whole, so it never follows a frame being pushed or popped (in a signal handler that can
     crash the worker or cut the dump short), and requests that come while it writes are
     answered by the next dump, never dropped. It is also the one thread that takes the
     parent-death signal (boot.py), which the others block: its dumps into the end note then
-    come one after another, never one inside another."""
+    come one after another, never one inside another. So it outlives the pipe: a dying parent's
+    files close before the kernel sends that signal, and with this thread gone the signal
+    would wait, blocked, for ever."""
     while True:
         data = os.read(fd, 4096)        # whole requests: each is one write() under PIPE_BUF, never split
         if not data:
-            return
+            threading.Event().wait()
         newest = int.from_bytes(data[-4:], "big")
         os.write(2, (STACKS_HEAD.format(newest) + "\n").encode())
         faulthandler.dump_traceback(file=2, all_threads=True)

@@ -524,6 +524,23 @@ def test_a_send_that_cannot_go_is_dropped_and_closes_its_descriptors(pair, close
     assert _fds() == before                               # its memfd closed all the same
 
 
+@needs_memfd
+@pytest.mark.parametrize("size", ["small", "memfd"])
+def test_a_blocking_send_to_a_closed_peer_calls_gone_then_raises(pair, size):
+    """The worker's end: a send that finds the parent's end closed calls ``gone`` on the
+    sending thread (the worker ends there, as on EOF), and closes its descriptors."""
+    a, b = pair
+    told: list = []
+    tx = BlockingChannel(a, gone=lambda: told.append(threading.current_thread().name))
+    b.close()
+    before = _fds()
+    payload = serialize.dumps(data_of(8, BIG)) if size == "memfd" else "x"
+    with pytest.raises(ConnectionError):
+        tx.send(("reply", payload))
+    assert told == [threading.current_thread().name]
+    assert _fds() == before
+
+
 # --- the end ----------------------------------------------------------------------------------
 
 def _blocking(sock):

@@ -128,6 +128,37 @@ def test_the_parent_death_signal_sent_again_and_again_leaves_the_dump_whole(tmp_
     assert "in hold" in note and "in <module>" in note, note
 
 
+def _reading_a_pipe(pid: int) -> bool:
+    """Whether a thread of ``pid`` waits in a read of a pipe."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/wchan") as f:
+                if "pipe_read" in f.read():      # anon_pipe_read on newer kernels
+                    return True
+        except OSError:     # the thread ended while we looked
+            pass
+    return False
+
+
+@pytest.mark.slow
+def test_the_parent_death_signal_ends_a_worker_whose_stacks_pipe_closed_first(run_registry):
+    """A dying parent's files close before the kernel sends its children the parent-death
+    signal. The worker's stacks thread sees its pipe end first, and it is the one thread that
+    takes that signal: it must still be there when the signal comes."""
+    from localcluster import Client
+    from localcluster.worker.context import END_SIGNAL
+    with LocalCluster(n_workers=1, forward_logs=False) as cluster, Client(cluster) as client:
+        assert client.submit(abs, -1).result(30) == 1
+        ((name, info),) = cluster.workers.items()
+        nanny = cluster._supervisor.nannies[name]
+        assert _reading_a_pipe(info.pid)            # the stacks thread, waiting for requests
+        fd, nanny._stacks_w = nanny._stacks_w, None
+        os.close(fd)                                 # as the parent's death closes it
+        wait_for(lambda: not _reading_a_pipe(info.pid), timeout=10)
+        os.kill(info.pid, END_SIGNAL)
+        wait_for(lambda: ended(info.pid), timeout=10)
+
+
 CRASHER = """
     import ctypes
     from localcluster import Client, LocalCluster

@@ -34,6 +34,9 @@ import os
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
+#: the hooks a conftest imports: ``from _xdist import *``
+__all__ = ["pytest_configure", "pytest_unconfigure", "pytest_timeout_set_timer", "pytest_xdist_make_scheduler"]
+
 _STDERR: list[int] = []     # a test process's own stderr, copied before any test captures it
 
 

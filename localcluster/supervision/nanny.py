@@ -92,9 +92,9 @@ class Nanny:
         self.fatal: Optional[str] = None          # traceback the worker sent before dying
         self.log: deque[str] = deque(maxlen=log_lines)
         self.lines_seen = 0                       # lines ever kept (the log itself is bounded)
-        self.stacks_mark: Optional[int] = None    # lines_seen when the policy asked for the stacks
-        # the stacks asked for before a kill: (request, when asked; None once SIGUSR1 was sent)
-        self._last_stacks: Optional[tuple[int, Optional[float]]] = None
+        # the stacks asked for before a kill: (request, when asked, lines_seen when SIGUSR1 was
+        # sent or None while it was not)
+        self._last_stacks: Optional[tuple[int, float, Optional[int]]] = None
         self._stacks_w: Optional[int] = None      # where dump_stacks asks the worker's stacks thread
         self._stacks_asked = itertools.count(1)   # the number of each such request
         self.exitcode: Optional[int] = None
@@ -310,8 +310,7 @@ class Nanny:
     def ask_last_stacks(self, now: float) -> None:
         """Before the policy kills a hung worker (``last_stacks_arrived`` tells when they are
         written): every thread's stack, asked of the stacks thread first (``request_stacks``)."""
-        self.stacks_mark = self.lines_seen
-        self._last_stacks = (self.request_stacks(), now)
+        self._last_stacks = (self.request_stacks(), now, None)
 
     def last_stacks_arrived(self, now: float) -> bool:
         """Whether the stacks asked for before a kill are written. The stacks thread writes
@@ -322,17 +321,18 @@ class Nanny:
         While C code holds the GIL, no other thread runs Python, so the frames hold still."""
         if self._last_stacks is None:
             return False
-        request, asked = self._last_stacks
+        request, asked, signalled = self._last_stacks
         if self.stacks_for(request) is not None:
             return True
-        if asked is not None and now - asked >= GIL_WAIT:
-            self._last_stacks = (request, None)
-            self.stacks_mark = self.lines_seen
+        if signalled is not None:
+            return self.dump_complete(signalled)
+        if now - asked >= GIL_WAIT:
+            self._last_stacks = (request, asked, self.lines_seen)
             try:
                 os.kill(self.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-        return asked is None and self.stacks_mark is not None and self.dump_complete(self.stacks_mark)
+        return False
 
     # --- after death -----------------------------------------------------------------
 

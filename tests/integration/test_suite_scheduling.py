@@ -17,9 +17,7 @@ def _run_under_the_suites_hooks(folder, files: dict) -> subprocess.CompletedProc
     """pytest on ``files`` in two test processes, with the hooks of this suite."""
     for name, text in files.items():
         (folder / name).write_text(text)
-    (folder / "conftest.py").write_text(
-        "from _xdist import (pytest_configure, pytest_timeout_set_timer, pytest_unconfigure,\n"
-        "                    pytest_xdist_make_scheduler)\n")
+    (folder / "conftest.py").write_text("from _xdist import *  # noqa: F403\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")])))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:localcluster",

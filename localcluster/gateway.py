@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from .scheduler import events as E, state as S
 from .wire import serialize
+from .worker import arguments
 from .engine.callbacks import CallbackThread
 from .engine.dispatch import Dispatcher, Listener
 from .engine.lifecycle import Lifecycle, Phase
@@ -67,22 +68,11 @@ class Gateway:
     def check_worker_names(self, workers: Any, strict: bool = True) -> frozenset:
         """``workers=`` as a set of names of this cluster's workers; a clear error otherwise.
         ``strict=False`` (a mere preference: allow_other_workers) accepts names no longer running."""
-        names = (workers,) if isinstance(workers, str) else workers
-        try:
-            names = frozenset(names)
-        except TypeError:
-            raise TypeError(f"workers={workers!r}: expected a worker name or a list of names "
-                            f"(as in cluster.workers)") from None
-        if not names or not all(isinstance(n, str) for n in names):
-            raise TypeError(f"workers={workers!r}: expected a worker name or a non-empty list of names "
-                            f"(as in cluster.workers)")
+        return arguments.worker_names(workers, self._running_names if strict else None)
+
+    def _running_names(self) -> list:
         with self._lock:
-            known = set(self._supervisor.nannies)
-        unknown = sorted(names - known)
-        if unknown and strict:
-            raise ValueError(f"workers={sorted(names)!r}: no running worker is called "
-                             f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
-        return names
+            return list(self._supervisor.nannies)
 
     def check_resources(self, key: str, need: tuple) -> None:
         """A ValueError now for a task asking resources (Spec.resources) no worker can ever

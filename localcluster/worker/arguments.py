@@ -17,12 +17,12 @@ import hashlib
 import itertools
 import os
 from concurrent.futures import CancelledError
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ..config import check_int, check_seconds
 from ..wire import serialize
 
-__all__ = ["dask_keywords", "check_submit_options", "check_options", "check_call", "check_key", "map_keys", "prefixed",
+__all__ = ["dask_keywords", "check_submit_options", "check_options", "worker_names", "check_call", "check_key", "map_keys", "prefixed",
            "HINTS", "check_errors", "shown_workers", "walk", "rebuild", "check_run", "run_results", "name_of", "fresh_key",
            "fresh_keys", "hash_function", "pure_key", "PREFIX"]
 
@@ -52,6 +52,27 @@ def check_options(retries: Any, timeout: Any, priority: Any, allow_other_workers
     check_submit_options(retries, timeout, priority)
     if not isinstance(allow_other_workers, bool):
         raise TypeError(f"allow_other_workers={allow_other_workers!r}: expected True or False")
+
+
+def worker_names(workers: Any, running: Optional[Callable[[], Iterable[str]]]) -> frozenset:
+    """``workers=`` as a set of worker names, or a clear error. ``running`` is given when each
+    name must be a running worker's (no ``allow_other_workers``): it returns their names."""
+    names = (workers,) if isinstance(workers, str) else workers
+    try:
+        names = frozenset(names)
+    except TypeError:
+        raise TypeError(f"workers={workers!r}: expected a worker name or a list of names "
+                        f"(as in cluster.workers)") from None
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"workers={workers!r}: expected a worker name or a non-empty list of names "
+                        f"(as in cluster.workers)")
+    if running is not None:
+        known = set(running())
+        unknown = sorted(names - known)
+        if unknown:
+            raise ValueError(f"workers={sorted(names)!r}: no running worker is called "
+                             f"{', '.join(map(repr, unknown))}; the workers are {sorted(known)!r}")
+    return names
 
 
 def check_call(call: str, fn: Any, iterables: Optional[tuple] = None) -> None:

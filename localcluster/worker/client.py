@@ -330,8 +330,12 @@ class TaskChannel:
         """Nothing to check: the worker's channel lives as long as the task."""
 
     def worker_names(self, workers: Any, strict: bool) -> frozenset:
-        """The names as given: the parent's scheduler knows which run."""
-        return frozenset((workers,) if isinstance(workers, str) else workers)
+        """Checked as the Client checks them; ``strict``: against the workers running now
+        (one round trip)."""
+        return arguments.worker_names(workers, self._running_names if strict else None)
+
+    def _running_names(self) -> list:
+        return [name for name, _, _ in self.ask(P.Info()).data]
 
     def function(self, fn: Callable, pure: bool) -> api.Function:
         entry = self._fns.get(id(fn))

@@ -434,6 +434,12 @@ def _bad_calls(client):
         lambda: client.run(42),
         lambda: client.scheduler_info(n_workers=-2),
         lambda: client.scheduler_info(n_workers="all"),
+        lambda: client.submit(inc, 1, workers="nobody"),
+        lambda: client.map(inc, [1], workers=["worker-0", "nobody"]),
+        lambda: client.submit(inc, 1, workers=3),
+        lambda: client.submit(inc, 1, workers=[]),
+        lambda: client.map(inc, [1], workers=["worker-0", 5]),
+        lambda: client.scatter([1], workers="nobody"),
     ]
     said = []
     for call in calls:
@@ -444,7 +450,8 @@ def _bad_calls(client):
         else:
             said.append(None)
     keys = [f.key for f in client.map(inc, [1, 2], key="pre", fifo_timeout="1s", batch_size=5)]
-    mixed = {"ok": client.submit(inc, 1), "bad": [client.submit(inc, "x"), client.submit(inc, 2)]}
+    mixed = {"ok": client.submit(inc, 1), "bad": [client.submit(inc, "x"), client.submit(inc, 2)],
+             "elsewhere": client.submit(inc, 3, workers="nobody", allow_other_workers=True)}
     return said, [k.startswith("pre-") for k in keys], client.gather(client.map(inc, [1, 2], key="pre")), \
         client.gather(mixed, errors="skip")
 
@@ -461,7 +468,7 @@ def test_a_task_and_the_user_read_the_client_apis_arguments_alike(client):
     assert None not in here, here
     assert there == here
     assert prefixed_here == prefixed_there == [True, True] and values_here == values_there == [2, 3]
-    assert skipped_here == skipped_there == {"ok": 2, "bad": [3]}
+    assert skipped_here == skipped_there == {"ok": 2, "bad": [3], "elsewhere": 4}
 
 
 def _random_arguments(seed):

@@ -140,7 +140,7 @@ class RunRecorder:
         #: the record as last written (written by one thread at a time: see the class)
         self.record: Optional[dict] = {
             "version": VERSION, "pid": me.pid, "start": me.start, "boot": me.boot, "host": me.host,
-            "pid_ns": me.pid_ns, "since_boot": time.clock_gettime(time.CLOCK_MONOTONIC), "started": started,
+            "pid_ns": me.pid_ns, "since_boot": kernel_log.clock(), "started": started,
             "argv": list(sys.argv), "cwd": _cwd(), "notebook": _notebook(), "seen": started,
             "finished": 0, "pending": 0, "held": 0, "rss": rss(), "cgroup": cgroup, "memory_limit": limit,
             "end_note": self.end_note, "closed": False}

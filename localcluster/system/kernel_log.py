@@ -5,7 +5,8 @@ out) or a fatal fault (``<name>[<pid>]: segfault at ...``, with the library it w
 The log is read whole, from its oldest record still in the ring buffer, once per process
 and only when a run is to be explained. Its timestamps (microseconds after boot, not
 counting suspend: CLOCK_MONOTONIC's clock) keep a record of an earlier process with the
-same pid out. As oom.py, only in the initial PID namespace: elsewhere the log's pids are
+same pid out; a run's start is read on that clock (``clock``), not on its own, which a
+time namespace (a container's, ``unshare --time``) moves. As oom.py, only in the initial PID namespace: elsewhere the log's pids are
 not ours. The kernel writes a segfault line only for a fault no handler caught, and at
 most ten in five seconds: a process with ``faulthandler`` on, or one among many crashing
 at once, leaves none.
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import NamedTuple, Optional, Union
 
 from .oom import KMSG, Kill, parse_kmsg
 
-__all__ = ["Fault", "Unreadable", "evidence", "parse_fault", "read"]
+__all__ = ["Fault", "Unreadable", "clock", "evidence", "monotonic_offset", "parse_fault", "read"]
 
 
 class Fault(NamedTuple):
@@ -91,6 +93,29 @@ def evidence(records: list, pid: int, since: Optional[float]) -> "Optional[Union
         if fault is not None and fault.pid == pid:
             return fault
     return None
+
+
+def clock() -> float:
+    """Now, on the kernel log's clock: CLOCK_MONOTONIC as the machine reads it. In a time
+    namespace this process's monotonic clock is moved by the namespace's offset, which the
+    log's timestamps do not have: compared with them as read, a run started an hour ago
+    could take an earlier process's record of its pid for its own."""
+    try:
+        with open("/proc/self/timens_offsets") as f:
+            offset = monotonic_offset(f.read())
+    except OSError:            # no time namespaces here (before Linux 5.6, or not Linux)
+        offset = 0.0
+    return time.clock_gettime(time.CLOCK_MONOTONIC) - offset
+
+
+def monotonic_offset(text: str) -> float:
+    """The monotonic clock's offset, in seconds, in ``/proc/self/timens_offsets``' ``text``
+    (lines of a clock, seconds and nanoseconds); 0 when it names none."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in ("monotonic", str(time.CLOCK_MONOTONIC)):
+            return int(parts[1]) + int(parts[2]) / 1e9
+    return 0.0
 
 
 def _init_pid_namespace() -> bool:

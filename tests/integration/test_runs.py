@@ -257,7 +257,7 @@ def test_a_run_still_alive_is_never_told_and_a_closed_one_neither(tmp_path, run_
 def _fake(folder, **fields) -> str:
     me = registry.identity()
     record = {"version": 1, "pid": me.pid, "start": me.start, "boot": me.boot, "host": me.host,
-              "pid_ns": me.pid_ns, "since_boot": time.clock_gettime(time.CLOCK_MONOTONIC), "started": time.time() - 5,
+              "pid_ns": me.pid_ns, "since_boot": kernel_log.clock(), "started": time.time() - 5,
               "argv": ["job.py", "--n", "3"], "cwd": "/data", "notebook": None, "seen": time.time() - 1,
               "finished": 7, "pending": 3, "held": 0, "rss": 100 << 20, "cgroup": "/", "memory_limit": None,
               "closed": False}
@@ -309,6 +309,38 @@ def test_the_kernel_log_is_read_for_the_pid_after_the_runs_start():
     assert "290.00 MiB" in message and "300.00 MiB" in message and "200.00 MiB" in message, message
     cause, _, message = runs.explain({"pid": 1, "argv": []}, kernel_log.Unreadable("no"), False)
     assert cause == "signal" and "could not be read: no" in message
+
+
+def test_the_monotonic_offset_of_a_time_namespace_is_read_from_its_file():
+    assert kernel_log.monotonic_offset("monotonic           0         0\nboottime            0         0\n") == 0
+    assert kernel_log.monotonic_offset("monotonic       -3600 500000000\nboottime        -3600         0\n") == -3599.5
+    assert kernel_log.monotonic_offset("boottime 86400 0\n") == 0 and kernel_log.monotonic_offset("") == 0
+
+
+AHEAD = 86400       # seconds a container's clock may be moved by: here a day ahead of the machine's
+
+
+@pytest.mark.slow
+def test_a_run_in_a_time_namespace_is_dated_on_the_kernel_logs_clock(tmp_path, run_registry):
+    """A container's time namespace moves its processes' monotonic clock, not the kernel
+    log's timestamps. A run's start is what keeps an earlier process's record of the same pid
+    out of its explanation (a SIGSEGV was told as an OOM kill of an older pid): it must be
+    read on the log's clock, whatever the namespace (this test's own may be one too)."""
+    before = kernel_log.clock()
+    done = subprocess.run(["unshare", "--time", "--monotonic", str(AHEAD), "--boottime", str(AHEAD), sys.executable,
+                           script(tmp_path, "dated.py", """
+                               import time
+                               from localcluster import LocalCluster
+                               with LocalCluster(n_workers=1, forward_logs=False):
+                                   print(time.clock_gettime(time.CLOCK_MONOTONIC))
+                           """)], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"this process may not make a time namespace (root and Linux 5.6 are needed): {done.stderr}")
+    after = kernel_log.clock()
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) > after + AHEAD / 2             # the namespace's clock: a day ahead
+    [record] = records(run_registry)
+    assert before <= record["since_boot"] <= after, (before, record["since_boot"], after)
 
 
 def test_a_damaged_record_is_ignored_with_one_warning(run_registry, caplog):

@@ -285,9 +285,10 @@ def _ring(length: int, story: Callable[[str], str]) -> tuple:
     return apply, read, since
 
 
-# The shared empty value of a Task's sets until the first element: three empty sets cost
-# 650 bytes, a third of what a pending task held. Read it like a set; change it only
-# through the Task's methods below, which make a set of its own on the first add.
+# The shared empty value of a Task's sets until the first element: an empty set costs as
+# much as a small one, and most tasks leave some of theirs empty for life (the sizes:
+# benchmarks/README.md). Read it like a set; change it only through the Task's methods
+# below, which make a set of its own on the first add.
 EMPTY: frozenset = frozenset()
 
 
@@ -345,7 +346,7 @@ class Task:
         #: one of TaskState; made "released", then written only by Transitions.apply
         self.state: TaskState = "released"
         # What the client submitted, taken apart (``spec`` puts it together again): the
-        # Spec itself goes, 64 bytes a task. ``terms`` None: scattered data (which cannot be
+        # Spec itself goes, one object fewer a task. ``terms`` None: scattered data (which cannot be
         # recomputed), and ``kept`` None too.
         #: the arguments as the Spec kept them (``args``: as a Run carries them)
         self.kept: Any = spec.kept if spec else None
@@ -446,7 +447,8 @@ class Task:
         self.wanted = 0
 
     # who_has: with one holder (most tasks), a frozenset shared by every task that worker
-    # alone holds (a set of one is 216 bytes a task); a set of the task's own from two on.
+    # alone holds (a set of one for each task would cost as much as an empty one); a set of
+    # the task's own from two on.
     # Called by the copies' writer below only (``copy_stored`` ...): ``has`` goes with it.
     def add_holder(self, worker: str) -> None:
         held = self.who_has

@@ -35,7 +35,7 @@ from ..death import LostDataError, TransferError
 from ..engine.lifecycle import Phase
 from ..journal import InJournal
 from ..wire import serialize
-from ..worker import arguments as _arguments, future as _future
+from ..worker import api as _api, arguments as _arguments, future as _future
 from ..worker.future import FutureState
 from ..worker.holding import KeyTable
 
@@ -403,13 +403,9 @@ def walk(obj: Any) -> Iterator[Future]:
 
 def futures_of(obj: Any) -> list:
     """The Futures in ``obj``: a Future, nested lists, tuples, sets and dicts of them, or a
-    dask collection persisted on the cluster (its graph's Futures), without repeats."""
-    found = list(walk(obj))
-    graph = getattr(obj, "__dask_graph__", None)
-    if callable(graph) and not isinstance(obj, type):
-        for value in (graph() or {}).values():
-            found += walk(getattr(value, "value", value))     # a dask DataNode holds it as .value
-    return list(dict.fromkeys(found))
+    dask collection persisted on the cluster (its graph's Futures), without repeats. In a
+    task, the futures of its client (``get_client()``) too, as dask's does."""
+    return _api.futures_in(obj, _future.Future)
 
 
 # Futures handed to fire_and_forget and not done yet: held here, so that dropping every
@@ -424,8 +420,20 @@ def fire_and_forget(obj: Any) -> None:
     """Run these futures' tasks to completion even when the caller drops every reference to
     them (dask's ``fire_and_forget``): for tasks run for their side effects. ``obj``: a
     Future, a collection of them, or a persisted dask collection. Their results are not
-    kept once they end, unless another Future still holds them."""
-    for fut in futures_of(obj):
+    kept once they end, unless another Future still holds them.
+
+    Raises:
+        NotImplementedError: for a future made in a task (``get_client()`` there), which its
+            task's client cannot keep past the task.
+    """
+    futures = futures_of(obj)
+    made_in_a_task = [f.key for f in futures if not isinstance(f, Future)]
+    if made_in_a_task:
+        raise NotImplementedError(
+            f"fire_and_forget() in a task, of {made_in_a_task[0]!r}: a future made in a task is "
+            f"held by the task only. Return it from the task (your Client then holds it, and can "
+            f"fire_and_forget it), or wait for it before the task ends")
+    for fut in futures:
         if fut.done():
             continue
         _forgotten.add(fut)

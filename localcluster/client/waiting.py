@@ -61,7 +61,7 @@ def wait(fs: Any, timeout: Optional[float] = None, return_when: str = cf.ALL_COM
         TimeoutError: past ``timeout`` with ``ALL_COMPLETED``, saying how many are not done
             and why (every worker paused, no worker, what the first one waits for).
     """
-    if isinstance(fs, Future):
+    if isinstance(fs, cf.Future):        # one: the Client's, or (in a task) its client's
         fs = [fs]
     elif _collection(fs):
         fs = futures_of(fs)

@@ -516,3 +516,35 @@ def test_a_task_and_the_user_make_the_same_keys_of_the_same_calls(client):
     there = client.submit(_same_calls_in_a_task, seed, pure=False).result(60)
     assert there == here, f"seed {seed}"
     assert here[2] == ["repr"] * 3 and here[3] == 1
+
+
+def _module_functions(client):
+    """dask's functions of the package on this client's futures: wait on one and on a list,
+    futures_of in nested containers, as_completed."""
+    from localcluster import as_completed, futures_of, wait
+    f, g = client.submit(abs, -3, pure=False), client.submit(abs, -4, pure=False)
+    done, not_done = wait(f)
+    return ([x.key for x in done] == [f.key], bool(not_done),
+            [x.key for x in futures_of([f, {"g": (g, f)}])] == [f.key, g.key],
+            len(wait([f, g]).done), sorted(x.result() for x in as_completed([f, g])))
+
+
+def _module_functions_in_a_task():
+    from localcluster import fire_and_forget
+    out = _module_functions(get_client())
+    try:
+        fire_and_forget(get_client().submit(abs, -5, pure=False))
+    except NotImplementedError as e:
+        return out, str(e)
+    return out, None
+
+
+@pytest.mark.timeout(60)
+def test_the_packages_functions_take_a_tasks_futures_as_the_users(client):
+    """Differential: ``wait(f)``, ``futures_of`` and ``as_completed`` mean the same on a task's
+    futures as on the user's (a task's lone future was refused, and futures_of found none);
+    fire_and_forget, which a task cannot honour past its end, says so and what to do."""
+    here = _module_functions(client)
+    there, refused = client.submit(_module_functions_in_a_task, pure=False).result(60)
+    assert here == there == (True, False, True, 2, [3, 4])
+    assert refused is not None and "Return it from the task" in refused, refused

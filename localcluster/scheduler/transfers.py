@@ -72,7 +72,7 @@ class Transfers:
         self.exports[req] = Export(ts.key, holder, target.name, None)
         self.relaying[(ts.key, target.name)] = req
         # locate: the parent copies it out of the holder itself, then into the target (two
-        # copies into warm memory are faster than one memfd of 4 KiB shmem pages: wire/recycle.py)
+        # copies into warm memory are faster than one memfd of small shmem pages: wire/recycle.py)
         return self._ask(holder, req, ts.nbytes, P.Export(ts.key, req, True))
 
     def fetch(self, ts: Task, req: int) -> list:

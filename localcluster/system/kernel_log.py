@@ -6,10 +6,10 @@ The log is read whole, from its oldest record still in the ring buffer, once per
 and only when a run is to be explained. Its timestamps (microseconds after boot, not
 counting suspend: CLOCK_MONOTONIC's clock) keep a record of an earlier process with the
 same pid out; a run's start is read on that clock (``clock``), not on its own, which a
-time namespace (a container's, ``unshare --time``) moves. As oom.py, only in the initial PID namespace: elsewhere the log's pids are
-not ours. The kernel writes a segfault line only for a fault no handler caught, and at
-most ten in five seconds: a process with ``faulthandler`` on, or one among many crashing
-at once, leaves none.
+time namespace (a container's, ``unshare --time``) moves. As oom.py, only in the initial
+PID namespace: elsewhere the log's pids are not ours. The kernel writes a segfault line
+only for a fault no handler caught, and at most ten in five seconds: a process with
+``faulthandler`` on, or one among many crashing at once, leaves none.
 
 Pure parsing first, then the one function that reads /dev/kmsg; any thread.
 """

@@ -115,8 +115,8 @@ def fresh(n: int) -> Any:
     transparent huge pages asked for when it is large: 512 times fewer page faults."""
     if n < mmap.PAGESIZE:
         return bytearray(n)
-    # private: an anonymous mapping is shared by default, which makes it shmem, whose pages
-    # stay 4 KiB where shmem_enabled is "never", the kernel's default
+    # private: an anonymous mapping is shared by default, which makes it shmem, which gets no
+    # huge pages where shmem_enabled is "never", the kernel's default
     m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if n >= HUGE and hasattr(m, "madvise"):
         try:

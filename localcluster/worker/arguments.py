@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from ..config import check_int, check_seconds
 from ..wire import serialize
 
-__all__ = ["dask_keywords", "check_submit_options", "check_options", "worker_names", "check_call", "check_key", "map_keys", "prefixed",
-           "HINTS", "check_errors", "shown_workers", "walk", "rebuild", "check_run", "run_results", "name_of", "fresh_key",
+__all__ = ["dask_keywords", "check_submit_options", "check_options", "worker_names", "check_call", "check_key",
+           "map_keys", "prefixed", "HINTS", "check_errors", "shown_workers", "walk", "rebuild", "check_run", "run_results", "name_of", "fresh_key",
            "fresh_keys", "hash_function", "pure_key", "PREFIX"]
 
 # dask's scheduling keywords of submit and map: as in dask, never passed on to the function.

@@ -335,7 +335,7 @@ class TaskChannel:
         return arguments.worker_names(workers, self._running_names if strict else None)
 
     def _running_names(self) -> list:
-        return [name for name, _, _ in self.ask(P.Info()).data]
+        return [name for name, _, _ in self.workers()[1]]
 
     def function(self, fn: Callable, pure: bool) -> api.Function:
         entry = self._fns.get(id(fn))
